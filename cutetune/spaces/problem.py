@@ -32,6 +32,10 @@ class Problem:
         """Canonical JSON of the static part: the compile specialisation and the DB key."""
         return json.dumps(self.static_fields(), sort_keys=True)
 
+    def static_tuple(self) -> tuple:
+        """The static fields in declaration order: the dispatcher's hot-path key."""
+        return tuple(self.static_fields().values())
+
     def with_tokens(self, num_tokens: int) -> "Problem":
         return dataclasses.replace(self, num_tokens=num_tokens)
 

@@ -1,0 +1,30 @@
+"""The element types kernels accept, by the names used in problems, the CLI and the DB."""
+
+from __future__ import annotations
+
+import cutlass
+import torch
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+CUTLASS_DTYPES = {
+    "bfloat16": cutlass.BFloat16,
+    "float16": cutlass.Float16,
+    "float32": cutlass.Float32,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+# (rtol, atol) against an fp32 reference: a few ulps of the output type.
+FLOAT_TOLERANCE = {"bfloat16": (1.6e-2, 1e-2), "float16": (2e-3, 1e-3), "float32": (1e-5, 1e-5)}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise TypeError(f"dtype {dtype} is not supported: use one of "
+                        f"{', '.join(str(t) for t in TORCH_DTYPES.values())}") from None

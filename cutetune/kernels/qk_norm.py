@@ -1,0 +1,323 @@
+"""QK-norm: per-head RMSNorm of q and k in one launch, in place.
+
+    y = (w + WEIGHT_BIAS) * x * rsqrt(mean(x^2) + EPS)      for every (token, head)
+
+q is (tokens, q_heads, head_dim) and k (tokens, kv_heads, head_dim); both may be views into a
+fused qkv projection (token stride larger than heads * head_dim). The token count and the token
+strides are dynamic, so one compile serves every call of a model; head dim, head counts, dtype,
+EPS and WEIGHT_BIAS are compile-time constants.
+
+Work split: THREADS_PER_HEAD (= 32 / heads_per_warp) threads own one head; thread `lane` of a
+head loads vectors lane, lane + THREADS_PER_HEAD, ... so each load instruction of a warp is
+coalesced. The squared sum is reduced by butterfly shuffles among the threads of one head only.
+Blocks [0, q_blocks) normalise q heads, the rest k heads, so the q/k choice is uniform per block.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32
+
+from cutetune.kernels.dtypes import CUTLASS_DTYPES, DTYPE_BYTES, FLOAT_TOLERANCE, TORCH_DTYPES
+from cutetune.kernels.registry import KernelDef, NotApplicableError, Tensors, register
+from cutetune.spaces.models import ModelShape
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import Constraint, Param, Space
+
+HEAD_DIMS = (64, 128, 256)
+WARP = 32
+# A thread holds its share of one head in registers between the reduction and the store.
+MAX_ELEMENTS_PER_THREAD = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class QKNormProblem(Problem):
+    dtype: str
+    head_dim: int
+    q_heads: int
+    kv_heads: int
+    eps: float
+    weight_bias: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not supported: use {', '.join(TORCH_DTYPES)}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim} not supported: use one of {HEAD_DIMS}")
+        if self.q_heads < 1 or self.kv_heads < 1:
+            raise ValueError(f"head counts must be positive, got q={self.q_heads} "
+                             f"kv={self.kv_heads}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+        if self.weight_bias not in (0.0, 1.0):
+            raise ValueError(f"weight_bias must be 0 or 1 (Gemma-style), got {self.weight_bias}")
+
+
+@dataclass(frozen=True)
+class QKNormConfig:
+    vector_bits: int
+    heads_per_warp: int
+    warps_per_block: int
+
+
+def _vector_elements(problem: QKNormProblem, config: QKNormConfig) -> int:
+    return config.vector_bits // (8 * DTYPE_BYTES[problem.dtype])
+
+
+def _threads_per_head(config: QKNormConfig) -> int:
+    return WARP // config.heads_per_warp
+
+
+def _elements_per_thread(problem: QKNormProblem, config: QKNormConfig) -> int:
+    return problem.head_dim // _threads_per_head(config)
+
+
+def _registers_per_thread(problem: QKNormProblem, config: QKNormConfig) -> int:
+    # The head's share in fp32 plus about 32 registers of addressing and loop state.
+    return 32 + _elements_per_thread(problem, config)
+
+
+SPACE = Space(
+    config_type=QKNormConfig,
+    params=(
+        Param("vector_bits", (32, 64, 128), "bits per thread per global access"),
+        Param("heads_per_warp", (1, 2, 4, 8, 16, 32), "heads sharing one warp's shuffles"),
+        Param("warps_per_block", (1, 2, 4, 8, 16, 32), "warps in one thread block"),
+    ),
+    constraints=(
+        Constraint(
+            "vector_holds_whole_elements",
+            "a vector must hold at least one element of the dtype",
+            lambda p, c, d: _vector_elements(p, c) >= 1,
+        ),
+        Constraint(
+            "head_splits_into_whole_vectors",
+            "each thread of a head must own a whole number of vectors",
+            lambda p, c, d: _elements_per_thread(p, c) % _vector_elements(p, c) == 0
+            and _elements_per_thread(p, c) >= _vector_elements(p, c),
+        ),
+        Constraint(
+            "head_fits_registers",
+            f"a thread may hold at most {MAX_ELEMENTS_PER_THREAD} elements of its head",
+            lambda p, c, d: _elements_per_thread(p, c) <= MAX_ELEMENTS_PER_THREAD,
+        ),
+        Constraint(
+            "block_fits_register_file",
+            "the block's estimated registers must fit one SM's register file",
+            lambda p, c, d: _registers_per_thread(p, c) * c.warps_per_block * WARP
+            <= d.registers_per_sm,
+        ),
+        Constraint(
+            "block_size_within_device",
+            "warps_per_block * 32 must not exceed the device's threads per block",
+            lambda p, c, d: c.warps_per_block * WARP <= d.max_threads_per_block,
+        ),
+    ),
+)
+
+
+def default_config(problem: QKNormProblem, device) -> QKNormConfig:
+    """The seed heuristic (SEED.md): 128-bit accesses, the fewest threads per head that
+    allows them, one warp per block while the warps needed fit one per SM, else 8 warps
+    (DESIGN.md: 4-8 warps reach the copy ceiling, 1 warp does not)."""
+    vector = 128 // (8 * DTYPE_BYTES[problem.dtype])
+    threads_per_head = min(WARP, problem.head_dim // vector)
+    heads_per_warp = WARP // threads_per_head
+    heads = problem.num_tokens * (problem.q_heads + problem.kv_heads)
+    warps_needed = math.ceil(heads / heads_per_warp)
+    warps = 1 if warps_needed <= device.sm_count else 8
+    return QKNormConfig(128, heads_per_warp, warps)
+
+
+def _blocks(problem: QKNormProblem, config: QKNormConfig) -> int:
+    heads_per_block = config.warps_per_block * config.heads_per_warp
+    return (math.ceil(problem.num_tokens * problem.q_heads / heads_per_block)
+            + math.ceil(problem.num_tokens * problem.kv_heads / heads_per_block))
+
+
+def cost(problem: QKNormProblem, config: QKNormConfig, device):
+    from cutetune.tuner.roofline import Cost
+
+    elements = problem.num_tokens * (problem.q_heads + problem.kv_heads) * problem.head_dim
+    element_bytes = DTYPE_BYTES[problem.dtype]
+    return Cost(
+        # Each head read once and written once; both weight vectors read once.
+        bytes_moved=2 * elements * element_bytes + 2 * problem.head_dim * element_bytes,
+        # Square, accumulate, scale by rsqrt, scale by the weight: four per element.
+        flops=4 * elements,
+        blocks=_blocks(problem, config),
+        threads_per_block=config.warps_per_block * WARP,
+        registers_per_thread=_registers_per_thread(problem, config),
+        bytes_in_flight_per_thread=_elements_per_thread(problem, config) * element_bytes,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+
+
+@cute.jit
+def _normalise_head(mX: cute.Tensor, mW: cute.Tensor, row: Int32, lane: Int32,
+                    VEC: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int],
+                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
+    """Normalise head `row` (token-major over mX's (tokens, heads)) by its THREADS_PER_HEAD
+    threads. Threads past the last head load a valid head, so that every lane joins the
+    shuffles, and store nothing."""
+    heads = cute.size(mX, mode=[1])
+    head_dim = cute.size(mX, mode=[2])
+    rows = cute.size(mX, mode=[0]) * heads
+    safe_row = cutlass.min(row, rows - 1)
+    tXgX = cute.zipped_divide(mX[safe_row // heads, safe_row % heads, None], (VEC,))
+    tWgW = cute.zipped_divide(mW, (VEC,))
+    vectors_per_thread = head_dim // (VEC * THREADS_PER_HEAD)
+    tXrX = []
+    square_sum = Float32(0.0)
+    for v in cutlass.range_constexpr(vectors_per_thread):
+        x = tXgX[(None, v * THREADS_PER_HEAD + lane)].load().to(Float32)
+        tXrX.append(x)
+        square_sum = square_sum + (x * x).reduce(cute.ReductionOp.ADD, init_val=0.0,
+                                                 reduction_profile=0)
+    for i in cutlass.range_constexpr(int(math.log2(THREADS_PER_HEAD))):
+        square_sum = square_sum + cute.arch.shuffle_sync_bfly(
+            square_sum, offset=THREADS_PER_HEAD >> (i + 1))
+    inv_rms = cute.math.rsqrt(square_sum * (1.0 / head_dim) + EPS, fastmath=False)
+    if row < rows:
+        for v in cutlass.range_constexpr(vectors_per_thread):
+            w = tWgW[(None, v * THREADS_PER_HEAD + lane)].load().to(Float32)
+            if cutlass.const_expr(WEIGHT_BIAS != 0.0):
+                w = w + WEIGHT_BIAS
+            y = w * (tXrX[v] * inv_rms)
+            tXgX[(None, v * THREADS_PER_HEAD + lane)].store(y.to(mX.element_type))
+
+
+@cute.kernel
+def _qk_norm_kernel(mQ: cute.Tensor, mK: cute.Tensor, mQW: cute.Tensor, mKW: cute.Tensor,
+                    q_blocks: Int32, VEC: cutlass.Constexpr[int],
+                    THREADS_PER_HEAD: cutlass.Constexpr[int],
+                    HEADS_PER_BLOCK: cutlass.Constexpr[int], EPS: cutlass.Constexpr[float],
+                    WEIGHT_BIAS: cutlass.Constexpr[float]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    lane = tidx % THREADS_PER_HEAD
+    slot = tidx // THREADS_PER_HEAD
+    if bidx < q_blocks:
+        _normalise_head(mQ, mQW, bidx * HEADS_PER_BLOCK + slot, lane, VEC, THREADS_PER_HEAD,
+                        EPS, WEIGHT_BIAS)
+    else:
+        _normalise_head(mK, mKW, (bidx - q_blocks) * HEADS_PER_BLOCK + slot, lane, VEC,
+                        THREADS_PER_HEAD, EPS, WEIGHT_BIAS)
+
+
+@cute.jit
+def _qk_norm_launch(mQ: cute.Tensor, mK: cute.Tensor, mQW: cute.Tensor, mKW: cute.Tensor,
+                    stream: cuda.CUstream, VEC: cutlass.Constexpr[int],
+                    THREADS_PER_HEAD: cutlass.Constexpr[int], WARPS: cutlass.Constexpr[int],
+                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
+    heads_per_block = WARPS * WARP // THREADS_PER_HEAD
+    tokens = cute.size(mQ, mode=[0])
+    q_blocks = (tokens * cute.size(mQ, mode=[1]) + heads_per_block - 1) // heads_per_block
+    k_blocks = (tokens * cute.size(mK, mode=[1]) + heads_per_block - 1) // heads_per_block
+    _qk_norm_kernel(mQ, mK, mQW, mKW, q_blocks, VEC, THREADS_PER_HEAD, heads_per_block, EPS,
+                    WEIGHT_BIAS).launch(grid=(q_blocks + k_blocks, 1, 1),
+                                        block=(WARPS * WARP, 1, 1), stream=stream)
+
+
+def compile_kernel(problem: QKNormProblem, config: QKNormConfig, options: str = ""):
+    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the
+    token count and token strides are symbolic, so the result serves every call."""
+    dtype = CUTLASS_DTYPES[problem.dtype]
+    vec = _vector_elements(problem, config)
+    tokens = cute.sym_int()
+
+    def heads_tensor(heads: int):
+        # Token stride: symbolic, but a multiple of the vector so the accesses stay wide.
+        stride = (cute.sym_int64(divisibility=vec), problem.head_dim, 1)
+        return cute.runtime.make_fake_tensor(dtype, (tokens, heads, problem.head_dim), stride,
+                                             assumed_align=16)
+
+    def weight_tensor():
+        return cute.runtime.make_fake_tensor(dtype, (problem.head_dim,), (1,), assumed_align=16)
+
+    return cute.compile(
+        _qk_norm_launch,
+        heads_tensor(problem.q_heads), heads_tensor(problem.kv_heads),
+        weight_tensor(), weight_tensor(),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+        vec, _threads_per_head(config), config.warps_per_block,
+        float(problem.eps), float(problem.weight_bias),
+        options=" ".join(("--enable-tvm-ffi", options)).strip(),
+    )
+
+
+def launch(compiled, tensors: Tensors) -> None:
+    compiled(tensors["q"], tensors["k"], tensors["q_weight"], tensors["k_weight"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference, inputs, model problems
+
+
+def reference(tensors: Tensors, problem: QKNormProblem) -> dict[str, torch.Tensor]:
+    """fp32 per-head RMSNorm of q and k."""
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + problem.eps)
+        return (w.float() + problem.weight_bias) * (x * inv_rms)
+
+    return {"q": norm(tensors["q"], tensors["q_weight"]),
+            "k": norm(tensors["k"], tensors["k_weight"])}
+
+
+def make_inputs(problem: QKNormProblem, device, generator: torch.Generator) -> Tensors:
+    """q and k as views into one fused qkv projection output, the way engines call it."""
+    dtype = TORCH_DTYPES[problem.dtype]
+    d = problem.head_dim
+    heads = problem.q_heads + 2 * problem.kv_heads
+    qkv = torch.randn(problem.num_tokens, heads, d, generator=generator, device=device,
+                      dtype=torch.float32).to(dtype)
+    weights = 1.0 + 0.5 * torch.randn(2, d, generator=generator, device=device)
+    return {
+        "q": qkv[:, : problem.q_heads],
+        "k": qkv[:, problem.q_heads: problem.q_heads + problem.kv_heads],
+        "q_weight": weights[0].to(dtype),
+        "k_weight": weights[1].to(dtype),
+    }
+
+
+def problems_for_model(model: ModelShape, dtype: str) -> list[QKNormProblem]:
+    if not model.qk_norm:
+        raise NotApplicableError(f"model {model.name} does not normalise q and k per head, "
+                                 "so qk_norm does not apply to it")
+    if model.head_dim not in HEAD_DIMS:
+        raise NotApplicableError(f"model {model.name} has head_dim {model.head_dim}; "
+                                 f"qk_norm supports {HEAD_DIMS}")
+    return [QKNormProblem(num_tokens=1, dtype=dtype, head_dim=model.head_dim,
+                          q_heads=model.num_q_heads, kv_heads=model.num_kv_heads,
+                          eps=model.rms_norm_eps, weight_bias=0.0)]
+
+
+KERNEL = register(KernelDef(
+    name="qk_norm",
+    description="per-head RMSNorm of q and k in one in-place launch",
+    problem_type=QKNormProblem,
+    space=SPACE,
+    problems_for_model=problems_for_model,
+    default_config=default_config,
+    cost=cost,
+    compile=compile_kernel,
+    launch=launch,
+    make_inputs=make_inputs,
+    reference=reference,
+    outputs=("q", "k"),
+    written_in_place=("q", "k"),
+    tolerance=FLOAT_TOLERANCE,
+    source_file=__file__,
+))

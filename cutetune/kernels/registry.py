@@ -1,0 +1,107 @@
+"""What a kernel declares, and the registry the framework reads it from.
+
+Adding a kernel means writing one module that builds a KernelDef and calls `register`; the
+tuner, the dispatcher and every CLI verb work from the KernelDef alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cutetune.spaces.models import ModelShape
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import Space
+
+# Tensors by name; what `make_inputs` returns and what `launch` and `reference` take.
+Tensors = Mapping[str, Any]
+
+
+class UnknownKernelError(LookupError):
+    def __str__(self) -> str:  # LookupError would quote the message
+        return str(self.args[0])
+
+
+class NotApplicableError(ValueError):
+    """The kernel has nothing to do for this model (e.g. QK-norm on a model without it)."""
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    """Everything the framework needs to plan, tune, verify, store and serve one kernel.
+
+    name:               registry key, CLI argument, DB key
+    problem_type:       the kernel's frozen Problem dataclass
+    space:              its Config knobs and named constraints
+    problems_for_model: (model, dtype name) -> static problems (num_tokens=1); raises
+                        NotApplicableError with the reason when the model has none
+    default_config:     the seed heuristic's choice (problem, device spec) -> Config
+    cost:               (problem, config, device spec) -> roofline Cost
+    compile:            (problem, config) -> compiled callable, for the target set by
+                        CUTE_DSL_ARCH (sm_90a on a CPU machine); one compile serves every
+                        token count
+    launch:             (compiled, tensors) -> None, on torch's current stream
+    make_inputs:        (problem, device, torch.Generator) -> fresh random tensors
+    reference:          (tensors, problem) -> fp32 expected outputs by name, computed
+                        before launch (the kernel may work in place)
+    outputs:            names of the tensors the kernel writes
+    written_in_place:   the subset of `outputs` that are also inputs (cannot be poisoned)
+    tolerance:          dtype name -> (rtol, atol) for |out - expected| <= atol + rtol |expected|
+    source_file:        hashed into the DB so winners of older source are not served
+    """
+
+    name: str
+    description: str
+    problem_type: type[Problem]
+    space: Space
+    problems_for_model: Callable[[ModelShape, str], list[Problem]]
+    default_config: Callable[[Problem, Any], Any]
+    cost: Callable[[Problem, Any, Any], Any]
+    compile: Callable[[Problem, Any], Any]
+    launch: Callable[[Any, Tensors], None]
+    make_inputs: Callable[[Problem, Any, Any], Tensors]
+    reference: Callable[[Tensors, Problem], dict[str, Any]]
+    outputs: tuple[str, ...]
+    written_in_place: tuple[str, ...]
+    tolerance: Mapping[str, tuple[float, float]]
+    source_file: str
+
+    def source_hash(self) -> str:
+        return hashlib.sha256(Path(self.source_file).read_bytes()).hexdigest()[:16]
+
+
+_REGISTRY: dict[str, KernelDef] = {}
+
+# Modules that register kernels when imported; imported lazily so `cutetune plan` does not pay
+# for CuTeDSL until a kernel is asked for.
+KERNEL_MODULES = ("cutetune.kernels.qk_norm",)
+
+
+def register(kernel: KernelDef) -> KernelDef:
+    if kernel.name in _REGISTRY:
+        raise ValueError(f"kernel {kernel.name!r} is registered twice")
+    _REGISTRY[kernel.name] = kernel
+    return kernel
+
+
+def _load_all() -> None:
+    for module in KERNEL_MODULES:
+        importlib.import_module(module)
+
+
+def kernel_names() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get_kernel(name: str) -> KernelDef:
+    _load_all()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownKernelError(f"unknown kernel {name!r}: known kernels are "
+                       f"{', '.join(sorted(_REGISTRY))}") from None

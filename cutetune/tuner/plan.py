@@ -1,0 +1,61 @@
+"""The funnel from declared points to the ones worth measuring, ranked by the roofline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cutetune.kernels.registry import KernelDef
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import EmptySpaceError
+from cutetune.tuner.roofline import Ceilings, Cost, DeviceSpec, Prediction, predict
+
+# A point predicted slower than this multiple of the best prediction is not measured: the
+# model is coarse, so the margin is wide, but a 2x loss is one no calibration error explains.
+PRUNE_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class RankedPoint:
+    config: Any
+    cost: Cost
+    prediction: Prediction
+
+
+@dataclass(frozen=True)
+class Plan:
+    problem: Problem
+    declared: int
+    rejected_by: dict[str, int]
+    kept: tuple[RankedPoint, ...]
+    pruned: tuple[RankedPoint, ...]
+
+    @property
+    def valid(self) -> int:
+        return len(self.kept) + len(self.pruned)
+
+    def funnel(self) -> str:
+        rejected = ", ".join(f"{n}: -{c}" for n, c in self.rejected_by.items()) or "none"
+        return (f"declared {self.declared} -> valid {self.valid} (rejected {rejected}) -> "
+                f"kept {len(self.kept)} (pruned {len(self.pruned)} predicted over "
+                f"{PRUNE_FACTOR:g}x the best)")
+
+
+def make_plan(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
+              ceilings: Ceilings) -> Plan:
+    enumeration = kernel.space.enumerate(problem, spec)
+    if not enumeration.valid:
+        removed = ", ".join(f"{n} removed {c}" for n, c in
+                            enumeration.rejections_by_constraint().items())
+        raise EmptySpaceError(f"{kernel.name}: no valid point for {problem.describe()}: {removed}")
+    ranked = sorted(
+        (RankedPoint(c, cost, predict(cost, spec, ceilings))
+         for c in enumeration.valid
+         for cost in [kernel.cost(problem, c, spec)]),
+        key=lambda p: p.prediction.predicted_us,
+    )
+    limit = ranked[0].prediction.predicted_us * PRUNE_FACTOR
+    kept = tuple(p for p in ranked if p.prediction.predicted_us <= limit)
+    pruned = tuple(p for p in ranked if p.prediction.predicted_us > limit)
+    return Plan(problem, enumeration.declared, enumeration.rejections_by_constraint(),
+                kept, pruned)
