@@ -146,7 +146,10 @@ def predict(cost: Cost, spec: DeviceSpec, ceilings: Ceilings) -> Prediction:
     if cost.bytes_in_flight_per_thread:
         blocks_per_busy_sm = min(resident, math.ceil(cost.blocks / spec.sm_count))
         in_flight = blocks_per_busy_sm * cost.threads_per_block * cost.bytes_in_flight_per_thread
-        latency_hiding = min(1.0, in_flight / BYTES_IN_FLIGHT_PER_SM)
+        busy_sms = min(cost.blocks, spec.sm_count)
+        # A small problem cannot keep more in flight than it has to move.
+        needed = min(BYTES_IN_FLIGHT_PER_SM, cost.bytes_moved / busy_sms)
+        latency_hiding = min(1.0, in_flight / needed)
     base = floor_us(cost, spec, ceilings)
     predicted = (cost.launches * ceilings.launch_floor_us
                  + cost.grid_barriers * ceilings.grid_barrier_us

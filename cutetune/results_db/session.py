@@ -1,0 +1,71 @@
+"""Opening the results database from a URL, and the one session scope helper."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.orm import Session, sessionmaker
+
+from cutetune.results_db.dialects import BACKENDS
+from cutetune.results_db.schema import Base
+
+
+class Database:
+    """A results database: an engine, its tables, and transactional sessions over it."""
+
+    def __init__(self, url: str, engine: Engine) -> None:
+        self.url = url
+        self.engine = engine
+        self._sessions = sessionmaker(engine)
+
+    @classmethod
+    def open(cls, url: str) -> Database:
+        """Open (and create, where missing) the database at a SQLAlchemy URL.
+
+        SQLite and PostgreSQL are supported. A SQLite file gets its parent directory created.
+        Raises ValueError, naming the URL, when the URL cannot be used.
+        """
+        try:
+            parsed = make_url(url)
+            if parsed.get_backend_name() not in BACKENDS:
+                raise ValueError(
+                    f"unsupported database URL {url!r}: the backend must be one of "
+                    f"{', '.join(BACKENDS)}"
+                )
+            engine = create_engine(parsed)
+        except (ArgumentError, NoSuchModuleError) as exc:
+            raise ValueError(f"invalid database URL {url!r}: {exc}") from None
+        if engine.dialect.name == "sqlite":
+            _prepare_sqlite(engine)
+        Base.metadata.create_all(engine)
+        return cls(url, engine)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on any exception."""
+        with self._sessions.begin() as session:
+            yield session
+
+    def dispose(self) -> None:
+        """Close the engine's pooled connections."""
+        self.engine.dispose()
+
+
+def _prepare_sqlite(engine: Engine) -> None:
+    database = engine.url.database
+    # In-memory databases have no file; "file:" names are SQLite URIs, not paths.
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+
+    # SQLite leaves foreign keys unenforced unless each connection asks for them.
+    @event.listens_for(engine, "connect")
+    def _enable_foreign_keys(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
