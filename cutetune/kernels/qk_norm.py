@@ -24,7 +24,13 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32
 
-from cutetune.kernels.dtypes import CUTLASS_DTYPES, DTYPE_BYTES, FLOAT_TOLERANCE, TORCH_DTYPES
+from cutetune.kernels.dtypes import (
+    CUTLASS_DTYPES,
+    DTYPE_BYTES,
+    DTYPE_NAMES,
+    FLOAT_TOLERANCE,
+    TORCH_DTYPES,
+)
 from cutetune.kernels.registry import KernelDef, NotApplicableError, Tensors, register
 from cutetune.spaces.models import ModelShape
 from cutetune.spaces.problem import Problem
@@ -321,3 +327,71 @@ KERNEL = register(KernelDef(
     tolerance=FLOAT_TOLERANCE,
     source_file=__file__,
 ))
+
+
+# ---------------------------------------------------------------------------------------------
+# The public op
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+                  k_weight: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_cuda:
+            raise ValueError(f"{name} is on {t.device}: qk_norm runs on a CUDA device")
+        if t.dtype not in DTYPE_NAMES:
+            raise TypeError(f"{name} has dtype {t.dtype}: use one of "
+                            f"{', '.join(str(d) for d in DTYPE_NAMES)}")
+    for name, t in (("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: they must match")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be (tokens, heads, head_dim), got shape "
+                             f"{tuple(t.shape)}")
+    d = q.shape[2]
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head_dim {d} is not supported: use one of {HEAD_DIMS}")
+    if k.shape[2] != d or k.shape[0] != q.shape[0]:
+        raise ValueError(f"k {tuple(k.shape)} must have q's tokens and head_dim "
+                         f"(q is {tuple(q.shape)})")
+    for name, t in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if t.shape != (d,) or t.stride(0) != 1:
+            raise ValueError(f"{name} must be a contiguous ({d},) vector, got shape "
+                             f"{tuple(t.shape)} stride {t.stride()}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must be 16-byte aligned")
+    for name, t in (("q", q), ("k", k)):
+        if t.stride(2) != 1 or t.stride(1) != d:
+            raise ValueError(f"{name} heads must be contiguous (strides (*, {d}, 1)), got "
+                             f"strides {t.stride()}")
+        if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            raise ValueError(f"{name} must start 16-byte aligned with a token stride of a "
+                             f"multiple of 16 bytes (stride {t.stride(0)} elements)")
+
+
+def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+            eps: float = 1e-6, weight_bias: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalise every head of q (tokens, q_heads, d) and k (tokens, kv_heads, d) in place:
+    y = (w + weight_bias) * x * rsqrt(mean(x^2) + eps), in one launch on the current stream.
+
+    q and k may be views into a fused qkv tensor. The kernel is the winner tuned for this
+    device and token bucket when `cutetune.warmup` loaded one, else the heuristic default."""
+    from cutetune.dispatch import current_dispatcher
+
+    _check_inputs(q, k, q_weight, k_weight)
+    tokens = q.shape[0]
+    if tokens == 0:
+        return q, k
+    static = (DTYPE_NAMES[q.dtype], q.shape[2], q.shape[1], k.shape[1], float(eps),
+              float(weight_bias))
+    compiled = current_dispatcher().lookup(
+        KERNEL, static, tokens,
+        lambda: QKNormProblem(num_tokens=tokens, dtype=static[0], head_dim=static[1],
+                              q_heads=static[2], kv_heads=static[3], eps=static[4],
+                              weight_bias=static[5]))
+    compiled(q, k, q_weight, k_weight)
+    return q, k

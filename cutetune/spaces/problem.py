@@ -36,7 +36,7 @@ class Problem:
         """The static fields in declaration order: the dispatcher's hot-path key."""
         return tuple(self.static_fields().values())
 
-    def with_tokens(self, num_tokens: int) -> "Problem":
+    def with_tokens(self, num_tokens: int) -> Problem:
         return dataclasses.replace(self, num_tokens=num_tokens)
 
     def describe(self) -> str:

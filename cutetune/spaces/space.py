@@ -11,8 +11,9 @@ import dataclasses
 import itertools
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from cutetune.spaces.problem import Problem
 
@@ -87,7 +88,7 @@ class Space(Generic[ConfigT]):
     def declared_points(self) -> list[ConfigT]:
         names = [p.name for p in self.params]
         return [
-            self.config_type(**dict(zip(names, values)))
+            self.config_type(**dict(zip(names, values, strict=True)))
             for values in itertools.product(*(p.choices for p in self.params))
         ]
 

@@ -73,14 +73,14 @@ class Ceilings:
     measured: bool
 
     @classmethod
-    def from_datasheet(cls, spec: DeviceSpec) -> "Ceilings":
+    def from_datasheet(cls, spec: DeviceSpec) -> Ceilings:
         # Before anything is measured: 90% of the datasheet bandwidth (what a copy kernel
         # reached on the H200, 4.2 of 4.8 TB/s, rounded up), and the H200's launch floor
         # and barrier cost from DESIGN.md.
         return cls(spec.dram_gbps * 0.9, 0.55, 1.0, measured=False)
 
     @classmethod
-    def from_measured(cls, spec: DeviceSpec, values: dict[str, float]) -> "Ceilings":
+    def from_measured(cls, spec: DeviceSpec, values: dict[str, float]) -> Ceilings:
         default = cls.from_datasheet(spec)
         if not values:
             return default

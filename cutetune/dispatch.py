@@ -1,0 +1,232 @@
+"""The runtime Dispatcher: winners read once at warmup, then served by token bucket.
+
+Warmup builds, for each static problem, one immutable row of compiled kernels indexed by token
+bucket: the tuned winner where that bucket was tuned, else the nearest tuned bucket's winner
+(if it is a valid point there), else the seed heuristic's default. A call for a static problem
+that was never warmed up is a miss: its row is built from defaults, the miss is logged once, and
+the calls it serves are counted, so `report()` shows what ran untuned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cutetune.kernels.registry import KernelDef
+from cutetune.spaces.buckets import BUCKETS, bucket_index
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import config_to_json
+
+log = logging.getLogger("cutetune.dispatch")
+
+TUNED, NEAREST, DEFAULT = "tuned", "nearest", "default"
+
+
+@dataclass(frozen=True)
+class BucketEntry:
+    bucket: int
+    config: Any
+    source: str  # TUNED, NEAREST or DEFAULT
+    tuned_bucket: int | None
+
+
+@dataclass(frozen=True)
+class ProblemTable:
+    kernel: str
+    problem: Problem
+    entries: tuple[BucketEntry, ...]
+    warmed_up: bool
+
+
+@dataclass(frozen=True)
+class WarmupStats:
+    seconds: float
+    problems: int
+    compiles: int
+    stale_winners: int
+
+
+def nearest_tuned(bucket: int, tuned: Sequence[int]) -> int | None:
+    """The tuned bucket closest in log2 distance (ties go to the larger, the safer grid)."""
+    if not tuned:
+        return None
+    return min(tuned, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
+
+
+class Dispatcher:
+    def __init__(self, spec, winners: Iterable[Any] = ()):
+        """`spec`: the DeviceSpec of the GPU in use; `winners`: results_db Winner records
+        for this device fingerprint (empty: every call runs the heuristic default)."""
+        self.spec = spec
+        self._winners: dict[tuple[str, str], dict[int, Any]] = {}
+        for w in winners:
+            self._winners.setdefault((w.kernel_name, w.static_key), {})[w.bucket] = w
+        self._compiled: dict[tuple[str, str, str], Any] = {}
+        self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
+        self._tables: dict[tuple[str, tuple], ProblemTable] = {}
+        self._default_calls: Counter[tuple[str, tuple, int]] = Counter()
+        self.stats: WarmupStats | None = None
+
+    # -- building -------------------------------------------------------------------------
+
+    def _table(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> ProblemTable:
+        tuned = {}
+        for bucket, winner in self._winners.get((kernel.name, problem.static_key()), {}).items():
+            if winner.source_hash == kernel.source_hash():
+                tuned[bucket] = kernel.space.config_from_dict(json.loads(winner.config_json))
+        entries = []
+        for bucket in BUCKETS:
+            at_bucket = problem.with_tokens(bucket)
+            if bucket in tuned:
+                entries.append(BucketEntry(bucket, tuned[bucket], TUNED, bucket))
+                continue
+            near = nearest_tuned(bucket, sorted(tuned))
+            if near is not None and kernel.space.first_violation(
+                    at_bucket, tuned[near], self.spec) is None:
+                entries.append(BucketEntry(bucket, tuned[near], NEAREST, near))
+            else:
+                entries.append(BucketEntry(bucket, kernel.default_config(at_bucket, self.spec),
+                                           DEFAULT, None))
+        return ProblemTable(kernel.name, problem.with_tokens(1), tuple(entries), warmed_up)
+
+    def _compile(self, kernel: KernelDef, problem: Problem, config: Any):
+        key = (kernel.name, problem.static_key(), config_to_json(config))
+        if key not in self._compiled:
+            self._compiled[key] = kernel.compile(problem, config)
+        return self._compiled[key]
+
+    def _install(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> tuple[Any, ...]:
+        table = self._table(kernel, problem, warmed_up)
+        row = tuple((self._compile(kernel, problem, e.config), e.source == DEFAULT)
+                    for e in table.entries)
+        key = (kernel.name, problem.static_tuple())
+        self._tables[key] = table
+        self._rows[key] = row
+        return row
+
+    def warmup(self, kernel: KernelDef, problems: Iterable[Problem]) -> WarmupStats:
+        """Compile what each static problem will serve, before the first call."""
+        start = time.perf_counter()
+        compiled_before = len(self._compiled)
+        problems = list(problems)
+        for problem in problems:
+            self._install(kernel, problem, warmed_up=True)
+        stale = sum(1 for (name, _), by_bucket in self._winners.items() if name == kernel.name
+                    for w in by_bucket.values() if w.source_hash != kernel.source_hash())
+        self.stats = WarmupStats(time.perf_counter() - start, len(problems),
+                                 len(self._compiled) - compiled_before, stale)
+        return self.stats
+
+    # -- serving (hot path) ---------------------------------------------------------------
+
+    def lookup(self, kernel: KernelDef, static_tuple: tuple, num_tokens: int,
+               make_problem: Callable[[], Problem]):
+        """The compiled kernel for this call. `static_tuple` must equal
+        `make_problem().static_tuple()`; the problem is built only on a miss."""
+        key = (kernel.name, static_tuple)
+        row = self._rows.get(key)
+        if row is None:
+            problem = make_problem()
+            log.warning("cutetune: %s %s was not warmed up; serving the heuristic default "
+                        "(run cutetune tune, then warmup)", kernel.name, problem.describe())
+            row = self._install(kernel, problem, warmed_up=False)
+        index = bucket_index(num_tokens)
+        compiled, is_default = row[index]
+        if is_default:
+            self._default_calls[(kernel.name, static_tuple, BUCKETS[index])] += 1
+        return compiled
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def tables(self) -> list[ProblemTable]:
+        return list(self._tables.values())
+
+    def default_calls(self) -> dict[tuple[str, tuple, int], int]:
+        return dict(self._default_calls)
+
+    def report(self) -> str:
+        lines = []
+        if self.stats is not None:
+            lines.append(f"warmup: {self.stats.problems} problems, {self.stats.compiles} "
+                         f"compiles in {self.stats.seconds:.2f} s; "
+                         f"{self.stats.stale_winners} winners ignored (older kernel source)")
+        for (name, static_tuple), table in self._tables.items():
+            by_source: dict[str, list[int]] = {TUNED: [], NEAREST: [], DEFAULT: []}
+            for entry in table.entries:
+                by_source[entry.source].append(entry.bucket)
+            calls = sum(n for (k, s, _), n in self._default_calls.items()
+                        if (k, s) == (name, static_tuple))
+            state = "warmed up" if table.warmed_up else "NOT warmed up (miss)"
+            lines.append(
+                f"{name} {table.problem.describe()}: {state}; tuned buckets "
+                f"{_ranges(by_source[TUNED])}; nearest-tuned {_ranges(by_source[NEAREST])}; "
+                f"default {_ranges(by_source[DEFAULT])}; calls served by default: {calls}")
+        return "\n".join(lines) if lines else "nothing warmed up or served yet"
+
+
+def _ranges(buckets: list[int]) -> str:
+    if not buckets:
+        return "none"
+    if len(buckets) <= 4:
+        return ",".join(str(b) for b in buckets)
+    return f"{buckets[0]}..{buckets[-1]} ({len(buckets)})"
+
+
+# -- the process-wide dispatcher the public ops call through -------------------------------
+
+_current: Dispatcher | None = None
+
+
+def current_dispatcher() -> Dispatcher:
+    """The dispatcher set by `warmup`; before any warmup, one that serves defaults."""
+    global _current
+    if _current is None:
+        _current = Dispatcher(_current_device_spec())
+    return _current
+
+
+def _current_device_spec():
+    import torch
+
+    from cutetune.tuner.roofline import device_spec_for
+
+    return device_spec_for(torch.cuda.get_device_name())
+
+
+def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = None,
+           db_url: str | None = None) -> Dispatcher:
+    """Load this device's winners for every kernel `model` uses, compile them, and make the
+    result the dispatcher that `cutetune.qk_norm` and the other ops call through."""
+    global _current
+    from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
+    from cutetune.results_db import Database, DeviceFingerprint, winners
+    from cutetune.settings import load_settings
+    from cutetune.spaces.models import load_model
+
+    shape = load_model(model)
+    fingerprint = DeviceFingerprint.current()
+    db = Database.open(db_url or load_settings().db_url)
+    try:
+        dispatcher = Dispatcher(_current_device_spec(), winners(db, fingerprint))
+    finally:
+        db.dispose()
+    served = []
+    for name in kernels or kernel_names():
+        kernel = get_kernel(name)
+        try:
+            problems = kernel.problems_for_model(shape, dtype)
+        except NotApplicableError:
+            if kernels:  # asked for by name: say why not
+                raise
+            continue
+        dispatcher.warmup(kernel, problems)
+        served.append(name)
+    if not served:
+        raise ValueError(f"no kernel of cutetune applies to model {shape.name}")
+    _current = dispatcher
+    return dispatcher

@@ -1,0 +1,74 @@
+"""The GPU TrialRunner: compile, verify against the reference, time in a CUDA graph."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from cutlass.base_dsl.common import DSLBaseError
+
+from cutetune.kernels.registry import KernelDef
+from cutetune.spaces.problem import Problem
+from cutetune.tuner.measure import Measurement, input_sets_for, summarise, time_in_graph
+from cutetune.tuner.roofline import DeviceSpec
+from cutetune.tuner.study import TrialFailure
+from cutetune.tuner.verify import VerificationError, verify
+
+REMEASURE_ROUNDS = 3
+
+
+class GpuTrialRunner:
+    """Runs the points of one problem; input sets are made once and shared by every point."""
+
+    def __init__(self, kernel: KernelDef, problem: Problem, spec: DeviceSpec, seed: int = 0):
+        self.kernel = kernel
+        self.problem = problem
+        self.spec = spec
+        self.seed = seed
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self._compiled: dict[Any, Any] = {}
+        self._input_sets = None
+
+    def compiled(self, config: Any):
+        if config not in self._compiled:
+            try:
+                self._compiled[config] = self.kernel.compile(self.problem, config)
+            except DSLBaseError as err:
+                raise TrialFailure(f"compile failed: {_first_line(err)}") from err
+        return self._compiled[config]
+
+    def _inputs(self):
+        if self._input_sets is None:
+            working_set = self.kernel.cost(self.problem, self.kernel.default_config(
+                self.problem, self.spec), self.spec).bytes_moved
+            generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
+            self._input_sets = [self.kernel.make_inputs(self.problem, self.device, generator)
+                                for _ in range(input_sets_for(working_set, self.spec.l2_bytes))]
+        return self._input_sets
+
+    def _time(self, compiled) -> Measurement:
+        launch = self.kernel.launch
+        return time_in_graph([lambda t=tensors: launch(compiled, t) for tensors in self._inputs()])
+
+    def measure(self, config: Any) -> Measurement:
+        compiled = self.compiled(config)
+        try:
+            verify(self.kernel, self.problem, compiled, self.device, self.seed)
+            return self._time(compiled)
+        except VerificationError as err:
+            raise TrialFailure(f"wrong result: {err}") from err
+        except RuntimeError as err:  # CUDA launch errors surface as RuntimeError subclasses
+            raise TrialFailure(f"launch failed: {_first_line(err)}") from err
+
+    def remeasure(self, configs: Sequence[Any]) -> list[Measurement]:
+        rounds: list[list[float]] = [[] for _ in configs]
+        for _ in range(REMEASURE_ROUNDS):
+            for i, config in enumerate(configs):
+                rounds[i].append(self._time(self._compiled[config]).median_us)
+        return [summarise(r) for r in rounds]
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
