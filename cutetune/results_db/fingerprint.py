@@ -20,7 +20,7 @@ class DeviceFingerprint:
     cutlass_dsl: str
 
     @classmethod
-    def current(cls, device_index: int | None = None) -> "DeviceFingerprint":
+    def current(cls, device_index: int | None = None) -> DeviceFingerprint:
         """The fingerprint of the CUDA device in use; RuntimeError where there is none."""
         import torch
 

@@ -30,7 +30,9 @@ class TrialRecord:
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
-            raise ValueError(f"trial {self.number}: status {self.status!r} is not one of {STATUSES}")
+            raise ValueError(
+                f"trial {self.number}: status {self.status!r} is not one of {STATUSES}"
+            )
         if self.status == "ok" and self.median_us is None:
             raise ValueError(f"trial {self.number} is ok but has no median_us")
         if self.status == "failed" and not self.failure_reason:
@@ -79,10 +81,6 @@ class TuningResult:
                     f"{self.study_name}: winner_number {self.winner_number} is not an ok trial "
                     f"(ok trials: {sorted(ok)})"
                 )
-
-    def winner(self) -> TrialRecord | None:
-        """The winning trial, or None when no trial succeeded."""
-        return next((t for t in self.trials if t.number == self.winner_number), None)
 
 
 @dataclass(frozen=True)

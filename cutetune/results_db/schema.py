@@ -115,13 +115,13 @@ class TuningRunRow(Base):
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime]
 
-    trials: Mapped[list[TrialRow]] = relationship(order_by="TrialRow.number")
+    trials: Mapped[list[TrialRow]] = relationship()
 
 
 class TrialRow(Base):
     """One point tried in a run: its measurement, or the reason it failed."""
 
-    __tablename__ = "trials"
+    __tablename__ = "tuning_trials"
     __table_args__ = (
         UniqueConstraint("run_id", "number"),
         CheckConstraint("status IN ('ok', 'failed')", name="status"),
@@ -157,7 +157,7 @@ class WinnerRow(Base):
     iqr_us: Mapped[float | None]
     gbps: Mapped[float | None]
     pct_roofline: Mapped[float | None]
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
+    trial_id: Mapped[int] = mapped_column(ForeignKey("tuning_trials.id"))
     run_id: Mapped[int] = mapped_column(ForeignKey("tuning_runs.id"))
     updated_at: Mapped[datetime]
 

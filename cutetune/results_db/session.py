@@ -29,7 +29,8 @@ class Database:
         """Open (and create, where missing) the database at a SQLAlchemy URL.
 
         SQLite and PostgreSQL are supported. A SQLite file gets its parent directory created.
-        Raises ValueError, naming the URL, when the URL cannot be used.
+        Raises ValueError, naming the URL, when it is malformed or names an unsupported backend
+        or driver; a server that cannot be reached raises SQLAlchemy's OperationalError.
         """
         try:
             parsed = make_url(url)

@@ -1,0 +1,247 @@
+"""Writing tuning results, ceilings and benchmarks, and reading them back.
+
+Each write is one transaction: a failure part way leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, fields
+from datetime import UTC, datetime
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy.orm import Session
+
+from cutetune.results_db.dialects import insert_for
+from cutetune.results_db.fingerprint import DeviceFingerprint
+from cutetune.results_db.records import BenchRecord, TuningResult, Winner
+from cutetune.results_db.schema import (
+    BenchRow,
+    CeilingRow,
+    DeviceRow,
+    KernelRow,
+    ProblemRow,
+    TrialRow,
+    TuningRunRow,
+    WinnerRow,
+)
+from cutetune.results_db.session import Database
+
+# WinnerRow's unique constraint: one winner per kernel source, problem, device and bucket.
+_WINNER_KEY = ("kernel_id", "problem_id", "device_id", "bucket")
+
+
+def record_tuning_result(
+    db: Database, fingerprint: DeviceFingerprint, result: TuningResult
+) -> None:
+    """Store a tuning run with all its trials and, if it found one, its winner.
+
+    The stored winner for (kernel, problem, device, bucket) is replaced when the new one is
+    faster, or when it is the same config re-measured: the newer measurement of one config is
+    the one to trust, whichever way it moved.
+    """
+    with db.session() as session:
+        run = TuningRunRow(
+            kernel_id=_get_or_create_id(
+                session, KernelRow, name=result.kernel_name, source_hash=result.source_hash
+            ),
+            problem_id=_get_or_create_id(
+                session, ProblemRow, kernel_name=result.kernel_name, static_key=result.static_key
+            ),
+            device_id=_device_id(session, fingerprint),
+            bucket=result.bucket,
+            num_tokens=result.num_tokens,
+            study_name=result.study_name,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            trials=[TrialRow(**asdict(trial)) for trial in result.trials],
+        )
+        session.add(run)
+        session.flush()
+        if result.winner_number is not None:
+            trial = next(t for t in run.trials if t.number == result.winner_number)
+            _upsert_winner(session, run, trial)
+
+
+def winners_with_devices(
+    db: Database, fingerprint: DeviceFingerprint | None = None, kernel_name: str | None = None
+) -> list[tuple[DeviceFingerprint, Winner]]:
+    """Stored winners with the device each was measured on; all devices when `fingerprint` is
+    None. Ordered by kernel, source hash, problem, bucket and device."""
+    statement = (
+        select(WinnerRow, KernelRow, ProblemRow.static_key, DeviceRow)
+        .join(KernelRow, WinnerRow.kernel_id == KernelRow.id)
+        .join(ProblemRow, WinnerRow.problem_id == ProblemRow.id)
+        .join(DeviceRow, WinnerRow.device_id == DeviceRow.id)
+        .order_by(
+            KernelRow.name,
+            KernelRow.source_hash,
+            ProblemRow.static_key,
+            WinnerRow.bucket,
+            DeviceRow.id,
+        )
+    )
+    if fingerprint is not None:
+        statement = statement.where(*_is_device(fingerprint))
+    if kernel_name is not None:
+        statement = statement.where(KernelRow.name == kernel_name)
+    with db.session() as session:
+        return [
+            (_fingerprint(device), _winner(winner, kernel, static_key))
+            for winner, kernel, static_key, device in session.execute(statement)
+        ]
+
+
+def winners(
+    db: Database, fingerprint: DeviceFingerprint | None = None, kernel_name: str | None = None
+) -> list[Winner]:
+    """Stored winners for one device (all devices when `fingerprint` is None), optionally of one
+    kernel. Ordered by kernel, source hash, problem, bucket and device."""
+    return [winner for _, winner in winners_with_devices(db, fingerprint, kernel_name)]
+
+
+def record_ceilings(
+    db: Database, fingerprint: DeviceFingerprint, values: Mapping[str, float]
+) -> None:
+    """Store ceilings measured on a device now, e.g. {"copy_gbps": 4200.0}."""
+    measured_at = datetime.now(UTC)
+    with db.session() as session:
+        device_id = _device_id(session, fingerprint)
+        session.add_all(
+            CeilingRow(device_id=device_id, name=name, value=value, measured_at=measured_at)
+            for name, value in values.items()
+        )
+
+
+def latest_ceilings(db: Database, fingerprint: DeviceFingerprint) -> dict[str, float]:
+    """The latest measured value of each ceiling of a device; empty if none was measured."""
+    statement = (
+        select(CeilingRow.name, CeilingRow.value)
+        .join(DeviceRow, CeilingRow.device_id == DeviceRow.id)
+        .where(*_is_device(fingerprint))
+        .order_by(CeilingRow.measured_at, CeilingRow.id)
+    )
+    with db.session() as session:
+        # Oldest first, so a later value of a name overwrites an earlier one.
+        return dict(session.execute(statement).all())
+
+
+def record_bench(db: Database, fingerprint: DeviceFingerprint, rows: Sequence[BenchRecord]) -> None:
+    """Store benchmark results measured on a device now, all or none."""
+    measured_at = datetime.now(UTC)
+    with db.session() as session:
+        device_id = _device_id(session, fingerprint)
+        session.add_all(
+            BenchRow(device_id=device_id, measured_at=measured_at, **asdict(row)) for row in rows
+        )
+
+
+def trials_frame(db: Database, kernel_name: str | None = None) -> pd.DataFrame:
+    """Every stored trial, one row each, with its kernel, problem, bucket and GPU name."""
+    statement = (
+        select(
+            KernelRow.name.label("kernel_name"),
+            KernelRow.source_hash,
+            ProblemRow.static_key,
+            TuningRunRow.bucket,
+            TuningRunRow.num_tokens,
+            DeviceRow.gpu_name,
+            TuningRunRow.study_name,
+            TrialRow.run_id,
+            TrialRow.number,
+            TrialRow.config_json,
+            TrialRow.status,
+            TrialRow.failure_reason,
+            TrialRow.median_us,
+            TrialRow.iqr_us,
+            TrialRow.repeats,
+            TrialRow.gbps,
+            TrialRow.pct_roofline,
+            TrialRow.predicted_us,
+        )
+        .join(TuningRunRow, TrialRow.run_id == TuningRunRow.id)
+        .join(KernelRow, TuningRunRow.kernel_id == KernelRow.id)
+        .join(ProblemRow, TuningRunRow.problem_id == ProblemRow.id)
+        .join(DeviceRow, TuningRunRow.device_id == DeviceRow.id)
+        .order_by(TrialRow.run_id, TrialRow.number)
+    )
+    if kernel_name is not None:
+        statement = statement.where(KernelRow.name == kernel_name)
+    with db.session() as session:
+        rows = session.execute(statement).all()
+    return pd.DataFrame(rows, columns=list(statement.selected_columns.keys()))
+
+
+def winners_frame(
+    db: Database, fingerprint: DeviceFingerprint | None = None, kernel_name: str | None = None
+) -> pd.DataFrame:
+    """`winners()` as a frame, one row per winner, with the GPU name of its device."""
+    columns = [field.name for field in fields(Winner)] + ["gpu_name"]
+    rows = [
+        {**asdict(winner), "gpu_name": device.gpu_name}
+        for device, winner in winners_with_devices(db, fingerprint, kernel_name)
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _get_or_create_id(session: Session, entity: type, **key: Any) -> int:
+    # Insert first and ignore a conflict: another process may be creating the same row now.
+    session.execute(insert_for(session, entity).values(**key).on_conflict_do_nothing())
+    return session.scalars(select(entity.id).filter_by(**key)).one()
+
+
+def _device_id(session: Session, fingerprint: DeviceFingerprint) -> int:
+    return _get_or_create_id(session, DeviceRow, **asdict(fingerprint))
+
+
+def _upsert_winner(session: Session, run: TuningRunRow, trial: TrialRow) -> None:
+    values = {
+        "kernel_id": run.kernel_id,
+        "problem_id": run.problem_id,
+        "device_id": run.device_id,
+        "bucket": run.bucket,
+        "config_json": trial.config_json,
+        "median_us": trial.median_us,
+        "iqr_us": trial.iqr_us,
+        "gbps": trial.gbps,
+        "pct_roofline": trial.pct_roofline,
+        "trial_id": trial.id,
+        "run_id": run.id,
+        "updated_at": datetime.now(UTC),
+    }
+    insert = insert_for(session, WinnerRow).values(**values)
+    new = insert.excluded
+    session.execute(
+        insert.on_conflict_do_update(
+            index_elements=list(_WINNER_KEY),
+            set_={name: new[name] for name in values if name not in _WINNER_KEY},
+            where=or_(
+                WinnerRow.median_us > new.median_us, WinnerRow.config_json == new.config_json
+            ),
+        )
+    )
+
+
+def _is_device(fingerprint: DeviceFingerprint) -> list[ColumnElement[bool]]:
+    return [getattr(DeviceRow, name) == value for name, value in asdict(fingerprint).items()]
+
+
+def _fingerprint(device: DeviceRow) -> DeviceFingerprint:
+    return DeviceFingerprint(**{f.name: getattr(device, f.name) for f in fields(DeviceFingerprint)})
+
+
+def _winner(row: WinnerRow, kernel: KernelRow, static_key: str) -> Winner:
+    return Winner(
+        kernel_name=kernel.name,
+        source_hash=kernel.source_hash,
+        static_key=static_key,
+        bucket=row.bucket,
+        config_json=row.config_json,
+        median_us=row.median_us,
+        iqr_us=row.iqr_us,
+        gbps=row.gbps,
+        pct_roofline=row.pct_roofline,
+        updated_at=row.updated_at,
+    )
