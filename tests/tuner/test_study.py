@@ -1,0 +1,120 @@
+"""The whole search on the CPU: a fake runner stands in for compile, verify and time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cutetune.kernels import qk_norm as qk
+from cutetune.results_db import Database, DeviceFingerprint, trials_frame, winners
+from cutetune.spaces.models import load_model
+from cutetune.tuner.measure import Measurement
+from cutetune.tuner.plan import make_plan
+from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
+from cutetune.tuner.study import TrialFailure, run_study
+from cutetune.tuner.tune import tune_bucket
+
+SPEC = DEVICE_SPECS["H200"]
+CEILINGS = Ceilings.from_datasheet(SPEC)
+FINGERPRINT = DeviceFingerprint("NVIDIA H200", "9.0", 132, "13.0", "13.0", "2.11", "4.8.1")
+
+
+class FakeRunner:
+    """Time = a smooth function of the config; points with 32-bit vectors fail to 'verify'."""
+
+    def __init__(self):
+        self.measured = []
+        self.remeasured = []
+
+    @staticmethod
+    def time_of(config) -> float:
+        return 10.0 + abs(config.warps_per_block - 4) + abs(config.heads_per_warp - 2) * 0.5
+
+    def measure(self, config):
+        self.measured.append(config)
+        if config.vector_bits == 32:
+            raise TrialFailure("wrong result: q: 3 of 10 elements off")
+        return Measurement(self.time_of(config), 0.1, 25)
+
+    def remeasure(self, configs):
+        self.remeasured.append(list(configs))
+        return [Measurement(self.time_of(c) - 0.01, 0.05, 3) for c in configs]
+
+
+def _plan(tokens):
+    static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
+    problem = static.with_tokens(tokens)
+    return problem, make_plan(qk.KERNEL, problem, SPEC, CEILINGS)
+
+
+def test_exhaustive_when_candidates_fit_the_budget():
+    problem, plan = _plan(1)
+    runner = FakeRunner()
+    default = qk.default_config(problem, SPEC)
+    result = run_study(qk.KERNEL, plan, default, runner, budget=500, study_name="t")
+    assert result.exhaustive
+    assert len(result.trials) == len(plan.kept) == len(set(runner.measured))
+    assert runner.measured[0] == default  # warm start: the heuristic first
+    best = min((c for c in runner.measured if c.vector_bits != 32), key=FakeRunner.time_of)
+    assert result.winner.config == best
+    assert result.winner.measurement.repeats == 3  # the interleaved re-measurement
+    failed = [t for t in result.trials if not t.ok]
+    assert failed and all("wrong result" in t.failure_reason for t in failed)
+
+
+def test_budget_bounds_measurements_and_warm_start_comes_first(tmp_path):
+    problem, plan = _plan(4096)
+    runner = FakeRunner()
+    default = qk.default_config(problem, SPEC)
+    result = run_study(qk.KERNEL, plan, default, runner, budget=10, study_name="t",
+                       storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert not result.exhaustive
+    assert len(result.trials) == 10 == len(set(runner.measured))
+    assert runner.measured[0] == default
+    assert runner.measured[1] == plan.kept[0].config or plan.kept[0].config == default
+    kept = {p.config for p in plan.kept} | {default}
+    assert set(runner.measured) <= kept  # nothing outside the pruned space is timed
+
+
+def test_every_point_failing_names_no_winner():
+    problem, plan = _plan(8)
+
+    class Failing(FakeRunner):
+        def measure(self, config):
+            raise TrialFailure("compile failed: boom")
+
+    result = run_study(qk.KERNEL, plan, qk.default_config(problem, SPEC), Failing(), budget=5,
+                       study_name="t")
+    assert result.winner is None and len(result.trials) == 5
+
+
+def test_bad_budget_is_rejected():
+    problem, plan = _plan(8)
+    with pytest.raises(ValueError, match="budget"):
+        run_study(qk.KERNEL, plan, qk.default_config(problem, SPEC), FakeRunner(), budget=0,
+                  study_name="t")
+
+
+def test_tune_bucket_stores_trials_and_winner_with_optuna_in_the_same_db(tmp_path):
+    db = Database.open(f"sqlite:///{tmp_path / 'cutetune.db'}")
+    static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
+    result = tune_bucket(qk.KERNEL, static, 3, SPEC, CEILINGS, lambda p: FakeRunner(), db,
+                         FINGERPRINT, budget=12)
+    (winner,) = winners(db, FINGERPRINT, "qk_norm")
+    assert winner.bucket == 4  # 3 tokens are served by the 4-token bucket
+    assert json.loads(winner.config_json)["vector_bits"] != 32
+    assert winner.median_us == pytest.approx(result.winner.measurement.median_us)
+    frame = trials_frame(db, "qk_norm")
+    assert len(frame) == 12 and (frame["status"] == "failed").any()
+    assert frame.loc[frame["status"] == "ok", "pct_roofline"].gt(0).all()
+    # The Optuna study lives in the same database, under its deterministic name.
+    import optuna
+
+    names = [s.study_name for s in optuna.get_all_study_summaries(db.url)]
+    assert names == [result.study_name]
+    # Tuning the bucket again replaces the study instead of piling trials onto it.
+    tune_bucket(qk.KERNEL, static, 4, SPEC, CEILINGS, lambda p: FakeRunner(), db,
+                FINGERPRINT, budget=12)
+    assert len(optuna.load_study(study_name=result.study_name, storage=db.url).trials) >= 12
+    assert len(optuna.get_all_study_summaries(db.url)) == 1
