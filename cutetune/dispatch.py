@@ -63,22 +63,24 @@ class Dispatcher:
         """`spec`: the DeviceSpec of the GPU in use; `winners`: results_db Winner records
         for this device fingerprint (empty: every call runs the heuristic default)."""
         self.spec = spec
-        self._winners: dict[tuple[str, str], dict[int, Any]] = {}
+        # Every stored winner, stale ones included: which are current depends on the kernel's
+        # source, known only when a kernel is warmed up.
+        self._winners: dict[tuple[str, str], list[Any]] = {}
         for w in winners:
-            self._winners.setdefault((w.kernel_name, w.static_key), {})[w.bucket] = w
+            self._winners.setdefault((w.kernel_name, w.static_key), []).append(w)
         self._compiled: dict[tuple[str, str, str], Any] = {}
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
         self._default_calls: Counter[tuple[str, tuple, int]] = Counter()
-        self.stats: WarmupStats | None = None
+        self.stats: dict[str, WarmupStats] = {}
 
     # -- building -------------------------------------------------------------------------
 
     def _table(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> ProblemTable:
-        tuned = {}
-        for bucket, winner in self._winners.get((kernel.name, problem.static_key()), {}).items():
-            if winner.source_hash == kernel.source_hash():
-                tuned[bucket] = kernel.space.config_from_dict(json.loads(winner.config_json))
+        source = kernel.source_hash()
+        tuned = {w.bucket: kernel.space.config_from_dict(json.loads(w.config_json))
+                 for w in self._winners.get((kernel.name, problem.static_key()), ())
+                 if w.source_hash == source}
         entries = []
         for bucket in BUCKETS:
             at_bucket = problem.with_tokens(bucket)
@@ -100,11 +102,11 @@ class Dispatcher:
             self._compiled[key] = kernel.compile(problem, config)
         return self._compiled[key]
 
-    def _install(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> tuple[Any, ...]:
+    def _install(self, kernel: KernelDef, problem: Problem, warmed_up: bool,
+                 key: tuple[str, tuple]) -> tuple[Any, ...]:
         table = self._table(kernel, problem, warmed_up)
         row = tuple((self._compile(kernel, problem, e.config), e.source == DEFAULT)
                     for e in table.entries)
-        key = (kernel.name, problem.static_tuple())
         self._tables[key] = table
         self._rows[key] = row
         return row
@@ -115,12 +117,14 @@ class Dispatcher:
         compiled_before = len(self._compiled)
         problems = list(problems)
         for problem in problems:
-            self._install(kernel, problem, warmed_up=True)
-        stale = sum(1 for (name, _), by_bucket in self._winners.items() if name == kernel.name
-                    for w in by_bucket.values() if w.source_hash != kernel.source_hash())
-        self.stats = WarmupStats(time.perf_counter() - start, len(problems),
-                                 len(self._compiled) - compiled_before, stale)
-        return self.stats
+            self._install(kernel, problem, True, (kernel.name, problem.static_tuple()))
+        source = kernel.source_hash()
+        stale = sum(1 for problem in problems
+                    for w in self._winners.get((kernel.name, problem.static_key()), ())
+                    if w.source_hash != source)
+        self.stats[kernel.name] = WarmupStats(time.perf_counter() - start, len(problems),
+                                              len(self._compiled) - compiled_before, stale)
+        return self.stats[kernel.name]
 
     # -- serving (hot path) ---------------------------------------------------------------
 
@@ -134,7 +138,7 @@ class Dispatcher:
             problem = make_problem()
             log.warning("cutetune: %s %s was not warmed up; serving the heuristic default "
                         "(run cutetune tune, then warmup)", kernel.name, problem.describe())
-            row = self._install(kernel, problem, warmed_up=False)
+            row = self._install(kernel, problem, False, key)
         index = bucket_index(num_tokens)
         compiled, is_default = row[index]
         if is_default:
@@ -150,11 +154,9 @@ class Dispatcher:
         return dict(self._default_calls)
 
     def report(self) -> str:
-        lines = []
-        if self.stats is not None:
-            lines.append(f"warmup: {self.stats.problems} problems, {self.stats.compiles} "
-                         f"compiles in {self.stats.seconds:.2f} s; "
-                         f"{self.stats.stale_winners} winners ignored (older kernel source)")
+        lines = [f"warmup of {name}: {st.problems} problems, {st.compiles} compiles in "
+                 f"{st.seconds:.2f} s; {st.stale_winners} winners ignored (older kernel source)"
+                 for name, st in self.stats.items()]
         for (name, static_tuple), table in self._tables.items():
             by_source: dict[str, list[int]] = {TUNED: [], NEAREST: [], DEFAULT: []}
             for entry in table.entries:
@@ -172,7 +174,8 @@ class Dispatcher:
 def _ranges(buckets: list[int]) -> str:
     if not buckets:
         return "none"
-    if len(buckets) <= 4:
+    contiguous = all(b == 2 * a for a, b in zip(buckets, buckets[1:], strict=False))
+    if len(buckets) <= 4 or not contiguous:
         return ",".join(str(b) for b in buckets)
     return f"{buckets[0]}..{buckets[-1]} ({len(buckets)})"
 

@@ -18,12 +18,18 @@ class Context:
     db_url: str
 
     def open_db(self):
+        from sqlalchemy.exc import OperationalError
+
         from cutetune.results_db import Database
 
         try:
             return Database.open(self.db_url)
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--db") from None
+        except OperationalError as err:
+            raise click.BadParameter(f"cannot reach the database {self.db_url!r}: "
+                                     f"{str(err.orig).strip().splitlines()[0]}",
+                                     param_hint="--db") from None
 
 
 def _kernel_choice() -> click.Choice:
@@ -81,7 +87,8 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
 @tokens_option
 @click.option("--device", "device_name", type=click.Choice(["H100 SXM", "H200", "B200"]),
               default="H200", show_default=True, help="device whose roofline to use")
-@click.option("--top", default=5, show_default=True, help="ranked points shown per bucket")
+@click.option("--top", default=5, show_default=True, type=click.IntRange(min=1),
+              help="ranked points shown per bucket")
 def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device_name: str,
          top: int) -> None:
     """Show the funnel and the roofline ranking; needs no GPU."""
@@ -198,8 +205,12 @@ def export(obj: Context, fmt: str, kernel: str | None, all_devices: bool,
     if out is None:
         click.echo(text, nl=False)
     else:
-        with open(out, "w") as handle:
-            handle.write(text)
+        try:
+            with open(out, "w") as handle:
+                handle.write(text)
+        except OSError as err:
+            raise click.BadParameter(f"cannot write {out}: {err.strerror}",
+                                     param_hint="--out") from None
         click.echo(f"wrote {out}", err=True)
 
 

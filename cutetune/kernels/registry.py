@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,11 +77,6 @@ class KernelDef:
 
 _REGISTRY: dict[str, KernelDef] = {}
 
-# Modules that register kernels when imported; imported lazily so `cutetune plan` does not pay
-# for CuTeDSL until a kernel is asked for.
-KERNEL_MODULES = ("cutetune.kernels.qk_norm",)
-
-
 def register(kernel: KernelDef) -> KernelDef:
     if kernel.name in _REGISTRY:
         raise ValueError(f"kernel {kernel.name!r} is registered twice")
@@ -89,8 +85,10 @@ def register(kernel: KernelDef) -> KernelDef:
 
 
 def _load_all() -> None:
-    for module in KERNEL_MODULES:
-        importlib.import_module(module)
+    """Import every module of this package, so that a new kernel file registers itself; done
+    lazily so that commands that need no kernel do not pay for importing CuTeDSL."""
+    for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        importlib.import_module(f"{__package__}.{module.name}")
 
 
 def kernel_names() -> list[str]:

@@ -42,8 +42,15 @@ class Database:
             engine = create_engine(parsed)
         except (ArgumentError, NoSuchModuleError) as exc:
             raise ValueError(f"invalid database URL {url!r}: {exc}") from None
+        except ImportError as exc:  # the URL's driver (e.g. psycopg) is not installed
+            raise ValueError(f"database URL {url!r} needs a driver that is not installed: "
+                             f"{exc}") from None
         if engine.dialect.name == "sqlite":
-            _prepare_sqlite(engine)
+            try:
+                _prepare_sqlite(engine)
+            except OSError as exc:
+                raise ValueError(f"cannot create the directory of database {url!r}: "
+                                 f"{exc.strerror}") from None
         Base.metadata.create_all(engine)
         return cls(url, engine)
 

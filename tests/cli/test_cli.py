@@ -1,0 +1,255 @@
+"""The click commands through CliRunner: plan, tune (without a GPU), show and export.
+
+Results are stored with tune_bucket and a fake runner, so nothing here needs a GPU or compiles.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cutetune.cli.main import cli
+from cutetune.kernels import qk_norm as qk
+from cutetune.results_db import Database, DeviceFingerprint
+from cutetune.spaces.models import load_model
+from cutetune.tuner.measure import Measurement
+from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
+from cutetune.tuner.study import TrialFailure
+from cutetune.tuner.tune import tune_bucket
+
+SPEC = DEVICE_SPECS["H200"]
+CEILINGS = Ceilings.from_datasheet(SPEC)
+FINGERPRINT = DeviceFingerprint("NVIDIA H200", "9.0", 132, "13.0", "13.0", "2.11", "4.8.1")
+STORED_BUCKETS = (8, 4096)
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(),
+                            reason="checks the behaviour where no CUDA GPU is visible")
+
+
+class FakeRunner:
+    """Time = a smooth function of the config; points with 32-bit vectors fail to 'verify'."""
+
+    @staticmethod
+    def time_of(config) -> float:
+        return 10.0 + abs(config.warps_per_block - 4) + abs(config.heads_per_warp - 2) * 0.5
+
+    def measure(self, config):
+        if config.vector_bits == 32:
+            raise TrialFailure("wrong result: q: 3 of 10 elements off")
+        return Measurement(self.time_of(config), 0.1, 25)
+
+    def remeasure(self, configs):
+        return [Measurement(self.time_of(c) - 0.01, 0.05, 3) for c in configs]
+
+
+def invoke(db_url: str, *args: str):
+    return CliRunner().invoke(cli, ["--db", db_url, *args])
+
+
+def assert_clean_error(result, *fragments: str) -> None:
+    """Non-zero exit, the message in the output, and no traceback."""
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    # click.UsageError/BadParameter end as SystemExit(2); any other exception is a crash.
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.output
+    for fragment in fragments:
+        assert fragment in errors[0], result.output
+
+
+@pytest.fixture
+def empty_db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'x.db'}"
+
+
+@pytest.fixture(scope="module")
+def stored_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A DB holding qk_norm winners of Qwen3-8B at STORED_BUCKETS, from a fake runner."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('stored') / 'x.db'}"
+    db = Database.open(url)
+    static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
+    for bucket in STORED_BUCKETS:
+        result = tune_bucket(qk.KERNEL, static, bucket, SPEC, CEILINGS, lambda p: FakeRunner(),
+                             db, FINGERPRINT, budget=2)
+        assert result.winner is not None
+    db.dispose()
+    return url
+
+
+# -- plan ---------------------------------------------------------------------------------
+
+
+def test_plan_shows_funnel_ranking_and_default(empty_db):
+    result = invoke(empty_db, "plan", "qk_norm", "--model", "qwen3-8b", "--tokens", "1,32768")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.count("declared 108") == 2  # one funnel per token count
+    assert "tokens=1)" in out and "tokens=32768)" in out
+    assert "q_heads=32 kv_heads=8" in out
+    assert "    1. " in out and "    5. " in out and "    6. " not in out  # --top 5
+    assert out.count("default: {") == 2
+    assert '"vector_bits": 128' in out
+
+
+def test_plan_rounds_token_counts_up_to_their_bucket(empty_db):
+    result = invoke(empty_db, "plan", "qk_norm", "-m", "qwen3-8b", "--tokens", "3", "--top", "2")
+    assert result.exit_code == 0, result.output
+    assert "tokens=4)" in result.output and "tokens=3)" not in result.output
+    assert "    2. " in result.output and "    3. " not in result.output
+
+
+@pytest.mark.parametrize("as_dir", [False, True], ids=["file", "directory"])
+def test_plan_reads_a_hf_config(empty_db, tmp_path, as_dir):
+    model_dir = tmp_path / "my-qwen3"
+    model_dir.mkdir()
+    config = model_dir / "config.json"
+    config.write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 2048,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-6,
+        "intermediate_size": 6144,
+    }))
+    model = str(model_dir if as_dir else config)
+    result = invoke(empty_db, "plan", "qk_norm", "--model", model, "--tokens", "64")
+    assert result.exit_code == 0, result.output
+    assert "q_heads=16 kv_heads=4" in result.output
+    assert "declared 108" in result.output and "default:" in result.output
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["qk_norm", "--model", "no-such-model"], ["unknown model 'no-such-model'", "--model"]),
+    (["qk_norm", "--model", "llama-3.1-8b"], ["llama-3.1-8b", "does not normalise q and k"]),
+    (["no_such_kernel", "--model", "qwen3-8b"], ["no_such_kernel", "qk_norm"]),
+    (["qk_norm", "--model", "qwen3-8b", "--tokens", "0"], ["--tokens", "positive"]),
+    (["qk_norm", "--model", "qwen3-8b", "--tokens", "1,-4"], ["--tokens", "positive"]),
+    (["qk_norm", "--model", "qwen3-8b", "--tokens", "abc"], ["--tokens", "'abc'"]),
+    (["qk_norm", "--model", "qwen3-8b", "--dtype", "int8"], ["--dtype", "int8", "bfloat16"]),
+], ids=["unknown-model", "no-qk-norm", "unknown-kernel", "tokens-0", "tokens-negative",
+        "tokens-abc", "bad-dtype"])
+def test_plan_errors_are_one_clear_line(empty_db, args, fragments):
+    assert_clean_error(invoke(empty_db, "plan", *args), *fragments)
+
+
+def test_plan_needs_a_model(empty_db):
+    assert_clean_error(invoke(empty_db, "plan", "qk_norm"), "--model")
+
+
+# -- tune -----------------------------------------------------------------------------------
+
+
+@NO_GPU
+def test_tune_without_a_gpu_says_it_needs_one(empty_db, tmp_path):
+    result = invoke(empty_db, "tune", "qk_norm", "--model", "qwen3-8b", "--tokens", "1")
+    assert_clean_error(result, "needs a CUDA GPU")
+    assert not (tmp_path / "x.db").exists()  # it stopped before opening the DB
+
+
+# -- show -----------------------------------------------------------------------------------
+
+
+def test_show_on_an_empty_db(empty_db):
+    result = invoke(empty_db, "show")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "no winners stored"
+    result = invoke(empty_db, "show", "--kernel", "qk_norm")
+    assert result.output.strip() == "no winners stored for qk_norm"
+
+
+@pytest.mark.parametrize("flags", [pytest.param([], marks=NO_GPU), ["--all-devices"]],
+                         ids=["no-gpu-all-devices", "all-devices-flag"])
+def test_show_lists_stored_winners(stored_db, flags):
+    result = invoke(stored_db, "show", *flags)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    header, rows = lines[0], lines[1:]
+    assert {"kernel_name", "bucket", "config_json", "gpu_name"} <= set(header.split())
+    assert len(rows) == len(STORED_BUCKETS)
+    # Columns are right-aligned under their names (the JSON columns contain spaces).
+    bucket_end = header.index(" bucket ") + len(" bucket")
+    assert [row[:bucket_end].split()[-1] for row in rows] == [str(b) for b in STORED_BUCKETS]
+    assert all(row.split()[0] == "qk_norm" for row in rows)
+    assert "NVIDIA H200" in result.output
+
+
+def test_show_filters_by_kernel(stored_db):
+    result = invoke(stored_db, "show", "--all-devices", "--kernel", "rmsnorm")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "no winners stored for rmsnorm"
+
+
+# -- export ---------------------------------------------------------------------------------
+
+
+def test_export_json_to_stdout(stored_db):
+    result = invoke(stored_db, "export", "--format", "json", "--all-devices")
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)
+    assert [(r["kernel_name"], r["bucket"]) for r in records] == [
+        ("qk_norm", b) for b in STORED_BUCKETS]
+    for record in records:
+        assert record["gpu_name"] == "NVIDIA H200" and record["sm_count"] == 132
+        assert set(record["config"]) == {"vector_bits", "heads_per_warp", "warps_per_block"}
+        assert record["config"]["vector_bits"] != 32  # FakeRunner fails those
+        assert record["median_us"] > 0
+        assert record["source_hash"] == qk.KERNEL.source_hash()
+
+
+def test_export_json_of_an_empty_db_is_an_empty_list(empty_db):
+    result = invoke(empty_db, "export", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == []
+
+
+def test_export_csv_to_a_file(stored_db, tmp_path):
+    out = tmp_path / "winners.csv"
+    result = invoke(stored_db, "export", "--format", "csv", "--all-devices", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.stderr
+    assert result.stdout == ""  # the data went to the file only
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert len(rows) == len(STORED_BUCKETS)
+    assert [row["bucket"] for row in rows] == [str(b) for b in STORED_BUCKETS]
+    assert {"kernel_name", "config_json", "median_us", "gpu_name"} <= set(rows[0])
+    assert all(json.loads(row["config_json"])["vector_bits"] != 32 for row in rows)
+
+
+def test_export_csv_of_an_empty_db_still_has_its_header(empty_db, tmp_path):
+    out = tmp_path / "empty.csv"
+    result = invoke(empty_db, "export", "--format", "csv", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kernel_name,")
+
+
+def test_export_rejects_an_unknown_format(empty_db):
+    assert_clean_error(invoke(empty_db, "export", "--format", "xml"), "--format", "xml")
+
+
+# -- the --db option ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["nosuchdb://x", "not a url"])
+@pytest.mark.parametrize("command", [["show"], ["export", "--format", "json"]])
+def test_bad_db_url_is_one_clear_line(url, command):
+    assert_clean_error(invoke(url, *command), "--db", repr(url))
+
+
+def test_db_path_that_cannot_be_created_is_one_clear_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert_clean_error(invoke(f"sqlite:///{blocker / 'x.db'}", "show"), "--db")
+
+
+def test_export_to_a_missing_directory_is_one_clear_line(empty_db, tmp_path):
+    out = tmp_path / "missing" / "winners.csv"
+    assert_clean_error(invoke(empty_db, "export", "--format", "csv", "--out", str(out)), "--out")

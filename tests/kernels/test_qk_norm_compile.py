@@ -1,0 +1,206 @@
+"""The CI compile sweep: the qk_norm space compiles for sm_90a on the CPU, for every public
+preset the kernel applies to and for head dims 64 and 256, in every dtype; and the PTX of a few
+points shows the vector width and the shuffle tree the config asks for.
+
+A compile takes 0.3-3 s here (about 0.8 s on average), so compiling all ~2000 valid points
+takes about 15 minutes on 2 cores. By default each problem compiles every distinct kernel body:
+every valid (vector_bits, heads_per_warp) pair, the two knobs that change the generated code,
+with warps_per_block (which only sets the block size and a constant) rotated so every valid
+warp count compiles too. `pytest --full-sweep` compiles every valid point.
+
+One test id per problem, so `pytest -n 2` spreads the sweep over both cores.
+"""
+
+import math
+import re
+from collections import Counter
+
+import pytest
+
+from cutetune.kernels.qk_norm import KERNEL, QKNormConfig, QKNormProblem
+from cutetune.kernels.registry import NotApplicableError
+from cutetune.spaces.models import PRESETS
+from cutetune.spaces.space import config_to_json
+from cutetune.tuner.roofline import DEVICE_SPECS
+
+DTYPES = ("bfloat16", "float16", "float32")
+H200 = DEVICE_SPECS["H200"]
+
+
+def _preset_params() -> list:
+    params = []
+    for name, model in PRESETS.items():
+        for dtype in DTYPES:
+            try:
+                problems = KERNEL.problems_for_model(model, dtype)
+            except NotApplicableError:
+                continue
+            for problem in problems:
+                params.append(pytest.param(problem, id=f"{name}-{dtype}"))
+    return params
+
+
+def _synthetic_params() -> list:
+    return [
+        pytest.param(
+            QKNormProblem(num_tokens=1, dtype=dtype, head_dim=head_dim, q_heads=8, kv_heads=2,
+                          eps=1e-6, weight_bias=weight_bias),
+            id=f"d{head_dim}-{dtype}-bias{weight_bias:g}",
+        )
+        for head_dim in (64, 256)
+        for dtype in DTYPES
+        for weight_bias in (0.0, 1.0)
+    ]
+
+
+PRESET_PARAMS = _preset_params()
+
+
+def test_sweep_covers_every_qwen3_preset_and_dtype():
+    # Guards the sweep against silently shrinking (e.g. a preset losing qk_norm).
+    ids = {p.id for p in PRESET_PARAMS}
+    qwen3 = [name for name in PRESETS if name.startswith("qwen3")]
+    assert len(qwen3) == 5
+    assert ids == {f"{name}-{dtype}" for name in qwen3 for dtype in DTYPES}
+
+
+def _one_per_kernel_body(valid: tuple[QKNormConfig, ...]) -> list[QKNormConfig]:
+    """One config per (vector_bits, heads_per_warp), warp counts spread so each occurs."""
+    bodies: dict[tuple[int, int], list[QKNormConfig]] = {}
+    for config in valid:
+        bodies.setdefault((config.vector_bits, config.heads_per_warp), []).append(config)
+    uses: Counter = Counter()
+    chosen = []
+    for body in sorted(bodies):
+        config = min(bodies[body], key=lambda c: (uses[c.warps_per_block], c.warps_per_block))
+        uses[config.warps_per_block] += 1
+        chosen.append(config)
+    for config in valid:
+        if not uses[config.warps_per_block]:
+            uses[config.warps_per_block] += 1
+            chosen.append(config)
+    return chosen
+
+
+def test_default_sweep_covers_every_body_and_warp_count():
+    problem = QKNormProblem(num_tokens=1, dtype="float32", head_dim=64, q_heads=8, kv_heads=2,
+                            eps=1e-6, weight_bias=0.0)
+    valid = KERNEL.space.enumerate(problem, H200).valid
+    chosen = _one_per_kernel_body(valid)
+    assert set(chosen) <= set(valid)
+    assert len(set(chosen)) == len(chosen) < len(valid)
+    assert ({(c.vector_bits, c.heads_per_warp) for c in chosen}
+            == {(c.vector_bits, c.heads_per_warp) for c in valid})
+    assert {c.warps_per_block for c in chosen} == {c.warps_per_block for c in valid}
+
+
+def _compile_all(problem: QKNormProblem, full: bool) -> None:
+    valid = KERNEL.space.enumerate(problem, H200).valid
+    assert valid, f"no valid point for {problem.describe()}"
+    points = list(valid) if full else _one_per_kernel_body(valid)
+    failures = []
+    for config in points:
+        # Collect every failing point rather than stopping at the first, so one CI run lists
+        # them all; the test still fails.
+        try:
+            compiled = KERNEL.compile(problem, config)
+        except Exception as err:  # any compile error fails the test, listed with its config
+            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
+            continue
+        if not callable(compiled):
+            failures.append(f"{config_to_json(config)}: compiled result is not callable")
+    assert not failures, (f"{len(failures)} of {len(points)} points of {problem.describe()} "
+                          "failed to compile:\n" + "\n".join(failures))
+
+
+@pytest.mark.parametrize("problem", PRESET_PARAMS)
+def test_space_compiles_for_preset(problem, request):
+    _compile_all(problem, request.config.getoption("--full-sweep"))
+
+
+@pytest.mark.parametrize("problem", _synthetic_params())
+def test_space_compiles_for_other_head_dims(problem, request):
+    _compile_all(problem, request.config.getoption("--full-sweep"))
+
+
+# ---------------------------------------------------------------------------------------------
+# PTX
+
+# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
+# count (absent: 1), 3 the bits per lane of the vector.
+GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
+BRANCHES = 2  # the kernel normalises q in one branch and k in the other
+
+
+def _ptx_for(problem: QKNormProblem, config: QKNormConfig, tmp_path, monkeypatch) -> str:
+    # --keep-ptx writes into the dump dir, which defaults to the working directory at the
+    # time cutlass was imported, not the current one: name the directory explicitly (and
+    # chdir too, so nothing can land in the checkout).
+    monkeypatch.chdir(tmp_path)
+    KERNEL.space.check(problem, config, H200)
+    KERNEL.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
+    ptx_files = list(tmp_path.glob("*.ptx"))
+    assert len(ptx_files) == 1, ptx_files
+    return ptx_files[0].read_text()
+
+
+PTX_CASES = [
+    # dtype, vector_bits, heads_per_warp, warps_per_block
+    ("bfloat16", 128, 2, 4),
+    ("bfloat16", 128, 16, 8),
+    ("bfloat16", 64, 1, 4),
+    ("bfloat16", 32, 1, 1),
+    ("float32", 128, 1, 4),
+    ("float32", 64, 1, 4),
+    ("float32", 32, 1, 2),
+    ("float32", 128, 4, 2),
+]
+
+
+@pytest.mark.parametrize(("dtype", "vector_bits", "heads_per_warp", "warps"), PTX_CASES,
+                         ids=[f"{d}-v{v}-hpw{h}-w{w}" for d, v, h, w in PTX_CASES])
+def test_ptx_vector_width_and_shuffle_tree(dtype, vector_bits, heads_per_warp, warps, tmp_path,
+                                           monkeypatch):
+    problem = QKNormProblem(num_tokens=1, dtype=dtype, head_dim=128, q_heads=32, kv_heads=8,
+                            eps=1e-6, weight_bias=0.0)
+    config = QKNormConfig(vector_bits, heads_per_warp, warps)
+    ptx = _ptx_for(problem, config, tmp_path, monkeypatch)
+
+    accesses = GLOBAL_ACCESS.findall(ptx)
+    widths = Counter((op, int(lanes or 1) * int(bits)) for op, lanes, bits in accesses)
+    # Every global load and store is exactly one vector of the configured width: nothing
+    # split into narrower accesses, nothing wider than the config allows.
+    assert set(widths) == {("ld", vector_bits), ("st", vector_bits)}, widths
+
+    threads_per_head = 32 // heads_per_warp
+    element_bits = 16 if dtype == "bfloat16" else 32
+    vectors_per_thread = 128 // threads_per_head // (vector_bits // element_bits)
+    # Per branch and vector: one load of x and one of the weight, one store of y.
+    assert widths[("ld", vector_bits)] == BRANCHES * 2 * vectors_per_thread
+    assert widths[("st", vector_bits)] == BRANCHES * vectors_per_thread
+
+    if vector_bits == 128:
+        assert "ld.global.v4" in ptx and "st.global.v4" in ptx
+    else:
+        # No 128-bit access anywhere (v4 of 32-bit lanes or v2 of 64-bit lanes).
+        assert not re.search(r"(ld|st)\.global(\.\w+)*\.(v4\.[bfsu]32|v2\.[bfsu]64)", ptx)
+
+    # The squared sum is reduced by log2(threads per head) butterfly shuffles in each branch.
+    shuffles = re.findall(r"\bshfl\.sync\.bfly\.b32\b", ptx)
+    assert len(shuffles) == BRANCHES * int(math.log2(threads_per_head))
+    offsets = sorted(int(m) for m in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),",
+                                                ptx))
+    expected = sorted(BRANCHES * [threads_per_head >> (i + 1)
+                                  for i in range(int(math.log2(threads_per_head)))])
+    assert offsets == expected
+
+
+def test_ptx_bfloat16_64_bit_accesses_are_four_halves_or_two_words(tmp_path, monkeypatch):
+    # 64-bit bf16 vectors: loads come out as ld.global.v4.b16 and stores as st.global.v2.b32
+    # (both 64 bits); no load or store is a 128-bit v4 of 32-bit lanes.
+    problem = QKNormProblem(num_tokens=1, dtype="bfloat16", head_dim=128, q_heads=32,
+                            kv_heads=8, eps=1e-6, weight_bias=0.0)
+    ptx = _ptx_for(problem, QKNormConfig(64, 1, 4), tmp_path, monkeypatch)
+    assert re.search(r"ld\.global\.(v4\.b16|v2\.b32)\b", ptx)
+    assert re.search(r"st\.global\.(v4\.b16|v2\.b32)\b", ptx)
+    assert not re.search(r"(ld|st)\.global\.v4\.b32\b", ptx)

@@ -1,0 +1,161 @@
+"""Model shapes: the public presets and Hugging Face config.json files."""
+
+import json
+
+import pytest
+
+from cutetune.spaces.models import PRESETS, ModelShape, UnknownModelError, load_model
+
+# From DESIGN.md's table: hidden, q heads, kv heads, head dim, eps, qk-norm, MoE experts/top-k.
+TABLE = {
+    "qwen3-0.6b": (1024, 16, 8, 128, 1e-6, True, None, None),
+    "qwen3-8b": (4096, 32, 8, 128, 1e-6, True, None, None),
+    "qwen3-32b": (5120, 64, 8, 128, 1e-6, True, None, None),
+    "qwen3-30b-a3b": (2048, 32, 4, 128, 1e-6, True, 128, 8),
+    "qwen3-235b-a22b": (4096, 64, 4, 128, 1e-6, True, 128, 8),
+    "llama-3.1-8b": (4096, 32, 8, 128, 1e-5, False, None, None),
+    "llama-3.1-70b": (8192, 64, 8, 128, 1e-5, False, None, None),
+    "deepseek-v3": (7168, None, None, None, 1e-6, False, 256, 8),
+    "mixtral-8x7b": (4096, 32, 8, 128, 1e-5, False, 8, 2),
+}
+
+
+def test_presets_are_the_design_table():
+    assert set(PRESETS) == set(TABLE)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_preset_loads_by_name_case_insensitively(name):
+    for spelling in (name, name.upper(), name.title()):
+        model = load_model(spelling)
+        assert model is PRESETS[name]
+    m = PRESETS[name]
+    assert (m.hidden_size, m.num_q_heads, m.num_kv_heads, m.head_dim, m.rms_norm_eps,
+            m.qk_norm, m.num_experts, m.experts_per_token) == TABLE[name]
+
+
+def test_unknown_name_lists_the_presets():
+    with pytest.raises(UnknownModelError, match="unknown model 'gpt-17'") as info:
+        load_model("gpt-17")
+    for name in PRESETS:
+        assert name in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def _write(path, raw) -> str:
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+QWEN3_8B_HF = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "rms_norm_eps": 1e-06,
+}
+
+
+def test_flat_qwen3_config(tmp_path):
+    model = load_model(_write(tmp_path / "config.json", QWEN3_8B_HF))
+    assert model == ModelShape(name=tmp_path.name, hidden_size=4096, num_q_heads=32,
+                               num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, qk_norm=True,
+                               intermediate_size=12288)
+
+
+def test_directory_holding_config_json(tmp_path):
+    model_dir = tmp_path / "Qwen3-8B"
+    model_dir.mkdir()
+    _write(model_dir / "config.json", QWEN3_8B_HF)
+    model = load_model(str(model_dir))
+    assert model.name == "Qwen3-8B"
+    assert (model.hidden_size, model.num_q_heads, model.num_kv_heads, model.head_dim) == (
+        4096, 32, 8, 128)
+    assert model.qk_norm
+
+
+def test_nested_text_config(tmp_path):
+    raw = {
+        "model_type": "qwen3_vl",
+        "vision_config": {"hidden_size": 1152, "num_heads": 16},
+        "text_config": {
+            "hidden_size": 2560,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "rms_norm_eps": 1e-6,
+        },
+    }
+    model = load_model(_write(tmp_path / "config.json", raw))
+    # The text model's fields, not the vision tower's; model_type from the outer config.
+    assert (model.hidden_size, model.num_q_heads, model.num_kv_heads, model.head_dim) == (
+        2560, 32, 8, 128)
+    assert model.qk_norm
+
+
+def test_mixtral_style_moe(tmp_path):
+    raw = {
+        "model_type": "mixtral",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-5,
+    }
+    model = load_model(_write(tmp_path / "config.json", raw))
+    assert model.num_experts == 8
+    assert model.experts_per_token == 2
+    assert model.rms_norm_eps == 1e-5
+    assert not model.qk_norm
+    # No head_dim in the file: hidden / heads.
+    assert model.head_dim == 128
+
+
+def test_qwen3_moe_config(tmp_path):
+    raw = {
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "rms_norm_eps": 1e-6,
+    }
+    model = load_model(_write(tmp_path / "config.json", raw))
+    assert model.qk_norm
+    assert (model.num_experts, model.experts_per_token, model.expert_intermediate) == (
+        128, 8, 768)
+
+
+def test_head_dim_derived_and_kv_heads_default_to_q_heads(tmp_path):
+    raw = {"model_type": "llama", "hidden_size": 3072, "num_attention_heads": 48}
+    model = load_model(_write(tmp_path / "config.json", raw))
+    assert model.head_dim == 64
+    assert model.num_kv_heads == 48
+    assert model.rms_norm_eps == 1e-6
+    assert not model.qk_norm
+
+
+def test_invalid_json_is_a_clear_error(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": 4096,')
+    with pytest.raises(UnknownModelError, match="is not valid JSON"):
+        load_model(str(path))
+
+
+def test_missing_hidden_size_is_a_clear_error(tmp_path):
+    path = _write(tmp_path / "config.json", {"model_type": "qwen3", "num_attention_heads": 32})
+    with pytest.raises(UnknownModelError, match="has no hidden_size"):
+        load_model(path)
+
+
+def test_directory_without_config_json_is_unknown(tmp_path):
+    with pytest.raises(UnknownModelError, match="unknown model"):
+        load_model(str(tmp_path))

@@ -1,0 +1,388 @@
+"""The Dispatcher on the CPU: tables built from hand-made winners, misses, counts, the cache.
+
+The qk_norm tests compile for sm_90a (a handful of compiles in all); the rules that need many
+tables (constraints, bucket mapping, the compile cache) use a tiny KernelDef whose compile
+returns a plain object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from cutetune.dispatch import DEFAULT, NEAREST, TUNED, Dispatcher, nearest_tuned
+from cutetune.kernels import qk_norm as qk
+from cutetune.kernels.registry import KernelDef
+from cutetune.results_db import Winner
+from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
+from cutetune.spaces.models import load_model
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import Constraint, Param, Space, config_to_json
+from cutetune.tuner.roofline import DEVICE_SPECS
+
+SPEC = DEVICE_SPECS["H200"]
+STALE_HASH = "0123456789abcdef"
+SMALL = qk.QKNormConfig(vector_bits=128, heads_per_warp=2, warps_per_block=1)
+LARGE = qk.QKNormConfig(vector_bits=128, heads_per_warp=4, warps_per_block=8)
+
+
+def winner(kernel: KernelDef, problem: Problem, bucket: int, config: Any,
+           source_hash: str | None = None) -> Winner:
+    return Winner(
+        kernel_name=kernel.name,
+        source_hash=kernel.source_hash() if source_hash is None else source_hash,
+        static_key=problem.static_key(),
+        bucket=bucket,
+        config_json=config_to_json(config),
+        median_us=1.0,
+        iqr_us=0.01,
+        gbps=100.0,
+        pct_roofline=50.0,
+        updated_at=datetime.now(UTC),
+    )
+
+
+def entries_by_bucket(dispatcher: Dispatcher) -> dict[int, Any]:
+    (table,) = dispatcher.tables()
+    assert [e.bucket for e in table.entries] == list(BUCKETS)
+    return {e.bucket: e for e in table.entries}
+
+
+@pytest.fixture(scope="module")
+def qwen3_8b() -> qk.QKNormProblem:
+    (problem,) = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")
+    return problem
+
+
+def qk_static_tuple(problem: qk.QKNormProblem) -> tuple:
+    # What the public op `qk_norm` passes to lookup.
+    return (problem.dtype, problem.head_dim, problem.q_heads, problem.kv_heads,
+            float(problem.eps), float(problem.weight_bias))
+
+
+@pytest.fixture
+def qk_fake_compile():
+    """qk_norm (same space, defaults and source hash) whose compile only records its calls."""
+    calls = []
+
+    def compile_(problem, config):
+        calls.append((problem.static_key(), config))
+        return FakeCompiled(problem, config)
+
+    return dataclasses.replace(qk.KERNEL, compile=compile_), calls
+
+
+# -- a tiny kernel whose constraint depends on the token count ----------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyProblem(Problem):
+    width: int
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    block: int
+
+
+@dataclass(frozen=True, eq=False)
+class FakeCompiled:
+    problem: Problem
+    config: Any
+
+
+TINY_SPACE = Space(
+    config_type=TinyConfig,
+    params=(Param("block", BUCKETS, "tokens per block"),),
+    constraints=(
+        Constraint("block_within_tokens", "a block may not exceed the token count",
+                   lambda p, c, d: c.block <= p.num_tokens),
+    ),
+)
+
+
+def tiny_kernel() -> tuple[KernelDef, list]:
+    """A KernelDef whose default at each bucket is a config of its own (block = bucket), so a
+    served object tells which bucket's entry served it; `calls` records every compile."""
+    calls = []
+
+    def compile_(problem, config):
+        calls.append((problem.static_key(), config))
+        return FakeCompiled(problem, config)
+
+    def unused(*args):
+        raise AssertionError("the dispatcher must not call this")
+
+    kernel = KernelDef(
+        name="tiny",
+        description="test kernel",
+        problem_type=TinyProblem,
+        space=TINY_SPACE,
+        problems_for_model=unused,
+        default_config=lambda p, d: TinyConfig(block=p.num_tokens),
+        cost=unused,
+        compile=compile_,
+        launch=unused,
+        make_inputs=unused,
+        reference=unused,
+        outputs=("y",),
+        written_in_place=(),
+        tolerance={},
+        source_file=__file__,
+    )
+    return kernel, calls
+
+
+# -- nearest_tuned --------------------------------------------------------------------------
+
+
+def test_nearest_tuned_is_none_when_nothing_is_tuned():
+    assert nearest_tuned(16, []) is None
+
+
+@pytest.mark.parametrize(("bucket", "tuned", "expected"), [
+    (16, [16], 16),
+    (1, [8, 4096], 8),
+    (128, [8, 4096], 8),  # log2 distance 4 vs 5
+    (256, [8, 4096], 4096),  # 5 vs 4
+    (MAX_BUCKET, [1, 2], 2),
+    (1, [MAX_BUCKET, 64], 64),
+])
+def test_nearest_tuned_picks_the_closest_in_log2(bucket, tuned, expected):
+    assert nearest_tuned(bucket, tuned) == expected
+
+
+@pytest.mark.parametrize("tuned", [[4, 64], [64, 4]])
+def test_nearest_tuned_ties_go_to_the_larger_bucket(tuned):
+    assert nearest_tuned(16, tuned) == 64  # 16 is two doublings from both
+    assert nearest_tuned(2, [1, 4]) == 4
+
+
+# -- warmup with qk_norm winners --------------------------------------------------------------
+
+
+def test_warmup_serves_tuned_and_nearest_buckets_with_real_compiles(qwen3_8b):
+    kernel = qk.KERNEL
+    dispatcher = Dispatcher(SPEC, [winner(kernel, qwen3_8b, 8, SMALL),
+                                   winner(kernel, qwen3_8b, 4096, LARGE)])
+    stats = dispatcher.warmup(kernel, [qwen3_8b])
+
+    entries = entries_by_bucket(dispatcher)
+    assert (entries[8].source, entries[8].config, entries[8].tuned_bucket) == (TUNED, SMALL, 8)
+    assert (entries[4096].source, entries[4096].config) == (TUNED, LARGE)
+    assert entries[4096].tuned_bucket == 4096
+    for bucket in BUCKETS:
+        if bucket in (8, 4096):
+            continue
+        near = 8 if bucket <= 128 else 4096
+        entry = entries[bucket]
+        assert (entry.source, entry.tuned_bucket) == (NEAREST, near), bucket
+        assert entry.config == (SMALL if near == 8 else LARGE), bucket
+    (table,) = dispatcher.tables()
+    assert table.warmed_up and table.problem.static_key() == qwen3_8b.static_key()
+
+    # Two distinct configs serve all 21 buckets: two compiles, not one per bucket.
+    assert (stats.problems, stats.compiles, stats.stale_winners) == (1, 2, 0)
+    assert stats.seconds > 0
+    assert dispatcher.stats == {"qk_norm": stats}
+
+    static = qk_static_tuple(qwen3_8b)
+    assert static == qwen3_8b.static_tuple()
+    served = {n: dispatcher.lookup(kernel, static, n, lambda: pytest.fail("no miss expected"))
+              for n in (1, 8, 100, 4096, 5000)}
+    assert served[1] is served[8] is served[100]
+    assert served[4096] is served[5000]
+    assert served[1] is not served[4096]
+    assert dispatcher.default_calls() == {}
+
+    report = dispatcher.report()
+    assert "warmup of qk_norm: 1 problems, 2 compiles" in report
+    assert "0 winners ignored" in report
+    assert "tuned buckets 8,4096" in report
+    assert "default none" in report
+    assert "NOT warmed up" not in report
+
+
+def test_stale_winner_is_ignored_and_counted(qwen3_8b, qk_fake_compile):
+    kernel, calls = qk_fake_compile
+    dispatcher = Dispatcher(SPEC, [winner(kernel, qwen3_8b, 8, SMALL, STALE_HASH),
+                                   winner(kernel, qwen3_8b, 4096, LARGE)])
+    stats = dispatcher.warmup(kernel, [qwen3_8b])
+
+    entries = entries_by_bucket(dispatcher)
+    assert all(e.source != TUNED or e.bucket == 4096 for e in entries.values())
+    # Bucket 8's stale winner is not served: the current winner at 4096 serves every bucket.
+    assert (entries[8].source, entries[8].config, entries[8].tuned_bucket) == (
+        NEAREST, LARGE, 4096)
+    assert {e.config for e in entries.values()} == {LARGE}
+    assert stats.stale_winners == 1
+    assert stats.compiles == 1 == len(calls)
+    assert "1 winners ignored" in dispatcher.report()
+
+
+def test_only_stale_winners_leave_the_heuristic_defaults(qwen3_8b, qk_fake_compile):
+    kernel, calls = qk_fake_compile
+    dispatcher = Dispatcher(SPEC, [winner(kernel, qwen3_8b, b, SMALL, STALE_HASH)
+                                   for b in (1, 8, 4096)])
+    stats = dispatcher.warmup(kernel, [qwen3_8b])
+
+    entries = entries_by_bucket(dispatcher)
+    for bucket, entry in entries.items():
+        assert entry.source == DEFAULT and entry.tuned_bucket is None
+        assert entry.config == kernel.default_config(qwen3_8b.with_tokens(bucket), SPEC)
+    assert stats.stale_winners == 3
+    # The heuristic picks one warp per block up to 4 tokens (160 heads) and 8 warps beyond.
+    assert stats.compiles == len({e.config for e in entries.values()}) == 2 == len(calls)
+    assert "tuned buckets none" in dispatcher.report()
+
+
+def test_current_winner_survives_a_stale_winner_of_the_same_bucket(qwen3_8b, qk_fake_compile):
+    kernel, _ = qk_fake_compile
+    # winners() orders by source hash; a stale hash that sorts after the current one comes last.
+    stale = "f" * 16 if kernel.source_hash() < "f" * 16 else "0" * 16
+    records = [winner(kernel, qwen3_8b, 64, SMALL), winner(kernel, qwen3_8b, 64, LARGE, stale)]
+    records.sort(key=lambda w: w.source_hash != kernel.source_hash())
+    dispatcher = Dispatcher(SPEC, records)
+    stats = dispatcher.warmup(kernel, [qwen3_8b])
+    entry = entries_by_bucket(dispatcher)[64]
+    assert (entry.source, entry.config) == (TUNED, SMALL)
+    assert stats.stale_winners == 1
+
+
+def test_winners_of_another_problem_or_kernel_are_not_served(qwen3_8b, qk_fake_compile):
+    kernel, _ = qk_fake_compile
+    other = dataclasses.replace(qwen3_8b, q_heads=16)
+    tiny, _ = tiny_kernel()
+    dispatcher = Dispatcher(SPEC, [
+        winner(kernel, other, 8, LARGE),
+        winner(tiny, TinyProblem(num_tokens=1, width=4), 8, TinyConfig(block=8)),
+    ])
+    dispatcher.warmup(kernel, [qwen3_8b])
+    assert {e.source for e in entries_by_bucket(dispatcher).values()} == {DEFAULT}
+
+
+# -- constraints at other buckets ------------------------------------------------------------
+
+
+def test_nearest_winner_invalid_at_a_bucket_is_not_served_there():
+    kernel, _ = tiny_kernel()
+    problem = TinyProblem(num_tokens=1, width=4)
+    dispatcher = Dispatcher(SPEC, [winner(kernel, problem, 64, TinyConfig(block=64))])
+    dispatcher.warmup(kernel, [problem])
+
+    entries = entries_by_bucket(dispatcher)
+    assert (entries[64].source, entries[64].config) == (TUNED, TinyConfig(block=64))
+    for bucket, entry in entries.items():
+        # Every served config is a valid point at its bucket.
+        assert TINY_SPACE.first_violation(problem.with_tokens(bucket), entry.config, SPEC) is None
+        if bucket < 64:  # block 64 > tokens: the heuristic default instead
+            assert (entry.source, entry.config) == (DEFAULT, TinyConfig(block=bucket))
+        elif bucket > 64:
+            assert (entry.source, entry.tuned_bucket) == (NEAREST, 64)
+            assert entry.config == TinyConfig(block=64)
+
+
+def test_qk_norm_constraints_do_not_depend_on_the_token_count(qwen3_8b):
+    # Why the rule above is tested with the tiny kernel: no qk_norm point is valid at one
+    # bucket and invalid at another.
+    small, large = qwen3_8b.with_tokens(1), qwen3_8b.with_tokens(MAX_BUCKET)
+    assert qk.SPACE.enumerate(small, SPEC).valid == qk.SPACE.enumerate(large, SPEC).valid
+
+
+# -- misses, default counts, the compile cache ------------------------------------------------
+
+
+def test_lookup_without_warmup_serves_defaults_warns_once_and_counts(qwen3_8b, caplog):
+    kernel = qk.KERNEL
+    dispatcher = Dispatcher(SPEC)
+    static = qk_static_tuple(qwen3_8b)
+    built = []
+
+    def make_problem():
+        built.append(1)
+        return qwen3_8b.with_tokens(3)
+
+    with caplog.at_level(logging.WARNING, logger="cutetune.dispatch"):
+        served = [dispatcher.lookup(kernel, static, n, make_problem) for n in (1, 3, 3, 5000)]
+
+    warnings = [r for r in caplog.records if r.name == "cutetune.dispatch"]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert "was not warmed up" in warnings[0].getMessage()
+    assert "qk_norm" in warnings[0].getMessage()
+    assert len(built) == 1  # the problem is built on the miss only
+
+    (table,) = dispatcher.tables()
+    assert not table.warmed_up
+    assert {e.source for e in table.entries} == {DEFAULT}
+    assert dispatcher.default_calls() == {
+        ("qk_norm", static, 1): 1, ("qk_norm", static, 4): 2, ("qk_norm", static, 8192): 1}
+    # Buckets 1 and 4 share the one-warp default; 8192 uses 8 warps: two distinct kernels.
+    assert served[0] is served[1] is served[2]
+    assert served[3] is not served[0]
+    assert dispatcher.stats == {}
+
+    report = dispatcher.report()
+    assert "NOT warmed up" in report
+    assert "calls served by default: 4" in report
+
+
+def test_warmed_up_tuned_bucket_is_not_counted_but_a_default_bucket_is():
+    kernel, calls = tiny_kernel()
+    problem = TinyProblem(num_tokens=1, width=4)
+    dispatcher = Dispatcher(SPEC, [winner(kernel, problem, 64, TinyConfig(block=64))])
+    dispatcher.warmup(kernel, [problem])
+    compiles = len(calls)
+
+    never = lambda: pytest.fail("a warmed-up problem must not be rebuilt")  # noqa: E731
+    served = dispatcher.lookup(kernel, problem.static_tuple(), 64, never)
+    assert served.config == TinyConfig(block=64)
+    dispatcher.lookup(kernel, problem.static_tuple(), 1000, never)  # nearest: 64
+    assert dispatcher.default_calls() == {}
+    dispatcher.lookup(kernel, problem.static_tuple(), 2, never)  # below 64: default
+    assert dispatcher.default_calls() == {("tiny", problem.static_tuple(), 2): 1}
+    assert len(calls) == compiles  # serving never compiles after warmup
+    assert "calls served by default: 1" in dispatcher.report()
+
+
+def test_compile_cache_returns_the_same_object_for_the_same_config():
+    kernel, calls = tiny_kernel()
+    a = TinyProblem(num_tokens=1, width=4)
+    b = TinyProblem(num_tokens=1, width=8)
+    dispatcher = Dispatcher(SPEC, [winner(kernel, a, 16, TinyConfig(block=16))])
+    dispatcher.warmup(kernel, [a])
+    # Defaults block=1,2,4,8 below the winner, its block 16 from 16 up: five compiles.
+    assert sorted(config.block for _, config in calls) == [1, 2, 4, 8, 16]
+    first = dispatcher.lookup(kernel, a.static_tuple(), 16, lambda: a)
+    assert first.config == TinyConfig(block=16)
+    assert dispatcher.lookup(kernel, a.static_tuple(), 9, lambda: a) is first
+    assert dispatcher.lookup(kernel, a.static_tuple(), 3000, lambda: a) is first  # nearest
+    assert dispatcher.lookup(kernel, a.static_tuple(), 5, lambda: a) is not first
+
+    # Warming up the same problem again reuses every compiled object.
+    stats = dispatcher.warmup(kernel, [a])
+    assert stats.compiles == 0 and len(calls) == 5
+    assert dispatcher.lookup(kernel, a.static_tuple(), 16, lambda: a) is first
+
+    # Another static problem with the same config is a different specialisation.
+    other = dispatcher.lookup(kernel, b.static_tuple(), 16, lambda: b)
+    assert other is not first and other.config == first.config
+    assert other.problem.static_key() == b.static_key()
+    assert len(calls) == 5 + len(BUCKETS)  # b was not warmed up: a default per bucket
+
+
+@pytest.mark.parametrize(("tokens", "bucket"), [
+    (1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (1000, 1024), (5000, 8192),
+    (MAX_BUCKET, MAX_BUCKET), (2**21, MAX_BUCKET),
+])
+def test_lookup_maps_token_counts_to_buckets(tokens, bucket):
+    kernel, _ = tiny_kernel()
+    problem = TinyProblem(num_tokens=1, width=4)
+    dispatcher = Dispatcher(SPEC)
+    served = dispatcher.lookup(kernel, problem.static_tuple(), tokens, lambda: problem)
+    assert served.config == TinyConfig(block=bucket)  # the default of that bucket
+    assert dispatcher.default_calls() == {("tiny", problem.static_tuple(), bucket): 1}

@@ -1,0 +1,88 @@
+"""The funnel from declared points to the ranked points worth measuring."""
+
+import dataclasses
+
+import pytest
+
+from cutetune.kernels.qk_norm import KERNEL, SPACE, QKNormConfig
+from cutetune.spaces.models import PRESETS
+from cutetune.spaces.space import Constraint, EmptySpaceError, Param, Space
+from cutetune.tuner.plan import PRUNE_FACTOR, make_plan
+from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
+
+H200 = DEVICE_SPECS["H200"]
+CEILINGS = Ceilings.from_datasheet(H200)
+QWEN3_8B = KERNEL.problems_for_model(PRESETS["qwen3-8b"], "bfloat16")[0]
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 7, 64, 512, 4096, 65536, 2**20])
+def test_qwen3_8b_funnel(tokens):
+    problem = QWEN3_8B.with_tokens(tokens)
+    plan = make_plan(KERNEL, problem, H200, CEILINGS)
+
+    enumeration = SPACE.enumerate(problem, H200)
+    assert plan.problem == problem
+    assert plan.declared == 3 * 6 * 6 == 108
+    assert plan.rejected_by == enumeration.rejections_by_constraint()
+    # bf16 with 128-bit vectors needs 8 elements per thread, i.e. at most 16 threads per head.
+    assert plan.rejected_by["head_splits_into_whole_vectors"] > 0
+    assert plan.valid == len(enumeration.valid) > 0
+    assert plan.valid + sum(plan.rejected_by.values()) == plan.declared
+    assert plan.kept, "the best point is always kept"
+
+    kept_us = [p.prediction.predicted_us for p in plan.kept]
+    assert kept_us == sorted(kept_us)
+    best = kept_us[0]
+    assert all(us <= PRUNE_FACTOR * best for us in kept_us)
+    assert all(p.prediction.predicted_us > PRUNE_FACTOR * best for p in plan.pruned)
+    # Every valid point is either kept or pruned, once.
+    configs = [p.config for p in plan.kept + plan.pruned]
+    assert len(set(configs)) == len(configs) == plan.valid
+    assert set(configs) == set(enumeration.valid)
+    for point in plan.kept[:3]:
+        assert point.cost == KERNEL.cost(problem, point.config, H200)
+
+    # The seed heuristic's choice must never be predicted hopeless.
+    assert KERNEL.default_config(problem, H200) in {p.config for p in plan.kept}
+
+    funnel = plan.funnel()
+    assert funnel.startswith(f"declared 108 -> valid {plan.valid} (rejected ")
+    for name, count in plan.rejected_by.items():
+        assert f"{name}: -{count}" in funnel
+    assert f"kept {len(plan.kept)} (pruned {len(plan.pruned)} predicted over 2x the best)" in funnel
+
+
+def test_predictions_grow_with_tokens():
+    best = [make_plan(KERNEL, QWEN3_8B.with_tokens(t), H200, CEILINGS).kept[0]
+            .prediction.predicted_us for t in (1, 512, 65536, 2**20)]
+    assert best == sorted(best)
+    # At 2**20 tokens the best point is within a few percent of the memory floor.
+    problem = QWEN3_8B.with_tokens(2**20)
+    top = make_plan(KERNEL, problem, H200, CEILINGS).kept[0]
+    assert top.prediction.predicted_us == pytest.approx(top.prediction.floor_us, rel=0.05)
+
+
+def test_funnel_without_rejections_says_none():
+    small = Space(QKNormConfig, (Param("vector_bits", (64, 128)), Param("heads_per_warp", (2,)),
+                                 Param("warps_per_block", (1, 4, 8))), ())
+    plan = make_plan(dataclasses.replace(KERNEL, space=small), QWEN3_8B, H200, CEILINGS)
+    assert plan.rejected_by == {}
+    assert plan.valid == plan.declared == 6
+    assert "(rejected none)" in plan.funnel()
+
+
+def test_impossible_space_names_the_constraints():
+    never = Constraint("needs_tensor_memory", "only on sm_100", lambda p, c, d: False)
+    impossible = dataclasses.replace(
+        KERNEL, name="impossible", space=Space(QKNormConfig, SPACE.params,
+                                               SPACE.constraints + (never,)))
+    with pytest.raises(EmptySpaceError) as info:
+        make_plan(impossible, QWEN3_8B, H200, CEILINGS)
+    message = str(info.value)
+    assert message.startswith("impossible: no valid point for QKNormProblem(")
+    # The earlier constraints keep their removals; every point they let through falls to the
+    # last one.
+    enumeration = SPACE.enumerate(QWEN3_8B, H200)
+    for name, count in enumeration.rejections_by_constraint().items():
+        assert f"{name} removed {count}" in message
+    assert f"needs_tensor_memory removed {len(enumeration.valid)}" in message
