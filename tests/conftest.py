@@ -9,14 +9,6 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import pytest  # noqa: E402
 
 
-def pytest_addoption(parser):
-    parser.addoption(
-        "--full-sweep", action="store_true", default=False,
-        help="compile every valid point of every kernel space (about 15 minutes on 2 cores) "
-             "instead of one point per distinct kernel body",
-    )
-
-
 def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:

@@ -24,6 +24,8 @@ class ModelShape:
     experts_per_token: int | None = None
     expert_intermediate: int | None = None
     intermediate_size: int | None = None
+    # Gemma-style norms scale by (1 + w): 1.0; plain RMSNorm weights: 0.0.
+    norm_weight_bias: float = 0.0
 
 
 PRESETS: dict[str, ModelShape] = {
@@ -70,6 +72,8 @@ def load_model(spec: str) -> ModelShape:
 
 def model_from_hf_config(raw: dict, name: str) -> ModelShape:
     """Read the fields cutetune needs; multimodal configs nest them under `text_config`."""
+    if not isinstance(raw, dict):
+        raise UnknownModelError(f"config {name!r} is not a JSON object")
     cfg = raw.get("text_config") or raw
     if not isinstance(cfg, dict) or "hidden_size" not in cfg:
         raise UnknownModelError(f"config {name!r} has no hidden_size (nor text_config.hidden_size)")
@@ -78,8 +82,10 @@ def model_from_hf_config(raw: dict, name: str) -> ModelShape:
     kv_heads = cfg.get("num_key_value_heads", q_heads)
     head_dim = cfg.get("head_dim") or (hidden // q_heads if q_heads else None)
     model_type = str(cfg.get("model_type", raw.get("model_type", "")))
-    # Qwen3 and its MoE variants normalise q and k per head; the config has no flag for it.
-    qk_norm = model_type.startswith("qwen3") or bool(cfg.get("use_qk_norm", False))
+    # Qwen3 and Gemma 3 (and their variants) normalise q and k per head; the config has no
+    # flag for it. Gemma's norms scale by (1 + w).
+    gemma = model_type.startswith("gemma3")
+    qk_norm = model_type.startswith("qwen3") or gemma or bool(cfg.get("use_qk_norm", False))
     experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
     return ModelShape(
         name=name,
@@ -93,4 +99,5 @@ def model_from_hf_config(raw: dict, name: str) -> ModelShape:
         experts_per_token=cfg.get("num_experts_per_tok"),
         expert_intermediate=cfg.get("moe_intermediate_size"),
         intermediate_size=cfg.get("intermediate_size"),
+        norm_weight_bias=1.0 if gemma else 0.0,
     )

@@ -20,7 +20,8 @@ class Problem:
     num_tokens: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_tokens, int) or self.num_tokens < 1:
+        if (not isinstance(self.num_tokens, int) or isinstance(self.num_tokens, bool)
+                or self.num_tokens < 1):
             raise ValueError(f"num_tokens must be a positive integer, got {self.num_tokens!r}")
 
     def static_fields(self) -> dict[str, Any]:

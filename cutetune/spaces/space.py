@@ -31,6 +31,8 @@ class Param:
     def __post_init__(self) -> None:
         if not self.choices:
             raise ValueError(f"param {self.name!r} declares no choices")
+        if len(set(self.choices)) != len(self.choices):
+            raise ValueError(f"param {self.name!r} repeats a choice: {self.choices}")
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def device_spec_for(gpu_name: str) -> DeviceSpec:
     upper = gpu_name.upper()
     if "H200" in upper:
         return DEVICE_SPECS["H200"]
-    if "H100" in upper:
+    if "H100" in upper and not ("PCIE" in upper or "NVL" in upper):
         return DEVICE_SPECS["H100 SXM"]
     if "B200" in upper:
         return DEVICE_SPECS["B200"]
@@ -82,6 +82,10 @@ class Ceilings:
     @classmethod
     def from_measured(cls, spec: DeviceSpec, values: dict[str, float]) -> Ceilings:
         default = cls.from_datasheet(spec)
+        unknown = set(values) - {"copy_gbps", "launch_floor_us", "grid_barrier_us"}
+        if unknown:
+            raise ValueError(f"unknown ceilings {sorted(unknown)}: known are copy_gbps, "
+                             "launch_floor_us, grid_barrier_us")
         if not values:
             return default
         return cls(

@@ -1,5 +1,6 @@
 """qk_norm's Problem, Config space, seed heuristic, cost and model problems (no compiling)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -178,9 +179,9 @@ def test_every_valid_point_is_resident_on_every_device(dtype, head_dim):
 
 
 def test_rejections_for_a_small_head():
-    # bf16 head dim 64 with 32-bit vectors: 2 elements per vector; 32 heads per warp leave
-    # one thread per head with 64 elements, fine; but 128-bit vectors (8 elements) need
-    # at least 8 elements per thread, i.e. at most 8 threads per head (4+ heads per warp).
+    # bf16 head dim 64: a 128-bit vector holds 8 elements, so a thread needs at least 8 of
+    # the head's 64, i.e. at most 8 threads per head (4 or more heads per warp); a 64-bit
+    # vector (4 elements) cannot be split over 32 threads (2 elements each) either.
     enumeration = SPACE.enumerate(problem(head_dim=64), H200)
     bad = {r.config for r in enumeration.rejected
            if r.constraint == "head_splits_into_whole_vectors"}
@@ -188,3 +189,18 @@ def test_rejections_for_a_small_head():
     assert QKNormConfig(128, 4, 1) in enumeration.valid
     assert QKNormConfig(64, 1, 1) in bad  # 2 elements per thread, 4 per 64-bit vector
     assert QKNormConfig(32, 1, 1) in enumeration.valid
+
+
+def test_gemma_style_model_gets_weight_bias_one():
+    gemma = dataclasses.replace(PRESETS["qwen3-8b"], name="gemma-like", norm_weight_bias=1.0)
+    (problem,) = KERNEL.problems_for_model(gemma, "bfloat16")
+    assert problem.weight_bias == 1.0
+
+
+def test_points_with_more_than_16_vectors_per_thread_are_rejected_by_name():
+    problem = QKNormProblem(num_tokens=1, dtype="float32", head_dim=256, q_heads=8, kv_heads=2,
+                            eps=1e-6, weight_bias=0.0)
+    # 32-bit fp32 vectors and 8 threads per head: 32 elements, one per access.
+    config = QKNormConfig(vector_bits=32, heads_per_warp=4, warps_per_block=1)
+    rejected = {r.config: r.constraint for r in KERNEL.space.enumerate(problem, H200).rejected}
+    assert rejected[config] == "vectors_per_thread_unrollable"

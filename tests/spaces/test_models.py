@@ -159,3 +159,21 @@ def test_missing_hidden_size_is_a_clear_error(tmp_path):
 def test_directory_without_config_json_is_unknown(tmp_path):
     with pytest.raises(UnknownModelError, match="unknown model"):
         load_model(str(tmp_path))
+
+
+def test_config_that_is_not_an_object_is_a_clear_error(tmp_path):
+    path = _write(tmp_path / "config.json", [1, 2])
+    with pytest.raises(UnknownModelError, match="is not a JSON object"):
+        load_model(path)
+
+
+def test_gemma3_normalises_q_and_k_with_weight_plus_one(tmp_path):
+    path = _write(tmp_path / "config.json", {
+        "model_type": "gemma3",
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 2560,
+                        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                        "rms_norm_eps": 1e-6},
+    })
+    model = load_model(path)
+    assert model.qk_norm and model.norm_weight_bias == 1.0 and model.head_dim == 256
+    assert PRESETS["qwen3-8b"].norm_weight_bias == 0.0

@@ -163,3 +163,8 @@ def test_problem_static_key_excludes_tokens():
     assert small.static_tuple() == (48,)
     with pytest.raises(ValueError, match="num_tokens must be a positive integer"):
         ToyProblem(num_tokens=0, size=48)
+
+
+def test_param_with_a_repeated_choice_is_rejected():
+    with pytest.raises(ValueError, match="repeats a choice"):
+        Param("warps", (1, 2, 2))

@@ -143,7 +143,8 @@ def test_device_spec_for_cuda_names(gpu, spec):
     assert device_spec_for(gpu) is DEVICE_SPECS[spec]
 
 
-@pytest.mark.parametrize("gpu", ["NVIDIA A100-SXM4-80GB", "NVIDIA H20", ""])
+@pytest.mark.parametrize("gpu", ["NVIDIA A100-SXM4-80GB", "NVIDIA H20", "NVIDIA H100 PCIe",
+                                 "NVIDIA H100 NVL", ""])
 def test_device_spec_for_unknown_gpu_raises(gpu):
     with pytest.raises(ValueError, match="no DeviceSpec for GPU") as info:
         device_spec_for(gpu)
@@ -176,3 +177,8 @@ def test_ceilings_from_measured_overrides_only_given_values():
     assert ceilings.measured
 
     assert Ceilings.from_measured(H200, {}) == default
+
+
+def test_ceilings_reject_unknown_names():
+    with pytest.raises(ValueError, match=r"unknown ceilings \['copy_gbs'\]"):
+        Ceilings.from_measured(H200, {"copy_gbs": 4200.0})
