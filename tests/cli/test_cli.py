@@ -89,7 +89,7 @@ def test_plan_shows_funnel_ranking_and_default(empty_db):
     result = invoke(empty_db, "plan", "qk_norm", "--model", "qwen3-8b", "--tokens", "1,32768")
     assert result.exit_code == 0, result.output
     out = result.output
-    assert out.count("declared 108") == 2  # one funnel per token count
+    assert out.count("declared 90") == 2  # one funnel per token count
     assert "tokens=1)" in out and "tokens=32768)" in out
     assert "q_heads=32 kv_heads=8" in out
     assert "    1. " in out and "    5. " in out and "    6. " not in out  # --top 5
@@ -123,7 +123,7 @@ def test_plan_reads_a_hf_config(empty_db, tmp_path, as_dir):
     result = invoke(empty_db, "plan", "qk_norm", "--model", model, "--tokens", "64")
     assert result.exit_code == 0, result.output
     assert "q_heads=16 kv_heads=4" in result.output
-    assert "declared 108" in result.output and "default:" in result.output
+    assert "declared 90" in result.output and "default:" in result.output
 
 
 @pytest.mark.parametrize(("args", "fragments"), [

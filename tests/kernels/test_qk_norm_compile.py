@@ -1,9 +1,9 @@
 """The CI compile sweep: every valid point of the qk_norm space compiles for sm_90a on the CPU,
 for every public preset the kernel applies to (in bf16, the dtype those models ship in) and for
-every dtype and head dim on a synthetic Gemma-style problem (weight_bias 1); and the PTX of a
-few points shows the vector width and the shuffle tree the config asks for.
+every other dtype and head dim on a synthetic Gemma-style problem (weight_bias 1); and the PTX
+of a few points shows the vector width and the shuffle tree the config asks for.
 
-About 950 compiles at 0.3-1 s each: one test id per problem, so `pytest -n 2` spreads them.
+About 750 compiles at 0.3-1 s each: one test id per problem, so `pytest -n 2` spreads them.
 """
 
 import math
@@ -42,6 +42,7 @@ def _synthetic_params() -> list:
         )
         for head_dim in HEAD_DIMS
         for dtype in DTYPES
+        if (dtype, head_dim) != ("bfloat16", 128)  # the presets compile that family
     ]
 
 
