@@ -65,6 +65,13 @@ class Enumeration(Generic[ConfigT]):
     def rejections_by_constraint(self) -> dict[str, int]:
         return dict(Counter(r.constraint for r in self.rejected))
 
+    def raise_if_empty(self, what: str) -> None:
+        """EmptySpaceError naming which constraints removed how many points of `what`."""
+        if not self.valid:
+            removed = ", ".join(f"{name} removed {count}" for name, count in
+                                self.rejections_by_constraint().items())
+            raise EmptySpaceError(f"no valid point for {what}: {removed}")
+
 
 class EmptySpaceError(ValueError):
     """Raised when no point survives; the message names what removed the points."""
@@ -126,10 +133,7 @@ class Space(Generic[ConfigT]):
     def valid_points(self, problem: Problem, device: Any) -> tuple[ConfigT, ...]:
         """The valid points, or EmptySpaceError saying which constraints removed how many."""
         enumeration = self.enumerate(problem, device)
-        if not enumeration.valid:
-            removed = ", ".join(f"{name} removed {count}" for name, count in
-                                enumeration.rejections_by_constraint().items())
-            raise EmptySpaceError(f"no valid point for {problem.describe()}: {removed}")
+        enumeration.raise_if_empty(problem.describe())
         return enumeration.valid
 
     def config_from_dict(self, values: dict[str, Any]) -> ConfigT:

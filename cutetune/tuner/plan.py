@@ -7,7 +7,6 @@ from typing import Any
 
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
-from cutetune.spaces.space import EmptySpaceError
 from cutetune.tuner.roofline import Ceilings, Cost, DeviceSpec, Prediction, predict
 
 # A point predicted slower than this multiple of the best prediction is not measured: the
@@ -44,10 +43,7 @@ class Plan:
 def make_plan(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
               ceilings: Ceilings) -> Plan:
     enumeration = kernel.space.enumerate(problem, spec)
-    if not enumeration.valid:
-        removed = ", ".join(f"{n} removed {c}" for n, c in
-                            enumeration.rejections_by_constraint().items())
-        raise EmptySpaceError(f"{kernel.name}: no valid point for {problem.describe()}: {removed}")
+    enumeration.raise_if_empty(f"{kernel.name} {problem.describe()}")
     ranked = sorted(
         (RankedPoint(c, cost, predict(cost, spec, ceilings))
          for c in enumeration.valid

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -48,16 +49,8 @@ def h200() -> DeviceFingerprint:
 
 
 @pytest.fixture
-def h100() -> DeviceFingerprint:
-    return DeviceFingerprint(
-        gpu_name="NVIDIA H100 80GB HBM3",
-        compute_capability="9.0",
-        sm_count=132,
-        driver="570.133",
-        cuda="12.8",
-        torch="2.9.0",
-        cutlass_dsl="4.8.1",
-    )
+def h100(h200: DeviceFingerprint) -> DeviceFingerprint:
+    return dataclasses.replace(h200, gpu_name="NVIDIA H100 80GB HBM3")
 
 
 def _config_json(warps: int) -> str:

@@ -79,7 +79,7 @@ def test_impossible_space_names_the_constraints():
     with pytest.raises(EmptySpaceError) as info:
         make_plan(impossible, QWEN3_8B, H200, CEILINGS)
     message = str(info.value)
-    assert message.startswith("impossible: no valid point for QKNormProblem(")
+    assert message.startswith("no valid point for impossible QKNormProblem(")
     # The earlier constraints keep their removals; every point they let through falls to the
     # last one.
     enumeration = SPACE.enumerate(QWEN3_8B, H200)
