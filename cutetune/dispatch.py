@@ -81,13 +81,14 @@ class Dispatcher:
         tuned = {w.bucket: kernel.space.config_from_dict(json.loads(w.config_json))
                  for w in self._winners.get((kernel.name, problem.static_key()), ())
                  if w.source_hash == source}
+        tuned_buckets = sorted(tuned)
         entries = []
         for bucket in BUCKETS:
             at_bucket = problem.with_tokens(bucket)
             if bucket in tuned:
                 entries.append(BucketEntry(bucket, tuned[bucket], TUNED, bucket))
                 continue
-            near = nearest_tuned(bucket, sorted(tuned))
+            near = nearest_tuned(bucket, tuned_buckets)
             if near is not None and kernel.space.first_violation(
                     at_bucket, tuned[near], self.spec) is None:
                 entries.append(BucketEntry(bucket, tuned[near], NEAREST, near))

@@ -148,10 +148,12 @@ def tune(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
     fingerprint = DeviceFingerprint.current()
     spec = device_spec_for(fingerprint.gpu_name)
     click.echo(f"{fingerprint.gpu_name} ({fingerprint.sm_count} SMs), results in {db.url}")
-    if not latest_ceilings(db, fingerprint):
+    measured = latest_ceilings(db, fingerprint)
+    if not measured:
         click.echo("measuring the copy ceiling and the launch floor ...")
-        record_ceilings(db, fingerprint, measure_ceilings())
-    ceilings = Ceilings.from_measured(spec, latest_ceilings(db, fingerprint))
+        measured = measure_ceilings()
+        record_ceilings(db, fingerprint, measured)
+    ceilings = Ceilings.from_measured(spec, measured)
     click.echo(f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s, launch floor "
                f"{ceilings.launch_floor_us:.2f} us")
     buckets = sorted({bucket_of(n) for n in tokens})

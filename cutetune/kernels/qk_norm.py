@@ -36,6 +36,7 @@ from cutetune.kernels.registry import KernelDef, NotApplicableError, Tensors, re
 from cutetune.spaces.models import ModelShape
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
+from cutetune.tuner.roofline import Cost
 
 HEAD_DIMS = (64, 128, 256)
 WARP = 32
@@ -161,9 +162,7 @@ def _blocks(problem: QKNormProblem, config: QKNormConfig) -> int:
             + math.ceil(problem.num_tokens * problem.kv_heads / heads_per_block))
 
 
-def cost(problem: QKNormProblem, config: QKNormConfig, device):
-    from cutetune.tuner.roofline import Cost
-
+def cost(problem: QKNormProblem, config: QKNormConfig, device) -> Cost:
     elements = problem.num_tokens * (problem.q_heads + problem.kv_heads) * problem.head_dim
     element_bytes = DTYPE_BYTES[problem.dtype]
     return Cost(

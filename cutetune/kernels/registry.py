@@ -6,6 +6,7 @@ tuner, the dispatcher and every CLI verb work from the KernelDef alone.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import pkgutil
@@ -71,8 +72,13 @@ class KernelDef:
     tolerance: Mapping[str, tuple[float, float]]
     source_file: str
 
-    def source_hash(self) -> str:
+    @functools.cached_property
+    def _source_hash(self) -> str:
         return hashlib.sha256(Path(self.source_file).read_bytes()).hexdigest()[:16]
+
+    def source_hash(self) -> str:
+        """Hash of the kernel's file as imported; read once per process."""
+        return self._source_hash
 
 
 _REGISTRY: dict[str, KernelDef] = {}

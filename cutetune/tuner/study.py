@@ -70,7 +70,7 @@ def _distributions(kernel: KernelDef) -> dict[str, optuna.distributions.Categori
             for p in kernel.space.params}
 
 
-def candidate_order(kernel: KernelDef, plan: Plan, default: Any, budget: int) -> list[Any]:
+def candidate_order(plan: Plan, default: Any, budget: int) -> list[Any]:
     """The points to enqueue, in order: the default first, then the best-ranked ones; all of
     them when the candidates fit the budget."""
     ranked = [p.config for p in plan.kept]
@@ -88,7 +88,7 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
     started = datetime.now(UTC)
     predicted = {p.config: p.prediction.predicted_us for p in plan.kept + plan.pruned}
     candidates = {p.config for p in plan.kept} | {default}
-    enqueued = candidate_order(kernel, plan, default, budget)
+    enqueued = candidate_order(plan, default, budget)
     exhaustive = len(enqueued) == len(candidates)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

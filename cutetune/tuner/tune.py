@@ -67,13 +67,10 @@ def tune_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spe
                        on_trial=on_trial)
     # The winner's trial is stored with its interleaved re-measurement: the numbers that named
     # it the winner, and the ones the winner row carries.
-    records = tuple(trial_record(kernel, problem, spec, ceilings, t) for t in result.trials)
-    winner = None
-    if result.winner is not None:
-        winner = result.winner.number
-        records = tuple(
-            trial_record(kernel, problem, spec, ceilings, result.winner) if r.number == winner
-            else r for r in records)
+    winner = result.winner.number if result.winner is not None else None
+    records = tuple(trial_record(kernel, problem, spec, ceilings,
+                                 result.winner if t.number == winner else t)
+                    for t in result.trials)
     record_tuning_result(db, fingerprint, TuningResult(
         kernel_name=kernel.name, source_hash=kernel.source_hash(),
         static_key=problem.static_key(), bucket=bucket, num_tokens=problem.num_tokens,
