@@ -97,6 +97,11 @@ class Dispatcher:
                                            DEFAULT, None))
         return ProblemTable(kernel.name, problem.with_tokens(1), tuple(entries), warmed_up)
 
+    def entry_for(self, kernel: KernelDef, problem: Problem) -> BucketEntry:
+        """What a call of `problem` (at its token count) would be served, without compiling."""
+        table = self._table(kernel, problem.with_tokens(1), warmed_up=False)
+        return table.entries[bucket_index(problem.num_tokens)]
+
     def _compile(self, kernel: KernelDef, problem: Problem, config: Any):
         key = (kernel.name, problem.static_key(), config_to_json(config))
         if key not in self._compiled:

@@ -10,41 +10,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from stored_winners import winner
 
 from cutetune.dispatch import DEFAULT, NEAREST, TUNED, Dispatcher, nearest_tuned
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.registry import KernelDef
-from cutetune.results_db import Winner
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
 from cutetune.spaces.models import load_model
 from cutetune.spaces.problem import Problem
-from cutetune.spaces.space import Constraint, Param, Space, config_to_json
+from cutetune.spaces.space import Constraint, Param, Space
 from cutetune.tuner.roofline import DEVICE_SPECS
 
 SPEC = DEVICE_SPECS["H200"]
 STALE_HASH = "0123456789abcdef"
 SMALL = qk.QKNormConfig(vector_bits=128, heads_per_warp=2, warps_per_block=1)
 LARGE = qk.QKNormConfig(vector_bits=128, heads_per_warp=4, warps_per_block=8)
-
-
-def winner(kernel: KernelDef, problem: Problem, bucket: int, config: Any,
-           source_hash: str | None = None) -> Winner:
-    return Winner(
-        kernel_name=kernel.name,
-        source_hash=kernel.source_hash() if source_hash is None else source_hash,
-        static_key=problem.static_key(),
-        bucket=bucket,
-        config_json=config_to_json(config),
-        median_us=1.0,
-        iqr_us=0.01,
-        gbps=100.0,
-        pct_roofline=50.0,
-        updated_at=datetime.now(UTC),
-    )
 
 
 def entries_by_bucket(dispatcher: Dispatcher) -> dict[int, Any]:

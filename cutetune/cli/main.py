@@ -1,4 +1,4 @@
-"""The `cutetune` command line: plan, tune, show, export."""
+"""The `cutetune` command line: plan, tune, bench, show, export."""
 
 from __future__ import annotations
 
@@ -177,6 +177,56 @@ def tune(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
 
 
 @cli.command()
+@kernel_argument
+@model_option
+@dtype_option
+@tokens_option
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="also write every row to this CSV file")
+@click.pass_obj
+def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, ...],
+          out: str | None) -> None:
+    """Time cutetune (tuned and default) beside torch and the peer libraries on this GPU."""
+    import torch
+
+    from cutetune.kernels.registry import get_kernel
+
+    if not torch.cuda.is_available():
+        raise click.UsageError("cutetune bench needs a CUDA GPU and none is visible")
+    from cutetune.bench import csv_rows, format_rows, run_bench
+
+    kdef = get_kernel(kernel)
+    problems = _model_problems(kdef, model, dtype)
+    handle = _open_for_writing(out) if out else None
+    db = obj.open_db()
+    click.echo(f"benchmarking {kernel} for {model} ({len(problems)} problems x {len(tokens)} "
+               f"token counts); measuring the copy ceiling first ...", err=True)
+    result = run_bench(kdef, problems, tokens, db,
+                       on_problem=lambda rows: click.echo(format_rows(rows) + "\n"))
+    click.echo(f"{result.gpu_name}: copy ceiling {result.copy_gbps:.0f} GB/s; empty kernel "
+               f"{result.empty_kernel_us:.2f} us per launch in a CUDA graph; rows stored in "
+               f"{db.url}")
+    if handle is not None:
+        import csv
+
+        with handle:
+            rows = csv_rows(kdef, result)
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        click.echo(f"wrote {out}", err=True)
+
+
+def _open_for_writing(path: str):
+    """Open an output file before the long work, so a bad path fails at once."""
+    try:
+        return open(path, "w", newline="")
+    except OSError as err:
+        raise click.BadParameter(f"cannot write {path}: {err.strerror}",
+                                 param_hint="--out") from None
+
+
+@cli.command()
 @click.option("--kernel", default=None, help="only this kernel")
 @click.option("--all-devices", is_flag=True, help="winners of every device, not only this GPU")
 @click.pass_obj
@@ -207,12 +257,8 @@ def export(obj: Context, fmt: str, kernel: str | None, all_devices: bool,
     if out is None:
         click.echo(text, nl=False)
     else:
-        try:
-            with open(out, "w") as handle:
-                handle.write(text)
-        except OSError as err:
-            raise click.BadParameter(f"cannot write {out}: {err.strerror}",
-                                     param_hint="--out") from None
+        with _open_for_writing(out) as handle:
+            handle.write(text)
         click.echo(f"wrote {out}", err=True)
 
 

@@ -32,7 +32,14 @@ from cutetune.kernels.dtypes import (
     FLOAT_TOLERANCE,
     TORCH_DTYPES,
 )
-from cutetune.kernels.registry import KernelDef, NotApplicableError, Tensors, register
+from cutetune.kernels.registry import (
+    KernelDef,
+    NotApplicableError,
+    Peer,
+    PeerUnavailable,
+    Tensors,
+    register,
+)
 from cutetune.spaces.models import ModelShape
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
@@ -315,6 +322,50 @@ def make_inputs(problem: QKNormProblem, device, generator: torch.Generator) -> T
     }
 
 
+def contiguous_inputs(problem: QKNormProblem, device, generator: torch.Generator) -> Tensors:
+    """q and k as separate contiguous tensors: the layout the peers accept."""
+    tensors = make_inputs(problem, device, generator)
+    return {name: t.contiguous() for name, t in tensors.items()}
+
+
+def _per_head_peer(norm_rows):
+    """A peer row norm applied to q and to k viewed as (tokens * heads, head_dim): two
+    launches, where ours is one."""
+
+    def build(problem: QKNormProblem):
+        norm = norm_rows(problem)
+
+        def run(t: Tensors) -> dict[str, torch.Tensor]:
+            d = problem.head_dim
+            return {"q": norm(t["q"].view(-1, d), t["q_weight"]).view_as(t["q"]),
+                    "k": norm(t["k"].view(-1, d), t["k_weight"]).view_as(t["k"])}
+        return run
+
+    return build
+
+
+def _quack_rows(problem: QKNormProblem):
+    try:
+        from quack.rmsnorm import rmsnorm_fwd
+    except ImportError as err:
+        raise PeerUnavailable(f"quack is not installed ({err})") from None
+    return lambda x, w: rmsnorm_fwd(x, w, eps=problem.eps, weight_offset=problem.weight_bias)[0]
+
+
+def _liger_rows(problem: QKNormProblem):
+    try:
+        from liger_kernel.ops.rms_norm import rms_norm_forward
+    except ImportError as err:
+        raise PeerUnavailable(f"liger-kernel is not installed ({err})") from None
+    # "gemma" casting computes in fp32 throughout, as ours and the reference do.
+    return lambda x, w: rms_norm_forward(x, w, problem.eps, problem.weight_bias, "gemma",
+                                         None)[0]
+
+
+PEERS = (Peer("quack rmsnorm x2", _per_head_peer(_quack_rows)),
+         Peer("liger rms_norm x2", _per_head_peer(_liger_rows)))
+
+
 def problems_for_model(model: ModelShape, dtype: str) -> list[QKNormProblem]:
     if not model.qk_norm:
         raise NotApplicableError(f"model {model.name} does not normalise q and k per head, "
@@ -343,6 +394,8 @@ KERNEL = register(KernelDef(
     written_in_place=("q", "k"),
     tolerance=FLOAT_TOLERANCE,
     source_file=__file__,
+    peers=PEERS,
+    bench_inputs=contiguous_inputs,
 ))
 
 

@@ -32,6 +32,23 @@ class NotApplicableError(ValueError):
     """The kernel has nothing to do for this model (e.g. QK-norm on a model without it)."""
 
 
+class PeerUnavailable(Exception):
+    """A peer cannot run this problem: its library is missing or computes different math."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    """An implementation users would otherwise run, put beside ours by `cutetune bench`.
+
+    build: problem -> callable(tensors) returning the kernel's outputs by name; raises
+           PeerUnavailable with the reason when it cannot serve the problem. Library imports
+           belong inside `build`, so a machine without the library still lists the kernel.
+    """
+
+    name: str
+    build: Callable[[Problem], Callable[[Tensors], Mapping[str, Any]]]
+
+
 @dataclass(frozen=True)
 class KernelDef:
     """Everything the framework needs to plan, tune, verify, store and serve one kernel.
@@ -52,8 +69,14 @@ class KernelDef:
                         before launch (the kernel may work in place)
     outputs:            names of the tensors the kernel writes
     written_in_place:   the subset of `outputs` that are also inputs (cannot be poisoned)
-    tolerance:          dtype name -> (rtol, atol) for |out - expected| <= atol + rtol |expected|
+    tolerance:          output dtype name -> (rtol, atol) for
+                        |out - expected| <= atol + rtol |expected|
     source_file:        hashed into the DB so winners of older source are not served
+    peers:              other libraries' implementations for `cutetune bench` (torch eager
+                        and torch.compile of the reference are added by the bench itself)
+    bench_inputs:       (problem, device, torch.Generator) -> tensors in the layout every
+                        peer accepts, when that differs from `make_inputs` (which may use
+                        views only our kernel takes)
     """
 
     name: str
@@ -71,6 +94,8 @@ class KernelDef:
     written_in_place: tuple[str, ...]
     tolerance: Mapping[str, tuple[float, float]]
     source_file: str
+    peers: tuple[Peer, ...] = ()
+    bench_inputs: Callable[[Problem, Any, Any], Tensors] | None = None
 
     @functools.cached_property
     def _source_hash(self) -> str:

@@ -26,6 +26,9 @@ class ModelShape:
     intermediate_size: int | None = None
     # Gemma-style norms scale by (1 + w): 1.0; plain RMSNorm weights: 0.0.
     norm_weight_bias: float = 0.0
+    # Widths of RMSNorms other than the hidden size (DeepSeek-V3's MLA normalises its q and kv
+    # low-rank projections: q_lora_rank 1536, kv_lora_rank 512).
+    extra_norm_widths: tuple[int, ...] = ()
 
 
 PRESETS: dict[str, ModelShape] = {
@@ -40,7 +43,7 @@ PRESETS: dict[str, ModelShape] = {
         ModelShape("llama-3.1-70b", 8192, 64, 8, 128, 1e-5, False, intermediate_size=28672),
         # DeepSeek-V3 attends with MLA: no per-head q/k shape in the table we follow.
         ModelShape("deepseek-v3", 7168, None, None, None, 1e-6, False, 256, 8, 2048,
-                   intermediate_size=18432),
+                   intermediate_size=18432, extra_norm_widths=(1536, 512)),
         ModelShape("mixtral-8x7b", 4096, 32, 8, 128, 1e-5, False, 8, 2, 14336),
     )
 }
@@ -100,4 +103,6 @@ def model_from_hf_config(raw: dict, name: str) -> ModelShape:
         expert_intermediate=cfg.get("moe_intermediate_size"),
         intermediate_size=cfg.get("intermediate_size"),
         norm_weight_bias=1.0 if gemma else 0.0,
+        extra_norm_widths=tuple(int(cfg[key]) for key in ("q_lora_rank", "kv_lora_rank")
+                                if cfg.get(key)),
     )

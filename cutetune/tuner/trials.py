@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,12 @@ from cutetune.tuner.study import TrialFailure
 from cutetune.tuner.verify import VerificationError, verify
 
 REMEASURE_ROUNDS = 3
+# A decode-sized point takes about a microsecond, and the GPU's state moves such a time by up to
+# 0.2 us from one moment to the next at the same SM clock (BENCHMARKS.md, the decode probe):
+# more than such points differ. Below this time each trial is timed between two timings of a
+# fixed reference point (the heuristic default) and corrected by the reference's drift since
+# its first timing, so trials taken at different moments of a search compare.
+DRIFT_CORRECTED_BELOW_US = 5.0
 
 
 class GpuTrialRunner:
@@ -29,6 +36,8 @@ class GpuTrialRunner:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self._compiled: dict[Any, Any] = {}
         self._input_sets = None
+        self._reference_config = kernel.default_config(problem, spec)
+        self._reference_first_us: float | None = None
 
     def compiled(self, config: Any):
         if config not in self._compiled:
@@ -51,11 +60,22 @@ class GpuTrialRunner:
         launch = self.kernel.launch
         return time_in_graph([lambda t=tensors: launch(compiled, t) for tensors in self._inputs()])
 
+    def _reference_us(self) -> float:
+        return self._time(self.compiled(self._reference_config)).median_us
+
     def measure(self, config: Any) -> Measurement:
         compiled = self.compiled(config)
         try:
             verify(self.kernel, self.problem, compiled, self.device, self.seed)
-            return self._time(compiled)
+            measured = self._time(compiled)
+            if measured.median_us >= DRIFT_CORRECTED_BELOW_US:
+                return measured
+            if self._reference_first_us is None:
+                self._reference_first_us = self._reference_us()
+            before = self._reference_us()
+            measured = self._time(compiled)
+            after = self._reference_us()
+            return drift_corrected(measured, (before + after) / 2, self._reference_first_us)
         except VerificationError as err:
             raise TrialFailure(f"wrong result: {err}") from err
         except RuntimeError as err:  # CUDA launch errors surface as RuntimeError subclasses
@@ -67,6 +87,15 @@ class GpuTrialRunner:
             for i, config in enumerate(configs):
                 rounds[i].append(self._time(self._compiled[config]).median_us)
         return [summarise(r) for r in rounds]
+
+
+def drift_corrected(measured: Measurement, reference_now_us: float,
+                    reference_first_us: float) -> Measurement:
+    """The trial's time as if taken when the reference was first timed. Additive, because the
+    state change looks like a fixed latency: the probe's 1-token point moved by 0.18 us while
+    its 8-token point, 0.26 us longer, did not move at all."""
+    shift = reference_now_us - reference_first_us
+    return dataclasses.replace(measured, median_us=measured.median_us - shift)
 
 
 def _first_line(err: Exception) -> str:

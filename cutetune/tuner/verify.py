@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from cutetune.kernels.dtypes import DTYPE_NAMES
 from cutetune.kernels.registry import KernelDef, Tensors
 from cutetune.spaces.problem import Problem
 
@@ -14,6 +15,9 @@ class VerificationError(Exception):
 
 def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, rtol: float,
             atol: float) -> None:
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise VerificationError(f"{name}: shape {tuple(actual.shape)}, expected "
+                                f"{tuple(expected.shape)}")
     actual = actual.float()
     error = (actual - expected).abs()
     bad = ~(error <= atol + rtol * expected.abs())  # NaN compares false, so it counts as bad
@@ -26,10 +30,11 @@ def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, rtol: float
             f"expected {expected[first].item():.6g}")
 
 
-def check_outputs(kernel: KernelDef, problem: Problem, tensors: Tensors,
+def check_outputs(kernel: KernelDef, tensors: Tensors,
                   expected: dict[str, torch.Tensor]) -> None:
-    rtol, atol = kernel.tolerance[problem.dtype]
     for name in kernel.outputs:
+        # By the output's own dtype: a kernel may write a narrower or wider type than it reads.
+        rtol, atol = kernel.tolerance[DTYPE_NAMES[tensors[name].dtype]]
         compare(name, tensors[name], expected[name], rtol, atol)
 
 
@@ -48,4 +53,4 @@ def verify(kernel: KernelDef, problem: Problem, compiled, device: torch.device,
             tensors[name].fill_(float("nan"))
     kernel.launch(compiled, tensors)
     torch.cuda.synchronize(device)
-    check_outputs(kernel, problem, tensors, expected)
+    check_outputs(kernel, tensors, expected)

@@ -1,4 +1,4 @@
-"""The click commands through CliRunner: plan, tune (without a GPU), show and export.
+"""The click commands through CliRunner: plan, tune and bench (without a GPU), show, export.
 
 Results are stored with tune_bucket and a fake runner, so nothing here needs a GPU or compiles.
 """
@@ -152,6 +152,20 @@ def test_tune_without_a_gpu_says_it_needs_one(empty_db, tmp_path):
     result = invoke(empty_db, "tune", "qk_norm", "--model", "qwen3-8b", "--tokens", "1")
     assert_clean_error(result, "needs a CUDA GPU")
     assert not (tmp_path / "x.db").exists()  # it stopped before opening the DB
+
+
+# -- bench ----------------------------------------------------------------------------------
+
+
+@NO_GPU
+def test_bench_without_a_gpu_says_it_needs_one(empty_db):
+    result = invoke(empty_db, "bench", "qk_norm", "--model", "qwen3-8b", "--tokens", "1")
+    assert_clean_error(result, "needs a CUDA GPU")
+
+
+def test_bench_rejects_an_unknown_kernel(empty_db):
+    result = invoke(empty_db, "bench", "no_such_kernel", "--model", "qwen3-8b")
+    assert_clean_error(result, "Invalid value", "'no_such_kernel' is not")
 
 
 # -- show -----------------------------------------------------------------------------------

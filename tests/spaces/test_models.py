@@ -177,3 +177,12 @@ def test_gemma3_normalises_q_and_k_with_weight_plus_one(tmp_path):
     model = load_model(path)
     assert model.qk_norm and model.norm_weight_bias == 1.0 and model.head_dim == 256
     assert PRESETS["qwen3-8b"].norm_weight_bias == 0.0
+
+
+def test_mla_low_rank_widths_become_extra_norm_widths(tmp_path):
+    raw = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
+           "q_lora_rank": 1536, "kv_lora_rank": 512, "n_routed_experts": 256}
+    model = load_model(_write(tmp_path / "config.json", raw))
+    assert model.extra_norm_widths == (1536, 512)
+    assert PRESETS["deepseek-v3"].extra_norm_widths == (1536, 512)
+    assert PRESETS["qwen3-8b"].extra_norm_widths == ()

@@ -1,0 +1,226 @@
+"""`cutetune bench`: ours beside what users would otherwise run, on the same tensors, in one run.
+
+For each problem the candidates are: cutetune as the dispatcher would serve it on this device
+(the tuned winner of the bucket, or of the nearest tuned bucket), cutetune's heuristic default,
+torch eager (the kernel's fp32 reference cast to the output dtypes: how a torch user writes
+it), torch.compile of that same function, and the peers the kernel declares. Every candidate's
+outputs are checked against the fp32 reference before it is timed; all are timed the same way
+(CUDA-graph replay over the same rotated input sets); GB/s counts the bytes the kernel must move
+(its roofline cost), and is given as a percentage of the copy ceiling measured in the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cutetune.dispatch import DEFAULT, NEAREST, Dispatcher
+from cutetune.kernels.dtypes import DTYPE_NAMES
+from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors
+from cutetune.results_db import (
+    BenchRecord,
+    Database,
+    DeviceFingerprint,
+    record_bench,
+    record_ceilings,
+    winners,
+)
+from cutetune.spaces.buckets import bucket_of
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import config_to_json
+from cutetune.tuner.ceilings import measure_copy_gbps, measure_launch_floor_us
+from cutetune.tuner.measure import input_sets_for, time_in_graph
+from cutetune.tuner.roofline import DeviceSpec, device_spec_for
+from cutetune.tuner.verify import VerificationError, compare
+
+TUNED_NAME = "cutetune tuned"
+DEFAULT_NAME = "cutetune default"
+OURS = (TUNED_NAME, DEFAULT_NAME)
+
+Runner = Callable[[Tensors], Mapping[str, torch.Tensor]]
+
+
+class BenchError(Exception):
+    """One of our own implementations disagrees with the reference: a bug, not a result."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    run: Runner | None  # None: cannot run here; `note` says why
+    note: str
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    problem: Problem
+    implementation: str
+    median_us: float | None  # None: not timed; `note` says why
+    iqr_us: float | None
+    gbps: float | None
+    pct_of_copy: float | None
+    note: str
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    gpu_name: str
+    copy_gbps: float
+    empty_kernel_us: float
+    rows: tuple[BenchRow, ...]
+
+
+def _ours(kernel: KernelDef, problem: Problem, config: Any) -> Runner:
+    compiled = kernel.compile(problem, config)
+
+    def run(tensors: Tensors) -> Mapping[str, torch.Tensor]:
+        kernel.launch(compiled, tensors)
+        return {name: tensors[name] for name in kernel.outputs}
+
+    return run
+
+
+def torch_eager(kernel: KernelDef, problem: Problem) -> Runner:
+    """The reference math in fp32, each output cast to its buffer's dtype."""
+
+    def run(tensors: Tensors) -> Mapping[str, torch.Tensor]:
+        expected = kernel.reference(tensors, problem)
+        return {name: expected[name].to(tensors[name].dtype) for name in kernel.outputs}
+
+    return run
+
+
+def candidates(kernel: KernelDef, problem: Problem, dispatcher: Dispatcher) -> list[Candidate]:
+    entry = dispatcher.entry_for(kernel, problem)
+    if entry.source == DEFAULT:
+        tuned = Candidate(TUNED_NAME, None, f"no winner stored for bucket "
+                          f"{bucket_of(problem.num_tokens)} on this device (cutetune tune first)")
+    else:
+        origin = f" (winner of bucket {entry.tuned_bucket})" if entry.source == NEAREST else ""
+        tuned = Candidate(TUNED_NAME, _ours(kernel, problem, entry.config),
+                          config_to_json(entry.config) + origin)
+    default = kernel.default_config(problem, dispatcher.spec)
+    eager = torch_eager(kernel, problem)
+    found = [
+        tuned,
+        Candidate(DEFAULT_NAME, _ours(kernel, problem, default), config_to_json(default)),
+        Candidate("torch eager", eager, ""),
+        Candidate("torch.compile", torch.compile(eager, dynamic=False), ""),
+    ]
+    for peer in kernel.peers:
+        try:
+            found.append(Candidate(peer.name, peer.build(problem), ""))
+        except PeerUnavailable as err:
+            found.append(Candidate(peer.name, None, f"not run: {err}"))
+    return found
+
+
+def _check(kernel: KernelDef, name: str, outputs: Mapping[str, torch.Tensor], buffers: Tensors,
+           expected: Mapping[str, torch.Tensor]) -> None:
+    for output in kernel.outputs:
+        rtol, atol = kernel.tolerance[DTYPE_NAMES[buffers[output].dtype]]
+        compare(f"{name}: {output}", outputs[output], expected[output], rtol, atol)
+
+
+def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate],
+                  spec: DeviceSpec, copy_gbps: float) -> list[BenchRow]:
+    """Check, then time, every candidate on the same input sets."""
+    bytes_moved = kernel.cost(problem, kernel.default_config(problem, spec), spec).bytes_moved
+    make_inputs = kernel.bench_inputs or kernel.make_inputs
+    device = torch.device("cuda", torch.cuda.current_device())
+
+    def check_inputs() -> Tensors:
+        # The same values each time, fresh: candidates may write in place.
+        return make_inputs(problem, device, torch.Generator(device=device).manual_seed(0))
+
+    generator = torch.Generator(device=device).manual_seed(1)
+    sets = [make_inputs(problem, device, generator)
+            for _ in range(input_sets_for(bytes_moved, spec.l2_bytes))]
+    expected = kernel.reference(check_inputs(), problem)
+    rows = []
+    for candidate in found:
+        if candidate.run is None:
+            rows.append(BenchRow(problem, candidate.name, None, None, None, None, candidate.note))
+            continue
+        buffers = check_inputs()
+        outputs = candidate.run(buffers)
+        torch.cuda.synchronize()
+        try:
+            _check(kernel, candidate.name, outputs, buffers, expected)
+        except VerificationError as err:
+            if candidate.name in OURS:
+                raise BenchError(f"{problem.describe()}: {err}") from err
+            rows.append(BenchRow(problem, candidate.name, None, None, None, None,
+                                 f"not timed, disagrees with the reference: {err}"))
+            continue
+        m = time_in_graph([lambda t=t, run=candidate.run: run(t) for t in sets])
+        gbps = bytes_moved / (m.median_us * 1e-6) / 1e9
+        rows.append(BenchRow(problem, candidate.name, m.median_us, m.iqr_us, gbps,
+                             100 * gbps / copy_gbps, candidate.note))
+    return rows
+
+
+def speedup_over_best_peer(rows: Sequence[BenchRow]) -> float | None:
+    """Best peer's time over ours (tuned where there is a winner, else the default)."""
+    timed = {r.implementation: r.median_us for r in rows if r.median_us is not None}
+    peers = [us for name, us in timed.items() if name not in OURS]
+    ours = timed.get(TUNED_NAME, timed.get(DEFAULT_NAME))
+    if not peers or ours is None:
+        return None
+    return min(peers) / ours
+
+
+def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[int],
+              db: Database, on_problem: Callable[[list[BenchRow]], None]) -> BenchRun:
+    """Bench every static problem at every token count; store the timed rows, all or none."""
+    # torch.compile specialises on every shape benchmarked; let it keep them all.
+    torch._dynamo.config.recompile_limit = 256
+    fingerprint = DeviceFingerprint.current()
+    spec = device_spec_for(fingerprint.gpu_name)
+    copy_gbps = measure_copy_gbps()
+    empty_us = measure_launch_floor_us()
+    record_ceilings(db, fingerprint, {"copy_gbps": copy_gbps, "launch_floor_us": empty_us})
+    dispatcher = Dispatcher(spec, winners(db, fingerprint, kernel.name))
+    rows: list[BenchRow] = []
+    for static in problems:
+        for n in tokens:
+            problem = static.with_tokens(n)
+            problem_rows = bench_problem(kernel, problem, candidates(kernel, problem, dispatcher),
+                                         spec, copy_gbps)
+            on_problem(problem_rows)
+            rows += problem_rows
+    record_bench(db, fingerprint, [
+        BenchRecord(kernel.name, r.problem.static_key(), r.problem.num_tokens, r.implementation,
+                    r.median_us, r.gbps, r.pct_of_copy)
+        for r in rows if r.median_us is not None])
+    return BenchRun(fingerprint.gpu_name, copy_gbps, empty_us, tuple(rows))
+
+
+def format_rows(rows: Sequence[BenchRow]) -> str:
+    """One problem's rows as a text table, with ours' speedup over the best peer."""
+    lines = [rows[0].problem.describe(),
+             f"  {'implementation':<24} {'us':>9} {'IQR':>6} {'GB/s':>7} {'% copy':>7}  note"]
+    for r in rows:
+        if r.median_us is None:
+            lines.append(f"  {r.implementation:<24} {'-':>9} {'':>6} {'':>7} {'':>7}  {r.note}")
+        else:
+            lines.append(f"  {r.implementation:<24} {r.median_us:9.2f} {r.iqr_us:6.2f} "
+                         f"{r.gbps:7.0f} {r.pct_of_copy:6.1f}%  {r.note}")
+    speedup = speedup_over_best_peer(rows)
+    if speedup is not None:
+        lines.append(f"  cutetune vs best peer: {speedup:.2f}x")
+    return "\n".join(lines)
+
+
+def csv_rows(kernel: KernelDef, run: BenchRun) -> list[dict[str, Any]]:
+    out = []
+    for r in run.rows:
+        out.append({"gpu": run.gpu_name, "kernel": kernel.name,
+                    "problem": r.problem.static_key(), "tokens": r.problem.num_tokens,
+                    "implementation": r.implementation, "us": r.median_us, "iqr_us": r.iqr_us,
+                    "gbps": r.gbps, "pct_of_copy": r.pct_of_copy, "copy_gbps": run.copy_gbps,
+                    "empty_kernel_us": run.empty_kernel_us, "note": r.note})
+    return out

@@ -1,0 +1,88 @@
+"""`cutetune bench` on the CPU: which candidates a problem gets, and how rows are summarised.
+
+Timing needs a GPU (tests/gpu/test_bench_gpu.py); here the qk_norm candidates compile for
+sm_90a, and the peers' libraries are absent, so they must say so rather than vanish.
+"""
+
+from __future__ import annotations
+
+import pytest
+from stored_winners import winner
+
+from cutetune.bench import (
+    DEFAULT_NAME,
+    TUNED_NAME,
+    BenchRow,
+    candidates,
+    format_rows,
+    speedup_over_best_peer,
+)
+from cutetune.dispatch import Dispatcher
+from cutetune.kernels import qk_norm as qk
+from cutetune.spaces.models import load_model
+from cutetune.spaces.space import config_to_json
+from cutetune.tuner.roofline import DEVICE_SPECS
+
+SPEC = DEVICE_SPECS["H200"]
+TUNED = qk.QKNormConfig(vector_bits=64, heads_per_warp=2, warps_per_block=2)
+
+
+@pytest.fixture(scope="module")
+def problem() -> qk.QKNormProblem:
+    (static,) = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")
+    return static.with_tokens(8)
+
+
+def names_and_notes(found):
+    return {c.name: (c.run is not None, c.note) for c in found}
+
+
+def test_without_a_winner_the_tuned_row_says_why_and_the_default_still_runs(problem):
+    found = names_and_notes(candidates(qk.KERNEL, problem, Dispatcher(SPEC)))
+    assert list(found)[:4] == [TUNED_NAME, DEFAULT_NAME, "torch eager", "torch.compile"]
+    assert found[TUNED_NAME] == (False, "no winner stored for bucket 8 on this device "
+                                        "(cutetune tune first)")
+    default = qk.default_config(problem, SPEC)
+    assert found[DEFAULT_NAME] == (True, config_to_json(default))
+
+
+def test_a_stored_winner_is_benched_and_a_nearest_one_is_labelled(problem):
+    dispatcher = Dispatcher(SPEC, [winner(qk.KERNEL, problem, 8, TUNED)])
+    found = names_and_notes(candidates(qk.KERNEL, problem, dispatcher))
+    assert found[TUNED_NAME] == (True, config_to_json(TUNED))
+    found = names_and_notes(candidates(qk.KERNEL, problem.with_tokens(16), dispatcher))
+    assert found[TUNED_NAME] == (True, config_to_json(TUNED) + " (winner of bucket 8)")
+
+
+def test_missing_peer_libraries_are_listed_with_the_reason(problem):
+    pytest.importorskip("torch")
+    try:
+        import quack  # noqa: F401
+        pytest.skip("quack is installed here")
+    except ImportError:
+        pass
+    found = names_and_notes(candidates(qk.KERNEL, problem, Dispatcher(SPEC)))
+    ran, note = found["quack rmsnorm x2"]
+    assert not ran and note.startswith("not run: quack is not installed")
+
+
+def row(problem, name, us):
+    return BenchRow(problem, name, us, 0.01 if us else None, 1.0 if us else None,
+                    1.0 if us else None, "" if us else "not run: missing")
+
+
+def test_speedup_is_best_peer_over_tuned_or_else_default(problem):
+    rows = [row(problem, TUNED_NAME, 2.0), row(problem, DEFAULT_NAME, 3.0),
+            row(problem, "torch eager", 8.0), row(problem, "quack", 5.0),
+            row(problem, "liger", None)]
+    assert speedup_over_best_peer(rows) == pytest.approx(2.5)
+    assert speedup_over_best_peer(rows[1:]) == pytest.approx(5.0 / 3.0)
+    assert speedup_over_best_peer(rows[:2]) is None
+
+
+def test_format_rows_shows_untimed_rows_with_their_note(problem):
+    text = format_rows([row(problem, TUNED_NAME, 2.0), row(problem, "quack", 5.0),
+                        row(problem, "liger", None)])
+    assert problem.describe() in text
+    assert "not run: missing" in text
+    assert "cutetune vs best peer: 2.50x" in text
