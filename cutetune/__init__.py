@@ -3,6 +3,10 @@
     import cutetune
     cutetune.warmup("qwen3-8b")              # load this GPU's tuned winners, compile them
     cutetune.qk_norm(q, k, q_weight, k_weight, eps=1e-6)
+    out, residual = cutetune.fused_add_rmsnorm(x, residual, weight, eps=1e-6)
+    h = cutetune.silu_and_mul(gate_up)
+
+The ops import their kernel module (and CuTeDSL) on first use.
 """
 
 from cutetune.dispatch import current_dispatcher, warmup
@@ -15,4 +19,35 @@ def qk_norm(q, k, q_weight, k_weight, eps: float = 1e-6, weight_bias: float = 0.
     return _qk_norm(q, k, q_weight, k_weight, eps=eps, weight_bias=weight_bias)
 
 
-__all__ = ["current_dispatcher", "qk_norm", "warmup"]
+def rmsnorm(x, weight, eps: float = 1e-6, weight_bias: float = 0.0, out_dtype=None, out=None):
+    """RMSNorm of each row of x; see cutetune.kernels.rmsnorm.rmsnorm."""
+    from cutetune.kernels.rmsnorm import rmsnorm as _rmsnorm
+
+    return _rmsnorm(x, weight, eps=eps, weight_bias=weight_bias, out_dtype=out_dtype, out=out)
+
+
+def fused_add_rmsnorm(x, residual, weight, eps: float = 1e-6, weight_bias: float = 0.0,
+                      out_dtype=None, out=None):
+    """residual += x in place, then RMSNorm of it; see cutetune.kernels.rmsnorm."""
+    from cutetune.kernels.rmsnorm import fused_add_rmsnorm as _fused
+
+    return _fused(x, residual, weight, eps=eps, weight_bias=weight_bias, out_dtype=out_dtype,
+                  out=out)
+
+
+def silu_and_mul(x, out=None):
+    """silu(x[:, :I]) * x[:, I:]; see cutetune.kernels.activation.silu_and_mul."""
+    from cutetune.kernels.activation import silu_and_mul as _silu_and_mul
+
+    return _silu_and_mul(x, out=out)
+
+
+def gelu_and_mul(x, approximate: str = "none", out=None):
+    """gelu(x[:, :I]) * x[:, I:]; see cutetune.kernels.activation.gelu_and_mul."""
+    from cutetune.kernels.activation import gelu_and_mul as _gelu_and_mul
+
+    return _gelu_and_mul(x, approximate=approximate, out=out)
+
+
+__all__ = ["current_dispatcher", "fused_add_rmsnorm", "gelu_and_mul", "qk_norm", "rmsnorm",
+           "silu_and_mul", "warmup"]

@@ -7,6 +7,7 @@ it), torch.compile of that same function, and the peers the kernel declares. Eve
 outputs are checked against the fp32 reference before it is timed; all are timed the same way
 (CUDA-graph replay over the same rotated input sets); GB/s counts the bytes the kernel must move
 (its roofline cost), and is given as a percentage of the copy ceiling measured in the same run.
+A last row times a plain copy of those same bytes the same way: the ceiling at that size.
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ from cutetune.results_db import (
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.ceilings import measure_copy_gbps, measure_launch_floor_us
-from cutetune.tuner.measure import input_sets_for, time_in_graph
+from cutetune.tuner.ceilings import measure_copy_gbps, measure_launch_floor_us, time_copy_of
+from cutetune.tuner.measure import Measurement, input_sets_for, time_in_graph
 from cutetune.tuner.roofline import DeviceSpec, device_spec_for
 from cutetune.tuner.verify import VerificationError, compare
 
 TUNED_NAME = "cutetune tuned"
 DEFAULT_NAME = "cutetune default"
 OURS = (TUNED_NAME, DEFAULT_NAME)
+# A plain copy of the bytes the kernel must move: the ceiling at this size, not a peer.
+COPY_NAME = "copy, same bytes"
 
 Runner = Callable[[Tensors], Mapping[str, torch.Tensor]]
 
@@ -73,8 +76,8 @@ class BenchRun:
     rows: tuple[BenchRow, ...]
 
 
-def _ours(kernel: KernelDef, problem: Problem, config: Any) -> Runner:
-    compiled = kernel.compile(problem, config)
+def _ours(kernel: KernelDef, problem: Problem, config: Any, dispatcher: Dispatcher) -> Runner:
+    compiled = dispatcher.compiled(kernel, problem, config)
 
     def run(tensors: Tensors) -> Mapping[str, torch.Tensor]:
         kernel.launch(compiled, tensors)
@@ -100,13 +103,14 @@ def candidates(kernel: KernelDef, problem: Problem, dispatcher: Dispatcher) -> l
                           f"{bucket_of(problem.num_tokens)} on this device (cutetune tune first)")
     else:
         origin = f" (winner of bucket {entry.tuned_bucket})" if entry.source == NEAREST else ""
-        tuned = Candidate(TUNED_NAME, _ours(kernel, problem, entry.config),
+        tuned = Candidate(TUNED_NAME, _ours(kernel, problem, entry.config, dispatcher),
                           config_to_json(entry.config) + origin)
     default = kernel.default_config(problem, dispatcher.spec)
     eager = torch_eager(kernel, problem)
     found = [
         tuned,
-        Candidate(DEFAULT_NAME, _ours(kernel, problem, default), config_to_json(default)),
+        Candidate(DEFAULT_NAME, _ours(kernel, problem, default, dispatcher),
+                  config_to_json(default)),
         Candidate("torch eager", eager, ""),
         Candidate("torch.compile", torch.compile(eager, dynamic=False), ""),
     ]
@@ -156,17 +160,26 @@ def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate
             rows.append(BenchRow(problem, candidate.name, None, None, None, None,
                                  f"not timed, disagrees with the reference: {err}"))
             continue
-        m = time_in_graph([lambda t=t, run=candidate.run: run(t) for t in sets])
-        gbps = bytes_moved / (m.median_us * 1e-6) / 1e9
-        rows.append(BenchRow(problem, candidate.name, m.median_us, m.iqr_us, gbps,
-                             100 * gbps / copy_gbps, candidate.note))
+        timed = time_in_graph([lambda t=t, run=candidate.run: run(t) for t in sets])
+        rows.append(_timed_row(problem, candidate.name, timed, bytes_moved, copy_gbps,
+                               candidate.note))
+    rows.append(_timed_row(problem, COPY_NAME, time_copy_of(bytes_moved, spec.l2_bytes),
+                           bytes_moved, copy_gbps, "half read, half written: the size-matched "
+                           "ceiling"))
     return rows
+
+
+def _timed_row(problem: Problem, name: str, timed: Measurement, bytes_moved: int,
+               copy_gbps: float, note: str) -> BenchRow:
+    gbps = bytes_moved / (timed.median_us * 1e-6) / 1e9
+    return BenchRow(problem, name, timed.median_us, timed.iqr_us, gbps, 100 * gbps / copy_gbps,
+                    note)
 
 
 def speedup_over_best_peer(rows: Sequence[BenchRow]) -> float | None:
     """Best peer's time over ours (tuned where there is a winner, else the default)."""
     timed = {r.implementation: r.median_us for r in rows if r.median_us is not None}
-    peers = [us for name, us in timed.items() if name not in OURS]
+    peers = [us for name, us in timed.items() if name not in (*OURS, COPY_NAME)]
     ours = timed.get(TUNED_NAME, timed.get(DEFAULT_NAME))
     if not peers or ours is None:
         return None

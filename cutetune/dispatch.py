@@ -102,7 +102,8 @@ class Dispatcher:
         table = self._table(kernel, problem.with_tokens(1), warmed_up=False)
         return table.entries[bucket_index(problem.num_tokens)]
 
-    def _compile(self, kernel: KernelDef, problem: Problem, config: Any):
+    def compiled(self, kernel: KernelDef, problem: Problem, config: Any):
+        """The compiled kernel of one point; compiled once per process and dispatcher."""
         key = (kernel.name, problem.static_key(), config_to_json(config))
         if key not in self._compiled:
             self._compiled[key] = kernel.compile(problem, config)
@@ -111,7 +112,7 @@ class Dispatcher:
     def _install(self, kernel: KernelDef, problem: Problem, warmed_up: bool,
                  key: tuple[str, tuple]) -> tuple[Any, ...]:
         table = self._table(kernel, problem, warmed_up)
-        row = tuple((self._compile(kernel, problem, e.config), e.source == DEFAULT)
+        row = tuple((self.compiled(kernel, problem, e.config), e.source == DEFAULT)
                     for e in table.entries)
         self._tables[key] = table
         self._rows[key] = row

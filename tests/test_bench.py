@@ -10,6 +10,7 @@ import pytest
 from stored_winners import winner
 
 from cutetune.bench import (
+    COPY_NAME,
     DEFAULT_NAME,
     TUNED_NAME,
     BenchRow,
@@ -74,7 +75,7 @@ def row(problem, name, us):
 def test_speedup_is_best_peer_over_tuned_or_else_default(problem):
     rows = [row(problem, TUNED_NAME, 2.0), row(problem, DEFAULT_NAME, 3.0),
             row(problem, "torch eager", 8.0), row(problem, "quack", 5.0),
-            row(problem, "liger", None)]
+            row(problem, "liger", None), row(problem, COPY_NAME, 1.0)]
     assert speedup_over_best_peer(rows) == pytest.approx(2.5)
     assert speedup_over_best_peer(rows[1:]) == pytest.approx(5.0 / 3.0)
     assert speedup_over_best_peer(rows[:2]) is None

@@ -29,6 +29,9 @@ class ModelShape:
     # Widths of RMSNorms other than the hidden size (DeepSeek-V3's MLA normalises its q and kv
     # low-rank projections: q_lora_rank 1536, kv_lora_rank 512).
     extra_norm_widths: tuple[int, ...] = ()
+    # The MLP's activation as Hugging Face names it (hidden_act): "silu", "gelu",
+    # "gelu_pytorch_tanh", ...; every public preset uses SiLU.
+    hidden_act: str = "silu"
 
 
 PRESETS: dict[str, ModelShape] = {
@@ -105,4 +108,6 @@ def model_from_hf_config(raw: dict, name: str) -> ModelShape:
         norm_weight_bias=1.0 if gemma else 0.0,
         extra_norm_widths=tuple(int(cfg[key]) for key in ("q_lora_rank", "kv_lora_rank")
                                 if cfg.get(key)),
+        # Gemma 3 names it hidden_activation.
+        hidden_act=str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu"),
     )

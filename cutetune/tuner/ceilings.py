@@ -6,12 +6,14 @@ inflate every percent-of-ceiling figure)."""
 
 from __future__ import annotations
 
+import functools
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
 
-from cutetune.tuner.measure import time_events, time_in_graph
+from cutetune.tuner.measure import Measurement, input_sets_for, time_events, time_in_graph
 
 COPY_BYTES = 2 * 2**30
 COPY_THREADS = 256
@@ -56,15 +58,37 @@ def _compile(fn, *fakes, constants=()):
                         *constants, options="--enable-tvm-ffi")
 
 
+# The copy kernel moves whole blocks: its word count must be a multiple of this.
+COPY_GRANULE_WORDS = 4 * COPY_THREADS * COPY_VECTORS_PER_THREAD
+
+
+@functools.cache
+def _copy_kernel_compiled():
+    n = cute.sym_int(divisibility=COPY_GRANULE_WORDS)
+    fake = cute.runtime.make_fake_compact_tensor(cutlass.Int32, (n,), assumed_align=16)
+    return _compile(_copy, fake, fake, constants=(COPY_VECTORS_PER_THREAD,))
+
+
+def time_copy_of(bytes_moved: int, l2_bytes: int) -> Measurement:
+    """A copy moving `bytes_moved` (half read, half written), timed the way kernels are (graph
+    replay over rotated buffers): the ceiling at that size, where launch latency and the ramp
+    at the start and end of a kernel weigh, as they do not in the 4 GB copy."""
+    granule = 4 * COPY_GRANULE_WORDS
+    half = max(granule, round(bytes_moved / 2 / granule) * granule)
+    copy = _copy_kernel_compiled()
+    buffers = [(torch.empty(half // 4, dtype=torch.int32, device="cuda"),
+                torch.empty(half // 4, dtype=torch.int32, device="cuda"))
+               for _ in range(input_sets_for(2 * half, l2_bytes))]
+    return time_in_graph([lambda s=s, d=d: copy(s, d) for s, d in buffers])
+
+
 def measure_copy_gbps() -> float:
     """Bytes read plus bytes written per second by the faster of a 128-bit-per-access CuTeDSL
     copy kernel and torch's copy_, each timed with events (median of 15)."""
     words = COPY_BYTES // 4
     src = torch.randint(0, 2**31 - 1, (words,), dtype=torch.int32, device="cuda")
     dst = torch.empty_like(src)
-    n = cute.sym_int(divisibility=4 * COPY_THREADS * COPY_VECTORS_PER_THREAD)
-    fake = cute.runtime.make_fake_compact_tensor(cutlass.Int32, (n,), assumed_align=16)
-    copy = _compile(_copy, fake, fake, constants=(COPY_VECTORS_PER_THREAD,))
+    copy = _copy_kernel_compiled()
     copy(src, dst)
     torch.cuda.synchronize()
     if not torch.equal(src, dst):

@@ -11,6 +11,7 @@ from cutlass.base_dsl.common import DSLBaseError
 
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import config_to_json
 from cutetune.tuner.measure import Measurement, input_sets_for, summarise, time_in_graph
 from cutetune.tuner.roofline import DeviceSpec
 from cutetune.tuner.study import TrialFailure
@@ -25,6 +26,11 @@ REMEASURE_ROUNDS = 3
 DRIFT_CORRECTED_BELOW_US = 5.0
 
 
+# One compile serves every token count, so the runners of one tuning process (one per bucket)
+# share their compiles: (kernel, static problem, config JSON) -> compiled kernel.
+_COMPILED: dict[tuple[str, str, str], Any] = {}
+
+
 class GpuTrialRunner:
     """Runs the points of one problem; input sets are made once and shared by every point."""
 
@@ -34,18 +40,18 @@ class GpuTrialRunner:
         self.spec = spec
         self.seed = seed
         self.device = torch.device("cuda", torch.cuda.current_device())
-        self._compiled: dict[Any, Any] = {}
         self._input_sets = None
         self._reference_config = kernel.default_config(problem, spec)
         self._reference_first_us: float | None = None
 
     def compiled(self, config: Any):
-        if config not in self._compiled:
+        key = (self.kernel.name, self.problem.static_key(), config_to_json(config))
+        if key not in _COMPILED:
             try:
-                self._compiled[config] = self.kernel.compile(self.problem, config)
+                _COMPILED[key] = self.kernel.compile(self.problem, config)
             except DSLBaseError as err:
                 raise TrialFailure(f"compile failed: {_first_line(err)}") from err
-        return self._compiled[config]
+        return _COMPILED[key]
 
     def _inputs(self):
         if self._input_sets is None:
@@ -85,7 +91,7 @@ class GpuTrialRunner:
         rounds: list[list[float]] = [[] for _ in configs]
         for _ in range(REMEASURE_ROUNDS):
             for i, config in enumerate(configs):
-                rounds[i].append(self._time(self._compiled[config]).median_us)
+                rounds[i].append(self._time(self.compiled(config)).median_us)
         return [summarise(r) for r in rounds]
 
 

@@ -5,6 +5,7 @@ runs agrees with the reference and is timed, the rows land in the DB, and the CL
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import pytest
 from click.testing import CliRunner
@@ -20,8 +21,13 @@ from cutetune.spaces.models import PRESETS
 pytestmark = pytest.mark.gpu
 
 
+# The presets, and one GeGLU model so that gelu_and_mul has a problem too.
+MODELS = [*PRESETS.values(), dataclasses.replace(PRESETS["qwen3-0.6b"], name="geglu",
+                                                 hidden_act="gelu_pytorch_tanh")]
+
+
 def first_problem(kernel):
-    for model in PRESETS.values():
+    for model in MODELS:
         try:
             return kernel.problems_for_model(model, "bfloat16")[0]
         except NotApplicableError:

@@ -186,3 +186,12 @@ def test_mla_low_rank_widths_become_extra_norm_widths(tmp_path):
     assert model.extra_norm_widths == (1536, 512)
     assert PRESETS["deepseek-v3"].extra_norm_widths == (1536, 512)
     assert PRESETS["qwen3-8b"].extra_norm_widths == ()
+
+
+@pytest.mark.parametrize(("key", "value"), [("hidden_act", "gelu"),
+                                            ("hidden_activation", "gelu_pytorch_tanh")])
+def test_the_mlp_activation_is_read_from_either_key(tmp_path, key, value):
+    raw = {"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_heads": 8,
+           "head_dim": 256, key: value}
+    assert load_model(_write(tmp_path / "config.json", raw)).hidden_act == value
+    assert PRESETS["qwen3-8b"].hidden_act == "silu"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Tune, then bench, each KERNEL:MODEL pair in turn on the visible GPU; every log, the tuned DB
+# and the bench CSVs go to OUTDIR. The tables of BENCHMARKS.md come from these CSVs.
+#   benchmarks/tune_and_bench.sh OUTDIR TRIALS KERNEL:MODEL ...
+set -uo pipefail
+out=$1 trials=$2
+shift 2
+mkdir -p "$out"
+cli=(python3 -m cutetune.cli.main --db "sqlite:///$out/tuned.db")
+for pair in "$@"; do
+    kernel=${pair%%:*} model=${pair#*:}
+    tag=$kernel-$(basename "$(dirname "$model/x")")
+    echo "$(date +%T) tune $pair"
+    "${cli[@]}" tune "$kernel" --model "$model" --trials "$trials" > "$out/tune-$tag.log" 2>&1 ||
+        echo "tune $pair failed: see tune-$tag.log"
+    echo "$(date +%T) bench $pair"
+    "${cli[@]}" bench "$kernel" --model "$model" --out "$out/bench-$tag.csv" \
+        > "$out/bench-$tag.log" 2>&1 || echo "bench $pair failed: see bench-$tag.log"
+done
+echo "$(date +%T) done"

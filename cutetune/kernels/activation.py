@@ -1,0 +1,551 @@
+"""Gated activations of an MLP: silu_and_mul and gelu_and_mul, one kernel body for both.
+
+    out[t, i] = act(x[t, i]) * x[t, I + i]        x: (tokens, 2 * I), out: (tokens, I)
+
+x is the fused gate-up projection (gate in the first half of each row, up in the second), the
+layout engines produce with one GEMM. act is SiLU, or GELU in its erf form ("none") or its
+tanh form ("tanh") as in torch.nn.functional.gelu; it is a compile-time choice, so each kernel
+holds only its own math. Computed in fp32, stored in the input dtype. SiLU and tanh-GELU are
+x * sigmoid(.), with ex2.approx and rcp.approx (accurate to about 1e-6, inside fp32's
+tolerance); erf-GELU uses libdevice's erff.
+
+Work split: a row is I / VEC vectors; the vectors of all rows are numbered row-major and a block
+takes THREADS * VECTORS_PER_THREAD consecutive numbers, thread `tid` the numbers tid,
+tid + THREADS, ... so each load instruction of a warp is coalesced. A block may straddle rows,
+so any I that the vector divides works, and only the last block has a tail, guarded per
+vector. The token count and both row strides are dynamic, so one compile serves every call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, Int64
+
+from cutetune.dispatch import current_dispatcher
+from cutetune.kernels.dtypes import (
+    CUTLASS_DTYPES,
+    DTYPE_BYTES,
+    DTYPE_NAMES,
+    FLOAT_TOLERANCE,
+    TORCH_DTYPES,
+)
+from cutetune.kernels.registry import (
+    KernelDef,
+    NotApplicableError,
+    Peer,
+    PeerUnavailable,
+    Tensors,
+    register,
+)
+from cutetune.spaces.models import ModelShape
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import Constraint, Param, Space
+from cutetune.tuner.roofline import Cost
+
+WARP = 32
+# A thread loads at least this many bits of gate (and as many of up) before it waits.
+MIN_BITS_PER_THREAD = 128
+GELU_FORMS = ("none", "tanh")
+# The compile-time activation names the kernel body branches on.
+SILU, GELU_ERF, GELU_TANH = "silu", "gelu_none", "gelu_tanh"
+# FP32 operations per output element, counting a transcendental as one: SiLU is a scale, exp,
+# add, reciprocal and two multiplies; tanh-GELU adds the cubic (square, fma, multiply); erf-GELU
+# is libdevice's erff (about seven fmas and an exp) plus the scale and multiplies.
+FLOPS_PER_ELEMENT = {SILU: 6, GELU_TANH: 9, GELU_ERF: 13}
+LOG2_E = math.log2(math.e)
+INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+# tanh-GELU as x * sigmoid(2z), z = sqrt(2/pi) * (x + 0.044715 x^3): 2z = x * (K1 + K3 x^2).
+GELU_TANH_K1 = 2.0 * math.sqrt(2.0 / math.pi)
+GELU_TANH_K3 = 2.0 * math.sqrt(2.0 / math.pi) * 0.044715
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatedProblem(Problem):
+    """What both gated activations fix: the dtype and the intermediate width I (x is 2I wide)."""
+
+    dtype: str
+    intermediate: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not supported: use {', '.join(TORCH_DTYPES)}")
+        if (not isinstance(self.intermediate, int) or isinstance(self.intermediate, bool)
+                or self.intermediate < 1):
+            raise ValueError(f"intermediate must be a positive integer, got "
+                             f"{self.intermediate!r}")
+
+    @property
+    def activation(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiluAndMulProblem(GatedProblem):
+    @property
+    def activation(self) -> str:
+        return SILU
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeluAndMulProblem(GatedProblem):
+    approximate: str  # as torch.nn.functional.gelu: "none" (erf) or "tanh"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.approximate not in GELU_FORMS:
+            raise ValueError(f"approximate must be one of {GELU_FORMS}, got "
+                             f"{self.approximate!r}")
+
+    @property
+    def activation(self) -> str:
+        return GELU_ERF if self.approximate == "none" else GELU_TANH
+
+
+@dataclass(frozen=True)
+class ActivationConfig:
+    vector_bits: int
+    vectors_per_thread: int
+    warps_per_block: int
+
+
+def _elements(problem: GatedProblem, vector_bits: int) -> int:
+    return vector_bits // (8 * DTYPE_BYTES[problem.dtype])
+
+
+def _vector_elements(problem: GatedProblem, config: ActivationConfig) -> int:
+    return _elements(problem, config.vector_bits)
+
+
+def _vectors_per_block(config: ActivationConfig) -> int:
+    return config.warps_per_block * WARP * config.vectors_per_thread
+
+
+def _registers_per_thread(problem: GatedProblem, config: ActivationConfig) -> int:
+    # The gate and up vectors of every access in fp32, loaded before the first store, plus
+    # about 32 registers of addressing (one row and column per vector) and loop state.
+    return 32 + 2 * config.vectors_per_thread * _vector_elements(problem, config)
+
+
+def _widest_vector_bits(problem: GatedProblem) -> int:
+    """128 when I allows it, else the widest vector that divides I (0: none does)."""
+    return next((bits for bits in (128, 64, 32)
+                 if problem.intermediate % _elements(problem, bits) == 0), 0)
+
+
+SPACE = Space(
+    config_type=ActivationConfig,
+    params=(
+        Param("vector_bits", (32, 64, 128), "bits per thread per global access"),
+        Param("vectors_per_thread", (1, 2, 4),
+              "vectors of gate and of up a thread loads before its first store (ILP)"),
+        # 1 warp: the decode variant, one small block on each of many SMs. 2-warp blocks hold
+        # what 1 warp with 2 vectors per thread holds; 8 warps already fill an SM with 8
+        # blocks, so 16 and 32 only coarsen the tail (and the compile sweep).
+        Param("warps_per_block", (1, 4, 8), "warps in one thread block"),
+    ),
+    constraints=(
+        Constraint(
+            "intermediate_splits_into_vectors",
+            "the intermediate width must be a whole number of vectors (so the up half and "
+            "every row start on a vector boundary)",
+            lambda p, c, d: p.intermediate % _vector_elements(p, c) == 0,
+        ),
+        Constraint(
+            "widest_vector",
+            "the vector must be the widest (of 128, 64, 32 bits) that divides the width: a "
+            "narrower one moves the same bytes per thread in more, smaller accesses",
+            lambda p, c, d: c.vector_bits == _widest_vector_bits(p),
+        ),
+        Constraint(
+            "thread_loads_16_bytes",
+            f"a thread must load at least {MIN_BITS_PER_THREAD // 8} bytes of gate (and as "
+            "many of up) before it waits: less leaves DRAM latency uncovered, and a narrow "
+            "vector can make it up with more vectors per thread",
+            lambda p, c, d: c.vector_bits * c.vectors_per_thread >= MIN_BITS_PER_THREAD,
+        ),
+        Constraint(
+            "block_fits_register_file",
+            "the block's estimated registers must fit one SM's register file",
+            lambda p, c, d: _registers_per_thread(p, c) * c.warps_per_block * WARP
+            <= d.registers_per_sm,
+        ),
+        Constraint(
+            "block_size_within_device",
+            "warps_per_block * 32 must not exceed the device's threads per block",
+            lambda p, c, d: c.warps_per_block * WARP <= d.max_threads_per_block,
+        ),
+    ),
+)
+
+
+def default_config(problem: GatedProblem, device) -> ActivationConfig:
+    """The seed heuristic (SEED.md): 128-bit accesses (or the widest vector that divides I),
+    as many vectors per thread as the 16-byte minimum asks (one at 128 bits); then the
+    largest block of 8 or 4 warps that still gives every SM a block, else one warp per block
+    (decode). DESIGN.md: 4-8 warps reach the copy ceiling, 1 warp does not."""
+    bits = _widest_vector_bits(problem)
+    if not bits:
+        # No vector divides I: let the space say which constraint removed every point.
+        SPACE.valid_points(problem, device)
+    per_thread = MIN_BITS_PER_THREAD // bits
+    vectors = problem.num_tokens * problem.intermediate // _elements(problem, bits)
+    threads_needed = math.ceil(vectors / per_thread)
+    warps = next((w for w in (8, 4) if threads_needed >= w * WARP * device.sm_count), 1)
+    return ActivationConfig(bits, per_thread, warps)
+
+
+def _blocks(problem: GatedProblem, config: ActivationConfig) -> int:
+    vectors = problem.num_tokens * problem.intermediate // _vector_elements(problem, config)
+    return math.ceil(vectors / _vectors_per_block(config))
+
+
+def cost(problem: GatedProblem, config: ActivationConfig, device) -> Cost:
+    elements = problem.num_tokens * problem.intermediate
+    element_bytes = DTYPE_BYTES[problem.dtype]
+    return Cost(
+        # Gate and up read once, out written once.
+        bytes_moved=3 * elements * element_bytes,
+        flops=FLOPS_PER_ELEMENT[problem.activation] * elements,
+        blocks=_blocks(problem, config),
+        threads_per_block=config.warps_per_block * WARP,
+        registers_per_thread=_registers_per_thread(problem, config),
+        bytes_in_flight_per_thread=2 * config.vectors_per_thread * config.vector_bits // 8,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+
+
+def _sigmoid(z):
+    """1 / (1 + e^-z) with ex2.approx (2 ulp) and rcp.approx (1 ulp): within about 3e-7 plus
+    1e-7 |z| relative, so about 1e-6 where sigmoid is not yet saturated (and 0 or 1 beyond),
+    inside even fp32's tolerance of 1e-5; no division, no range reduction."""
+    return cute.math.rcp(1.0 + cute.math.exp2(z * -LOG2_E, fastmath=True), approx=True,
+                         ftz=True)
+
+
+def _activation(g, ACTIVATION: str):
+    """act(g) of an fp32 vector, for the compile-time activation name."""
+    if cutlass.const_expr(ACTIVATION == SILU):
+        return g * _sigmoid(g)
+    if cutlass.const_expr(ACTIVATION == GELU_TANH):
+        # 0.5 (1 + tanh z) = sigmoid(2z): no cancellation where tanh z nears -1 (tanh.approx
+        # would err by ~5e-4 there, beyond fp16's tolerance once multiplied by up).
+        return g * _sigmoid(g * (GELU_TANH_K1 + GELU_TANH_K3 * (g * g)))
+    # The erf form: without fastmath the DSL inlines libdevice's erff (2 ulp); where 1 + erf
+    # cancels, gelu itself is below 1e-7 |x|, well inside every tolerance.
+    return 0.5 * g * (1.0 + cute.math.erf(g * INV_SQRT_2))
+
+
+@cute.kernel
+def _act_and_mul_kernel(mX: cute.Tensor, mO: cute.Tensor, VEC: cutlass.Constexpr[int],
+                        VECTORS_PER_THREAD: cutlass.Constexpr[int],
+                        THREADS: cutlass.Constexpr[int], ACTIVATION: cutlass.Constexpr[str]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    tokens = cute.size(mO, mode=[0])
+    vectors_per_row = cute.size(mO, mode=[1]) // VEC
+    # The block's first vector as (row, column), split in 64 bits because tokens * I / VEC
+    # may pass 2^31; each thread's vectors then lie less than one block past it, in 32 bits.
+    first = Int64(bidx) * (THREADS * VECTORS_PER_THREAD)
+    row0 = Int32(first // vectors_per_row)
+    col0 = Int32(first - Int64(row0) * vectors_per_row)
+    # Every load first, then the math and the stores, so a thread waits for one memory round
+    # trip. A vector past the last row loads the last row instead and stores nothing.
+    rows, cols, gates, ups = [], [], [], []
+    for v in cutlass.range_constexpr(VECTORS_PER_THREAD):
+        at = col0 + (v * THREADS + tidx)
+        row = row0 + at // vectors_per_row
+        col = at % vectors_per_row
+        tXgX = cute.zipped_divide(mX[cutlass.min(row, tokens - 1), None], (VEC,))
+        gates.append(tXgX[(None, col)].load())
+        ups.append(tXgX[(None, col + vectors_per_row)].load())
+        rows.append(row)
+        cols.append(col)
+    for v in cutlass.range_constexpr(VECTORS_PER_THREAD):
+        y = _activation(gates[v].to(Float32), ACTIVATION) * ups[v].to(Float32)
+        if rows[v] < tokens:
+            tOgO = cute.zipped_divide(mO[rows[v], None], (VEC,))
+            tOgO[(None, cols[v])].store(y.to(mO.element_type))
+
+
+@cute.jit
+def _act_and_mul_launch(mX: cute.Tensor, mO: cute.Tensor, stream: cuda.CUstream,
+                        VEC: cutlass.Constexpr[int], VECTORS_PER_THREAD: cutlass.Constexpr[int],
+                        WARPS: cutlass.Constexpr[int], ACTIVATION: cutlass.Constexpr[str]):
+    threads = WARPS * WARP
+    per_block = threads * VECTORS_PER_THREAD
+    vectors = Int64(cute.size(mO, mode=[0])) * (cute.size(mO, mode=[1]) // VEC)
+    blocks = Int32((vectors + per_block - 1) // per_block)
+    _act_and_mul_kernel(mX, mO, VEC, VECTORS_PER_THREAD, threads, ACTIVATION).launch(
+        grid=(blocks, 1, 1), block=(threads, 1, 1), stream=stream)
+
+
+def compile_kernel(problem: GatedProblem, config: ActivationConfig, options: str = ""):
+    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the
+    token count and both row strides are symbolic, so the result serves every call."""
+    dtype = CUTLASS_DTYPES[problem.dtype]
+    vec = _vector_elements(problem, config)
+    tokens = cute.sym_int()
+
+    def rows(width: int):
+        # Row stride: symbolic, but a multiple of the vector so the accesses stay wide.
+        return cute.runtime.make_fake_tensor(dtype, (tokens, width),
+                                             (cute.sym_int64(divisibility=vec), 1),
+                                             assumed_align=16)
+
+    return cute.compile(
+        _act_and_mul_launch,
+        rows(2 * problem.intermediate), rows(problem.intermediate),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+        vec, config.vectors_per_thread, config.warps_per_block, problem.activation,
+        options=" ".join(("--enable-tvm-ffi", options)).strip(),
+    )
+
+
+def launch(compiled, tensors: Tensors) -> None:
+    compiled(tensors["x"], tensors["out"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference, inputs, peers, model problems
+
+
+def _torch_activation(gate: torch.Tensor, problem: GatedProblem) -> torch.Tensor:
+    if problem.activation == SILU:
+        return torch.nn.functional.silu(gate)
+    return torch.nn.functional.gelu(gate, approximate=problem.approximate)
+
+
+def reference(tensors: Tensors, problem: GatedProblem) -> dict[str, torch.Tensor]:
+    """fp32 act(gate) * up."""
+    x = tensors["x"].float()
+    gate, up = x[:, : problem.intermediate], x[:, problem.intermediate:]
+    return {"out": _torch_activation(gate, problem) * up}
+
+
+def make_inputs(problem: GatedProblem, device, generator: torch.Generator) -> Tensors:
+    """x as one contiguous gate-up projection output; out allocated (the verifier poisons it).
+    Spread 2x wider than N(0, 1), so the activation's saturated tails are exercised too."""
+    dtype = TORCH_DTYPES[problem.dtype]
+    x = 2.0 * torch.randn(problem.num_tokens, 2 * problem.intermediate, generator=generator,
+                          device=device, dtype=torch.float32)
+    return {"x": x.to(dtype),
+            "out": torch.empty(problem.num_tokens, problem.intermediate, dtype=dtype,
+                               device=device)}
+
+
+def bench_inputs(problem: GatedProblem, device, generator: torch.Generator) -> Tensors:
+    """make_inputs plus contiguous copies of the two halves, `gate` and `up`: the layout of
+    liger's two-tensor ops (models that project gate and up with separate GEMMs)."""
+    tensors = dict(make_inputs(problem, device, generator))
+    x = tensors["x"]
+    tensors["gate"] = x[:, : problem.intermediate].contiguous()
+    tensors["up"] = x[:, problem.intermediate:].contiguous()
+    return tensors
+
+
+def _liger(module: str, name: str):
+    try:
+        imported = importlib.import_module(f"liger_kernel.ops.{module}")
+    except ImportError as err:
+        raise PeerUnavailable(f"liger-kernel is not installed ({err})") from None
+    function = getattr(imported, name, None)
+    if function is None:
+        raise PeerUnavailable(f"this liger-kernel has no ops.{module}.{name}")
+    return function
+
+
+def _liger_swiglu_fused(problem: GatedProblem):
+    forward = _liger("swiglu", "swiglu_fused_gate_up_forward")
+    return lambda t: {"out": forward(t["x"])[1]}
+
+
+def _liger_swiglu(problem: GatedProblem):
+    forward = _liger("swiglu", "swiglu_forward")
+    return lambda t: {"out": forward(t["gate"], t["up"])[2]}
+
+
+def _liger_geglu(problem: GeluAndMulProblem):
+    if problem.approximate != "tanh":
+        raise PeerUnavailable("liger's geglu computes the tanh form of GELU only")
+    forward = _liger("geglu", "geglu_forward")
+    return lambda t: {"out": forward(t["gate"], t["up"])[2]}
+
+
+def _mlp_widths(model: ModelShape, kernel: str) -> list[int]:
+    """The dense MLP's and the MoE experts' intermediate widths, each once."""
+    widths = [w for w in (model.intermediate_size, model.expert_intermediate) if w]
+    if not widths:
+        raise NotApplicableError(f"model {model.name} declares no MLP width "
+                                 f"(intermediate_size or expert_intermediate), so {kernel} "
+                                 "has nothing to do for it")
+    return list(dict.fromkeys(widths))
+
+
+# Hugging Face's activation names, by the kernel (and GELU form) that computes them.
+SILU_ACTS = ("silu", "swish")
+GELU_FORM_OF_ACT = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh",
+                    "gelu_fast": "tanh"}
+
+
+def _check_activation(model: ModelShape, kernel: str, accepted) -> None:
+    if model.hidden_act not in accepted:
+        raise NotApplicableError(f"model {model.name} uses the activation "
+                                 f"{model.hidden_act!r}; {kernel} computes "
+                                 f"{', '.join(accepted)}")
+
+
+def silu_problems_for_model(model: ModelShape, dtype: str) -> list[SiluAndMulProblem]:
+    _check_activation(model, "silu_and_mul", SILU_ACTS)
+    return [SiluAndMulProblem(num_tokens=1, dtype=dtype, intermediate=w)
+            for w in _mlp_widths(model, "silu_and_mul")]
+
+
+def gelu_problems_for_model(model: ModelShape, dtype: str) -> list[GeluAndMulProblem]:
+    _check_activation(model, "gelu_and_mul", tuple(GELU_FORM_OF_ACT))
+    return [GeluAndMulProblem(num_tokens=1, dtype=dtype, intermediate=w,
+                              approximate=GELU_FORM_OF_ACT[model.hidden_act])
+            for w in _mlp_widths(model, "gelu_and_mul")]
+
+
+def _kernel_def(name: str, description: str, problem_type: type[GatedProblem],
+                problems_for_model, peers: tuple[Peer, ...]) -> KernelDef:
+    """The two kernels differ in their math (a compile-time field of the problem), their
+    model problems and their peers; everything else is shared."""
+    return KernelDef(
+        name=name,
+        description=description,
+        problem_type=problem_type,
+        space=SPACE,
+        problems_for_model=problems_for_model,
+        default_config=default_config,
+        cost=cost,
+        compile=compile_kernel,
+        launch=launch,
+        make_inputs=make_inputs,
+        reference=reference,
+        outputs=("out",),
+        written_in_place=(),
+        tolerance=FLOAT_TOLERANCE,
+        source_file=__file__,
+        peers=peers,
+        bench_inputs=bench_inputs,
+    )
+
+
+SILU_KERNEL = register(_kernel_def(
+    "silu_and_mul", "SwiGLU: silu(gate) * up of a fused gate-up row",
+    SiluAndMulProblem, silu_problems_for_model,
+    (Peer("liger swiglu fused gate-up", _liger_swiglu_fused),
+     Peer("liger swiglu (gate, up)", _liger_swiglu))))
+GELU_KERNEL = register(_kernel_def(
+    "gelu_and_mul", "GeGLU: gelu(gate) * up of a fused gate-up row (erf or tanh form)",
+    GeluAndMulProblem, gelu_problems_for_model,
+    (Peer("liger geglu (gate, up)", _liger_geglu),)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The public ops
+
+
+def _check_inputs(op: str, x: torch.Tensor,
+                  out: torch.Tensor | None) -> tuple[str, int, int]:
+    """Raise one clear error for the first thing wrong with the inputs; else return the dtype
+    name, the token count and the intermediate width.
+
+    The valid case reads each attribute once (a tensor attribute costs 0.1-0.4 us of host
+    time, and this runs on every call). Any config of the space may serve the call, so rows,
+    row strides and the up half are held to 16 bytes, the widest vector. Devices are checked
+    last, so that everything else is testable on a machine without a GPU."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    dtype = x.dtype
+    if dtype not in DTYPE_NAMES:
+        raise TypeError(f"x has dtype {dtype}: use one of "
+                        f"{', '.join(str(d) for d in DTYPE_NAMES)}")
+    shape = tuple(x.shape)
+    if len(shape) != 2 or shape[1] % 2:
+        raise ValueError(f"x must be (tokens, 2 * intermediate) with an even last dim, got "
+                         f"shape {shape}")
+    name = DTYPE_NAMES[dtype]
+    element_bytes = DTYPE_BYTES[name]
+    intermediate = shape[1] // 2
+    if intermediate * element_bytes % 16:
+        raise ValueError(f"the intermediate width {intermediate} must be a multiple of 16 bytes "
+                         f"({16 // element_bytes} elements of {dtype}), so that the up half "
+                         "starts on a 16-byte boundary")
+    _check_rows("x", x, element_bytes)
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype is not dtype:
+            raise TypeError(f"out has dtype {out.dtype} but x has {dtype}: they must match")
+        if tuple(out.shape) != (shape[0], intermediate):
+            raise ValueError(f"out must be (tokens, intermediate) = {(shape[0], intermediate)} "
+                             f"for x of shape {shape}, got {tuple(out.shape)}")
+        _check_rows("out", out, element_bytes)
+    device = x.get_device()
+    if device < 0:
+        raise ValueError(f"x is on {x.device}: {op} runs on a CUDA device")
+    if out is not None and out.get_device() != device:
+        raise ValueError(f"out is on {out.device} but x is on {x.device}")
+    return name, shape[0], intermediate
+
+
+def _check_rows(name: str, t: torch.Tensor, element_bytes: int) -> None:
+    stride = t.stride()
+    if stride[1] != 1:
+        raise ValueError(f"the rows of {name} must be contiguous (strides (*, 1)), got strides "
+                         f"{stride}")
+    if stride[0] * element_bytes % 16:
+        raise ValueError(f"the row stride of {name} ({stride[0]} elements) must be a multiple "
+                         "of 16 bytes")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} must start 16-byte aligned")
+
+
+def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None, tokens: int,
+                 intermediate: int, static: tuple, make_problem) -> torch.Tensor:
+    if out is None:
+        out = x.new_empty((tokens, intermediate))
+    if tokens == 0:
+        return out
+    compiled = current_dispatcher().lookup(kernel, static, tokens, make_problem)
+    compiled(x, out)
+    return out
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] for x of shape (tokens, 2I), in one launch on the current
+    stream; computed in fp32, written to `out` (tokens, I) in x's dtype (allocated when None).
+
+    x may be a view with a padded row stride (a multiple of 16 bytes); out must not overlap
+    x. The kernel is the winner tuned for this device and token bucket when
+    `cutetune.warmup` loaded one, else the heuristic default."""
+    dtype, tokens, intermediate = _check_inputs("silu_and_mul", x, out)
+    return _act_and_mul(
+        SILU_KERNEL, x, out, tokens, intermediate, (dtype, intermediate),
+        lambda: SiluAndMulProblem(num_tokens=tokens, dtype=dtype, intermediate=intermediate))
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """gelu(x[:, :I]) * x[:, I:] for x of shape (tokens, 2I); `approximate` is "none" (the
+    erf form) or "tanh", as in torch.nn.functional.gelu. Otherwise as `silu_and_mul`."""
+    if approximate not in GELU_FORMS:
+        raise ValueError(f"approximate must be one of {GELU_FORMS}, got {approximate!r}")
+    dtype, tokens, intermediate = _check_inputs("gelu_and_mul", x, out)
+    return _act_and_mul(
+        GELU_KERNEL, x, out, tokens, intermediate, (dtype, intermediate, approximate),
+        lambda: GeluAndMulProblem(num_tokens=tokens, dtype=dtype, intermediate=intermediate,
+                                  approximate=approximate))

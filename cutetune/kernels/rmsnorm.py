@@ -1,0 +1,660 @@
+"""RMSNorm over rows of the hidden size, optionally fused with the residual add before it.
+
+    y = (w + WEIGHT_BIAS) * x * rsqrt(mean(x^2) + EPS)                  plain
+    residual += x;  y = norm(residual)                                  fused_add
+
+The fused form follows vLLM's fused_add_rms_norm: the sum is rounded to the input dtype, stored
+into `residual` in place, and that rounded sum is what gets normalised. `out` may have a
+different dtype than x (e.g. bf16 in, fp32 out). x is (rows, hidden); x, residual and out may
+have row strides larger than hidden. The row count and the row strides are dynamic, so one
+compile serves every call of a model; hidden, dtypes, EPS, WEIGHT_BIAS and the fused add are
+compile-time constants.
+
+Two forms (the config's `form`):
+- block_per_row (prefill, large hidden): one block of WARPS warps per row. The squared sum is
+  reduced by butterfly shuffles within each warp, then across warps through a WARPS-float shared
+  buffer and one block barrier.
+- warp_per_row (decode, small hidden): one warp per row, WARPS rows per block; shuffles only.
+
+Work split: the THREADS threads of a row own vectors lane, lane + THREADS, ... of it, so each
+load instruction of a warp is coalesced. When the row's vectors do not divide evenly among the
+threads, the last vector slot is predicated: its load is clamped to the row's last vector (every
+address stays inside the row) and its contribution and store are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32
+
+from cutetune.dispatch import current_dispatcher
+from cutetune.kernels.dtypes import (
+    CUTLASS_DTYPES,
+    DTYPE_BYTES,
+    DTYPE_NAMES,
+    FLOAT_TOLERANCE,
+    TORCH_DTYPES,
+)
+from cutetune.kernels.registry import KernelDef, Peer, PeerUnavailable, Tensors, register
+from cutetune.spaces.models import ModelShape
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import Constraint, Param, Space
+from cutetune.tuner.roofline import Cost
+
+# Down to 64 so that per-head norms (head dims 64, 128, 256) can run on this kernel too, the
+# comparison the published design makes against its QK-norm.
+MIN_HIDDEN, MAX_HIDDEN = 64, 16384
+WARP = 32
+BLOCK_PER_ROW, WARP_PER_ROW = "block_per_row", "warp_per_row"
+# A thread holds its share of the row and of the weight in fp32 registers between the
+# reduction and the store.
+MAX_ELEMENTS_PER_THREAD = 64
+# A thread's vector accesses are unrolled at compile time. Beyond 16 CuTeDSL warns about the
+# unrolled loop and a compile takes 3-6x longer (measured on qk_norm).
+MAX_VECTORS_PER_THREAD = 16
+# The narrowest access: one 32-bit word.
+MIN_VECTOR_BITS = 32
+
+
+@dataclass(frozen=True, kw_only=True)
+class RMSNormProblem(Problem):
+    dtype: str
+    out_dtype: str
+    hidden: int
+    eps: float
+    weight_bias: float
+    fused_add: bool
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for field, value in (("dtype", self.dtype), ("out_dtype", self.out_dtype)):
+            if value not in TORCH_DTYPES:
+                raise ValueError(f"{field} {value!r} not supported: use "
+                                 f"{', '.join(TORCH_DTYPES)}")
+        if (not isinstance(self.hidden, int) or isinstance(self.hidden, bool)
+                or not MIN_HIDDEN <= self.hidden <= MAX_HIDDEN):
+            raise ValueError(f"hidden {self.hidden!r} not supported: use {MIN_HIDDEN} to "
+                             f"{MAX_HIDDEN}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+        if self.weight_bias not in (0.0, 1.0):
+            raise ValueError(f"weight_bias must be 0 or 1 (Gemma-style), got {self.weight_bias}")
+        if not isinstance(self.fused_add, bool):
+            raise ValueError(f"fused_add must be a bool, got {self.fused_add!r}")
+
+
+@dataclass(frozen=True)
+class RMSNormConfig:
+    form: str
+    vector_bits: int
+    warps_per_block: int
+
+
+def _widest_bytes(problem: RMSNormProblem) -> int:
+    return max(DTYPE_BYTES[problem.dtype], DTYPE_BYTES[problem.out_dtype])
+
+
+def _vector_elements(problem: RMSNormProblem, config: RMSNormConfig) -> int:
+    # vector_bits is the width of the widest access: x, residual and out each move VEC elements
+    # per access, so with out wider than x (bf16 -> fp32) the stores are 128-bit and the loads
+    # 64-bit, and every access is one whole aligned vector of its own dtype.
+    return config.vector_bits // (8 * _widest_bytes(problem))
+
+
+def _threads_per_row(config: RMSNormConfig) -> int:
+    return config.warps_per_block * WARP if config.form == BLOCK_PER_ROW else WARP
+
+
+def _vectors_per_row(problem: RMSNormProblem, config: RMSNormConfig) -> int:
+    return problem.hidden // _vector_elements(problem, config)
+
+
+def _vectors_per_thread(problem: RMSNormProblem, config: RMSNormConfig) -> int:
+    return -(-_vectors_per_row(problem, config) // _threads_per_row(config))
+
+
+def _elements_per_thread(problem: RMSNormProblem, config: RMSNormConfig) -> int:
+    return _vectors_per_thread(problem, config) * _vector_elements(problem, config)
+
+
+def _registers_per_thread(problem: RMSNormProblem, config: RMSNormConfig) -> int:
+    # The row's and the weight's shares in fp32 plus about 32 registers of addressing, loop
+    # and reduction state.
+    return 32 + 2 * _elements_per_thread(problem, config)
+
+
+def _rows_per_block(config: RMSNormConfig) -> int:
+    return 1 if config.form == BLOCK_PER_ROW else config.warps_per_block
+
+
+SPACE = Space(
+    config_type=RMSNormConfig,
+    params=(
+        Param("form", (BLOCK_PER_ROW, WARP_PER_ROW),
+              "one block per row (cross-warp reduction) or one warp per row (shuffles only)"),
+        Param("vector_bits", (32, 64, 128), "bits of the widest global access per thread"),
+        Param("warps_per_block", (1, 2, 4, 8, 16, 32),
+              "warps in one thread block: a row's warps (block_per_row) or its rows "
+              "(warp_per_row)"),
+    ),
+    constraints=(
+        Constraint(
+            "vector_holds_whole_elements",
+            "a vector must hold at least one element of the widest of dtype and out_dtype",
+            lambda p, c, d: _vector_elements(p, c) >= 1,
+        ),
+        Constraint(
+            "hidden_splits_into_vectors",
+            "hidden must be a multiple of the vector's element count",
+            lambda p, c, d: p.hidden % _vector_elements(p, c) == 0,
+        ),
+        Constraint(
+            "no_idle_threads",
+            "every thread of a row must own at least one vector (no more threads per row "
+            "than vectors in it)",
+            lambda p, c, d: _threads_per_row(c) <= _vectors_per_row(p, c),
+        ),
+        Constraint(
+            "row_fits_one_warp",
+            f"warp_per_row needs the row within one warp's registers "
+            f"(at most {MAX_ELEMENTS_PER_THREAD} elements per lane)",
+            lambda p, c, d: c.form != WARP_PER_ROW
+            or _elements_per_thread(p, c) <= MAX_ELEMENTS_PER_THREAD,
+        ),
+        Constraint(
+            "row_fits_registers",
+            f"a thread may hold at most {MAX_ELEMENTS_PER_THREAD} elements of its row",
+            lambda p, c, d: _elements_per_thread(p, c) <= MAX_ELEMENTS_PER_THREAD,
+        ),
+        Constraint(
+            "vectors_per_thread_unrollable",
+            f"a thread may make at most {MAX_VECTORS_PER_THREAD} vector accesses per tensor",
+            lambda p, c, d: _vectors_per_thread(p, c) <= MAX_VECTORS_PER_THREAD,
+        ),
+        Constraint(
+            "block_size_within_device",
+            "warps_per_block * 32 must not exceed the device's threads per block",
+            lambda p, c, d: c.warps_per_block * WARP <= d.max_threads_per_block,
+        ),
+        Constraint(
+            "block_fits_register_file",
+            "the block's estimated registers must fit one SM's register file",
+            lambda p, c, d: _registers_per_thread(p, c) * c.warps_per_block * WARP
+            <= d.registers_per_sm,
+        ),
+    ),
+)
+
+# The seed heuristic's target: vectors each thread of a block_per_row row loads before the
+# reduction (4 x 16 bytes in flight per thread at 128 bits).
+TARGET_VECTORS_PER_THREAD = 4
+
+
+def default_config(problem: RMSNormProblem, device) -> RMSNormConfig:
+    """The seed heuristic (SEED.md): the widest access that divides the row (128-bit where it
+    can). A row that fits one warp at a few vectors per lane gets warp_per_row, one warp per
+    block while the rows fit one per SM, else 8 rows per block; a larger row gets a block of
+    enough warps that each thread loads about four vectors. Falls back to the nearest valid
+    point, and raises EmptySpaceError naming the constraints when there is none."""
+    enumeration = SPACE.enumerate(problem, device)
+    enumeration.raise_if_empty(problem.describe())
+    valid = enumeration.valid
+    bits = max(c.vector_bits for c in valid)
+    vectors = problem.hidden // (bits // (8 * _widest_bytes(problem)))
+    if vectors <= WARP * TARGET_VECTORS_PER_THREAD:
+        form = WARP_PER_ROW
+        warps = 1 if problem.num_tokens <= device.sm_count else 8
+    else:
+        form = BLOCK_PER_ROW
+        warps = 1 << max(0, math.ceil(math.log2(vectors / (WARP * TARGET_VECTORS_PER_THREAD))))
+    preferred = RMSNormConfig(form, bits, warps)
+    if preferred in valid:
+        return preferred
+
+    def distance(c: RMSNormConfig) -> tuple:
+        return (c.vector_bits != bits, c.form != form,
+                abs(math.log2(c.warps_per_block) - math.log2(warps)), -c.warps_per_block)
+
+    return min(valid, key=distance)
+
+
+def _blocks(problem: RMSNormProblem, config: RMSNormConfig) -> int:
+    return -(-problem.num_tokens // _rows_per_block(config))
+
+
+def cost(problem: RMSNormProblem, config: RMSNormConfig, device) -> Cost:
+    elements = problem.num_tokens * problem.hidden
+    in_bytes, out_bytes = DTYPE_BYTES[problem.dtype], DTYPE_BYTES[problem.out_dtype]
+    # x read, out written; the fused add also reads and writes the residual; the weight once.
+    per_element = in_bytes + out_bytes + (2 * in_bytes if problem.fused_add else 0)
+    threads = config.warps_per_block * WARP
+    return Cost(
+        bytes_moved=elements * per_element + problem.hidden * in_bytes,
+        # Square, accumulate, scale by rsqrt, scale by the weight (and the add): per element.
+        flops=(5 if problem.fused_add else 4) * elements,
+        blocks=_blocks(problem, config),
+        threads_per_block=threads,
+        registers_per_thread=_registers_per_thread(problem, config),
+        smem_per_block=4 * config.warps_per_block if (
+            config.form == BLOCK_PER_ROW and config.warps_per_block > 1) else 0,
+        # x (and the residual) loaded before the reduction.
+        bytes_in_flight_per_thread=_elements_per_thread(problem, config) * in_bytes
+        * (2 if problem.fused_add else 1),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+
+
+@cute.jit
+def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,
+                   row, lane, warp, VEC: cutlass.Constexpr[int],
+                   THREADS: cutlass.Constexpr[int], WARPS: cutlass.Constexpr[int],
+                   FUSED_ADD: cutlass.Constexpr[bool], EPS: cutlass.Constexpr[float],
+                   WEIGHT_BIAS: cutlass.Constexpr[float]):
+    """Normalise row `row` by its THREADS threads (`lane` in [0, THREADS)). WARPS > 1: the
+    row's threads span WARPS warps (`warp` is this thread's) and meet at one block barrier,
+    so every thread of the block must call this."""
+    hidden = cute.size(mW)
+    vectors = hidden // VEC
+    vectors_per_thread = (vectors + THREADS - 1) // THREADS
+    ragged = vectors % THREADS != 0
+    tXgX = cute.zipped_divide(mX[row, None], (VEC,))
+    tRgR = cute.zipped_divide(mR[row, None], (VEC,))
+    tOgO = cute.zipped_divide(mO[row, None], (VEC,))
+    tWgW = cute.zipped_divide(mW, (VEC,))
+    last_slot = (vectors_per_thread - 1) * THREADS + lane
+    last_valid = last_slot < vectors
+    # The weights are loaded with x, before the reduction, so that a decode-sized call waits
+    # for one memory round trip instead of two.
+    slots = []
+    tWrW = []
+    for v in cutlass.range_constexpr(vectors_per_thread):
+        slot = v * THREADS + lane
+        if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
+            slot = cutlass.min(slot, vectors - 1)
+        slots.append(slot)
+        tWrW.append(tWgW[(None, slot)].load().to(Float32))
+    tXrX = [tXgX[(None, slot)].load() for slot in slots]
+    if cutlass.const_expr(FUSED_ADD):
+        # Every load is issued before the first residual store: the compiler may not move a
+        # load above a store that could alias it, so interleaving them would cost a memory
+        # round trip per vector.
+        tRrR = [tRgR[(None, slot)].load() for slot in slots]
+        for v in cutlass.range_constexpr(vectors_per_thread):
+            # vLLM's contract: the sum is rounded to the input dtype, stored, and normalised.
+            tXrX[v] = (tXrX[v].to(Float32) + tRrR[v].to(Float32)).to(mX.element_type)
+            if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
+                if last_valid:
+                    tRgR[(None, slots[v])].store(tXrX[v])
+            else:
+                tRgR[(None, slots[v])].store(tXrX[v])
+    square_sum = Float32(0.0)
+    for v in cutlass.range_constexpr(vectors_per_thread):
+        tXrX[v] = tXrX[v].to(Float32)
+        square = (tXrX[v] * tXrX[v]).reduce(cute.ReductionOp.ADD, init_val=0.0,
+                                            reduction_profile=0)
+        if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
+            # The clamped slot repeats the row's last vector: count it once.
+            if last_valid:
+                square_sum = square_sum + square
+        else:
+            square_sum = square_sum + square
+    for i in cutlass.range_constexpr(int(math.log2(WARP))):
+        square_sum = square_sum + cute.arch.shuffle_sync_bfly(square_sum, offset=WARP >> (i + 1))
+    if cutlass.const_expr(WARPS > 1):
+        # Each warp's sum goes to its slot of a WARPS-float buffer (distinct banks); after the
+        # block's one barrier, lane l reads slot l % WARPS (a broadcast where WARPS < 32), so
+        # every group of WARPS lanes holds all the partial sums and log2(WARPS) butterfly
+        # rounds give each lane the total.
+        smem = cutlass.memory.SmemAllocator()
+        sPartial = smem.allocate_tensor(Float32, cute.make_layout(WARPS), byte_alignment=16)
+        warp_lane = lane % WARP
+        if warp_lane == 0:
+            sPartial[warp] = square_sum
+        cute.arch.sync_threads()
+        square_sum = sPartial[warp_lane % WARPS]
+        for i in cutlass.range_constexpr(int(math.log2(WARPS))):
+            square_sum = square_sum + cute.arch.shuffle_sync_bfly(square_sum,
+                                                                  offset=WARPS >> (i + 1))
+    inv_rms = cute.math.rsqrt(square_sum * (1.0 / hidden) + EPS, fastmath=False)
+    for v in cutlass.range_constexpr(vectors_per_thread):
+        w = tWrW[v]
+        if cutlass.const_expr(WEIGHT_BIAS != 0.0):
+            w = w + WEIGHT_BIAS
+        y = (w * (tXrX[v] * inv_rms)).to(mO.element_type)
+        if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
+            if last_valid:
+                tOgO[(None, slots[v])].store(y)
+        else:
+            tOgO[(None, slots[v])].store(y)
+
+
+@cute.kernel
+def _rmsnorm_kernel(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,
+                    VEC: cutlass.Constexpr[int], BLOCK_ROWS: cutlass.Constexpr[bool],
+                    WARPS: cutlass.Constexpr[int], FUSED_ADD: cutlass.Constexpr[bool],
+                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    warp = tidx // WARP
+    if cutlass.const_expr(BLOCK_ROWS):
+        # The grid has exactly one block per row: no tail to guard.
+        _normalise_row(mX, mR, mW, mO, bidx, tidx, warp, VEC, WARPS * WARP, WARPS, FUSED_ADD,
+                       EPS, WEIGHT_BIAS)
+    else:
+        row = bidx * WARPS + warp
+        # Whole warps drop out of the last block: the shuffles stay warp-uniform.
+        if row < cute.size(mX, mode=[0]):
+            _normalise_row(mX, mR, mW, mO, row, tidx % WARP, warp, VEC, WARP, 1, FUSED_ADD,
+                           EPS, WEIGHT_BIAS)
+
+
+@cute.jit
+def _rmsnorm_launch(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,
+                    stream: cuda.CUstream, VEC: cutlass.Constexpr[int],
+                    BLOCK_ROWS: cutlass.Constexpr[bool], WARPS: cutlass.Constexpr[int],
+                    FUSED_ADD: cutlass.Constexpr[bool], EPS: cutlass.Constexpr[float],
+                    WEIGHT_BIAS: cutlass.Constexpr[float]):
+    """mR is the residual (updated in place) when FUSED_ADD, else unused: the plain form
+    takes any tensor of x's shape there (the op passes x) so both forms share one call
+    signature."""
+    rows = cute.size(mX, mode=[0])
+    rows_per_block = 1 if BLOCK_ROWS else WARPS
+    blocks = (rows + rows_per_block - 1) // rows_per_block
+    _rmsnorm_kernel(mX, mR, mW, mO, VEC, BLOCK_ROWS, WARPS, FUSED_ADD, EPS,
+                    WEIGHT_BIAS).launch(grid=(blocks, 1, 1), block=(WARPS * WARP, 1, 1),
+                                        stream=stream)
+
+
+def compile_kernel(problem: RMSNormProblem, config: RMSNormConfig, options: str = ""):
+    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the row
+    count and the row strides are symbolic, so the result serves every call."""
+    vec = _vector_elements(problem, config)
+    rows = cute.sym_int()
+
+    def rows_tensor(dtype_name: str):
+        # Row stride: symbolic, but a multiple of the vector so the accesses stay wide; the
+        # start aligned to one vector of this tensor's dtype.
+        dtype = CUTLASS_DTYPES[dtype_name]
+        return cute.runtime.make_fake_tensor(
+            dtype, (rows, problem.hidden), (cute.sym_int64(divisibility=vec), 1),
+            assumed_align=vec * DTYPE_BYTES[dtype_name])
+
+    weight = cute.runtime.make_fake_tensor(CUTLASS_DTYPES[problem.dtype], (problem.hidden,),
+                                           (1,), assumed_align=vec * DTYPE_BYTES[problem.dtype])
+    return cute.compile(
+        _rmsnorm_launch,
+        rows_tensor(problem.dtype), rows_tensor(problem.dtype), weight,
+        rows_tensor(problem.out_dtype),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+        vec, config.form == BLOCK_PER_ROW, config.warps_per_block, problem.fused_add,
+        float(problem.eps), float(problem.weight_bias),
+        options=" ".join(("--enable-tvm-ffi", options)).strip(),
+    )
+
+
+def launch(compiled, tensors: Tensors) -> None:
+    compiled(tensors["x"], tensors["residual"], tensors["weight"], tensors["out"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference, inputs, model problems, peers
+
+
+def reference(tensors: Tensors, problem: RMSNormProblem) -> dict[str, torch.Tensor]:
+    """fp32 RMSNorm of x, or of the residual sum rounded to the input dtype (vLLM's
+    contract); `residual`: x + residual in fp32 when fused, else the input unchanged."""
+    x = tensors["x"].float()
+    residual = tensors["residual"].float()
+    if problem.fused_add:
+        residual = x + residual
+        x = residual.to(TORCH_DTYPES[problem.dtype]).float()
+    inv_rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + problem.eps)
+    out = (tensors["weight"].float() + problem.weight_bias) * (x * inv_rms)
+    return {"out": out, "residual": residual}
+
+
+def make_inputs(problem: RMSNormProblem, device, generator: torch.Generator) -> Tensors:
+    """Contiguous rows, the way engines hold hidden states. The plain form gets a residual too
+    (KernelDef.outputs is one tuple for both forms): it must come back untouched."""
+    dtype = TORCH_DTYPES[problem.dtype]
+    shape = (problem.num_tokens, problem.hidden)
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=generator, device=device, dtype=torch.float32)
+
+    return {
+        "x": randn(*shape).to(dtype),
+        "residual": randn(*shape).to(dtype),
+        "weight": (1.0 + 0.5 * randn(problem.hidden)).to(dtype),
+        "out": torch.empty(shape, device=device, dtype=TORCH_DTYPES[problem.out_dtype]),
+    }
+
+
+def problems_for_model(model: ModelShape, dtype: str) -> list[RMSNormProblem]:
+    """Every RMSNorm of the model: the hidden size plain (final norm) and fused with the
+    residual add (every layer's input and post-attention norms), and each extra width plain
+    (DeepSeek-V3's q and kv low-rank norms)."""
+    def problem(hidden: int, fused_add: bool) -> RMSNormProblem:
+        return RMSNormProblem(num_tokens=1, dtype=dtype, out_dtype=dtype, hidden=hidden,
+                              eps=model.rms_norm_eps, weight_bias=model.norm_weight_bias,
+                              fused_add=fused_add)
+
+    return ([problem(model.hidden_size, False), problem(model.hidden_size, True)]
+            + [problem(width, False) for width in model.extra_norm_widths])
+
+
+def _quack_peer(problem: RMSNormProblem):
+    """quack's rmsnorm_fwd, with its residual for the fused form (the sum comes back as a new
+    tensor rather than updating the residual in place)."""
+    try:
+        from quack.rmsnorm import rmsnorm_fwd
+    except ImportError as err:
+        raise PeerUnavailable(f"quack is not installed ({err})") from None
+    if problem.fused_add and problem.out_dtype != problem.dtype:
+        # quack normalises the fp32 sum, vLLM's contract the sum rounded to the input dtype:
+        # the two differ by up to half an input ulp, hidden by an output of the input's
+        # precision but not by a wider one.
+        raise PeerUnavailable("quack normalises the unrounded residual sum, which differs "
+                              "from the rounded sum at a wider out_dtype")
+    out_dtype = TORCH_DTYPES[problem.out_dtype]
+    eps, bias = problem.eps, problem.weight_bias
+    if problem.fused_add:
+        def run(t: Tensors) -> dict:
+            out, residual, _ = rmsnorm_fwd(t["x"], t["weight"], residual=t["residual"],
+                                           out_dtype=out_dtype, eps=eps, weight_offset=bias)
+            return {"out": out, "residual": residual}
+    else:
+        def run(t: Tensors) -> dict:
+            out, _, _ = rmsnorm_fwd(t["x"], t["weight"], out_dtype=out_dtype, eps=eps,
+                                    weight_offset=bias)
+            return {"out": out, "residual": t["residual"]}
+    return run
+
+
+def _liger_peer(problem: RMSNormProblem):
+    """liger's rms_norm, or its fused_add_rms_norm for the fused form."""
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
+        from liger_kernel.ops.rms_norm import rms_norm_forward
+    except ImportError as err:
+        raise PeerUnavailable(f"liger-kernel is not installed ({err})") from None
+    if problem.out_dtype != problem.dtype:
+        raise PeerUnavailable("liger writes the output in the input dtype only")
+    eps, bias = problem.eps, problem.weight_bias
+    # "gemma" casting computes in fp32 throughout and rounds once, as ours and the reference
+    # do. Liger's fused add rounds the sum to the input dtype and normalises that, as vLLM; it
+    # returns the sum as a new tensor rather than updating the residual in place.
+    if problem.fused_add:
+        def run(t: Tensors) -> dict:
+            out, residual = fused_add_rms_norm_forward(t["x"], t["residual"], t["weight"], eps,
+                                                       bias, "gemma")[:2]
+            return {"out": out, "residual": residual}
+    else:
+        def run(t: Tensors) -> dict:
+            out = rms_norm_forward(t["x"], t["weight"], eps, bias, "gemma", None)[0]
+            return {"out": out, "residual": t["residual"]}
+    return run
+
+
+KERNEL = register(KernelDef(
+    name="rmsnorm",
+    description="RMSNorm over rows of the hidden size, optionally fused with the residual add",
+    problem_type=RMSNormProblem,
+    space=SPACE,
+    problems_for_model=problems_for_model,
+    default_config=default_config,
+    cost=cost,
+    compile=compile_kernel,
+    launch=launch,
+    make_inputs=make_inputs,
+    reference=reference,
+    outputs=("out", "residual"),
+    written_in_place=("residual",),
+    tolerance=FLOAT_TOLERANCE,
+    source_file=__file__,
+    peers=(Peer("quack rmsnorm", _quack_peer), Peer("liger rms_norm", _liger_peer)),
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# The public op
+
+_VECTOR_BYTES = 16
+
+
+def _row_strides(named) -> str:
+    return ", ".join(f"{n} {t.stride()}" for n, t in named if t is not None and n != "weight")
+
+
+def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                  out: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.dtype:
+    """Raise one clear error for the first thing wrong with the inputs; return the output
+    dtype. `residual` and `out` may be None (plain form; out allocated by the caller).
+
+    The valid case reads each attribute once (a tensor attribute costs 0.1-0.4 us of host
+    time, and this runs on every call); naming the offending tensor is left to the error
+    path. The device is checked last, so that everything else is testable on the CPU."""
+    named = (("x", x), ("residual", residual), ("weight", weight), ("out", out))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor) and (t is not None or name in ("x", "weight")):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dtype = x.dtype
+    if dtype not in DTYPE_NAMES:
+        raise TypeError(f"x has dtype {dtype}: use one of "
+                        f"{', '.join(str(d) for d in DTYPE_NAMES)}")
+    if not (weight.dtype is dtype and (residual is None or residual.dtype is dtype)):
+        name = "weight" if weight.dtype is not dtype else "residual"
+        raise TypeError(f"{name} has dtype {dict(named)[name].dtype} but x has {dtype}: "
+                        "they must match")
+    if out_dtype is None:
+        out_dtype = dtype if out is None else out.dtype
+    elif out is not None and out.dtype is not out_dtype:
+        raise TypeError(f"out has dtype {out.dtype} but out_dtype is {out_dtype}")
+    if out_dtype not in DTYPE_NAMES:
+        raise TypeError(f"out_dtype {out_dtype} is not supported: use one of "
+                        f"{', '.join(str(d) for d in DTYPE_NAMES)}")
+    shape = x.shape
+    if len(shape) != 2:
+        raise ValueError(f"x must be (rows, hidden), got shape {tuple(shape)}")
+    rows, hidden = shape
+    if not MIN_HIDDEN <= hidden <= MAX_HIDDEN:
+        raise ValueError(f"hidden size {hidden} is not supported: use {MIN_HIDDEN} to "
+                         f"{MAX_HIDDEN}")
+    in_bytes, out_bytes = DTYPE_BYTES[DTYPE_NAMES[dtype]], DTYPE_BYTES[DTYPE_NAMES[out_dtype]]
+    widest = max(in_bytes, out_bytes)
+    # The narrowest vector (one 32-bit word of the widest dtype) must divide the row.
+    word = MIN_VECTOR_BITS // 8 // widest
+    if hidden % word:
+        raise ValueError(f"hidden size {hidden} must be a multiple of {word} for {dtype} in, "
+                         f"{out_dtype} out (the narrowest vector)")
+    if (residual is not None and residual.shape != shape) or (
+            out is not None and out.shape != shape):
+        name = "residual" if residual is not None and residual.shape != shape else "out"
+        raise ValueError(f"{name} has shape {tuple(dict(named)[name].shape)} but x has "
+                         f"{tuple(shape)}")
+    if weight.shape != (hidden,) or weight.stride() != (1,):
+        raise ValueError(f"weight must be a contiguous ({hidden},) vector, got shape "
+                         f"{tuple(weight.shape)} and strides {weight.stride()}")
+    x_stride = x.stride()
+    r_stride = x_stride if residual is None else residual.stride()
+    o_stride = x_stride if out is None else out.stride()
+    if (x_stride[1] != 1 or r_stride[1] != 1 or o_stride[1] != 1 or rows > 1 and (
+            x_stride[0] < hidden or r_stride[0] < hidden or o_stride[0] < hidden)):
+        raise ValueError(f"x, residual and out must have contiguous, non-overlapping rows "
+                         f"(strides (>= {hidden}, 1)), got "
+                         + _row_strides(named))
+    # Every config's vector divides this (a power of two dividing the row, at most 16 bytes of
+    # the widest dtype): row starts and strides aligned to it keep every access whole.
+    align = math.gcd(hidden, _VECTOR_BYTES // widest)
+    if ((x_stride[0] | r_stride[0] | o_stride[0]) % align
+            or (x.data_ptr() | (0 if residual is None else residual.data_ptr())
+                | weight.data_ptr()) % (align * in_bytes)
+            or (0 if out is None else out.data_ptr()) % (align * out_bytes)):
+        raise ValueError(f"x, residual, weight and out must start aligned to {align} elements "
+                         f"and their row strides must be multiples of {align} elements (the "
+                         f"widest vector that divides hidden size {hidden}), got strides "
+                         + _row_strides(named))
+    device = x.get_device()
+    if device < 0:
+        raise ValueError(f"x is on {x.device}: rmsnorm runs on a CUDA device")
+    if not (weight.get_device() == device
+            and (residual is None or residual.get_device() == device)
+            and (out is None or out.get_device() == device)):
+        name = next(n for n, t in named if t is not None and t.get_device() != device)
+        raise ValueError(f"{name} is on {dict(named)[name].device} but x is on {x.device}")
+    return out_dtype
+
+
+def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+         weight_bias: float, out_dtype: torch.dtype | None,
+         out: torch.Tensor | None) -> torch.Tensor:
+    out_dtype = _check_inputs(x, residual, weight, out, out_dtype)
+    rows, hidden = x.shape
+    if out is None:
+        out = torch.empty((rows, hidden), dtype=out_dtype, device=x.device)
+    if rows == 0:
+        return out
+    fused = residual is not None
+    static = (DTYPE_NAMES[x.dtype], DTYPE_NAMES[out_dtype], hidden, float(eps),
+              float(weight_bias), fused)
+    compiled = current_dispatcher().lookup(
+        KERNEL, static, rows,
+        lambda: RMSNormProblem(num_tokens=rows, dtype=static[0], out_dtype=static[1],
+                               hidden=hidden, eps=static[3], weight_bias=static[4],
+                               fused_add=fused))
+    # The plain form ignores its residual argument: x fills it.
+    compiled(x, residual if fused else x, weight, out)
+    return out
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_bias: float = 0.0,
+            out_dtype: torch.dtype | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of every row of x (rows, hidden): out = (w + weight_bias) * x *
+    rsqrt(mean(x^2) + eps), computed in fp32, written in out_dtype (default: out's dtype, else
+    x's), in one launch on the current stream. `out` may be x itself (in place).
+
+    x's rows may be strided (last dimension contiguous). The kernel is the winner tuned for
+    this device and row-count bucket when `cutetune.warmup` loaded one, else the heuristic
+    default."""
+    return _run(x, None, weight, eps, weight_bias, out_dtype, out)
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float = 1e-6, weight_bias: float = 0.0,
+                      out_dtype: torch.dtype | None = None,
+                      out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's fused_add_rms_norm: residual += x in place (rounded to x's dtype), then out =
+    RMSNorm of that sum as in `rmsnorm`. Returns (out, residual). `out` may be x itself."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    return _run(x, residual, weight, eps, weight_bias, out_dtype, out), residual

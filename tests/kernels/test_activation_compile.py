@@ -1,0 +1,170 @@
+"""The CI compile sweep of the gated activations: every valid point compiles for sm_90a on the
+CPU for every MLP width of the public presets (silu_and_mul in bf16, the dtype those models ship
+in) and for synthetic problems that add fp16, fp32, both GELU forms, and widths that only
+64-bit or 32-bit vectors divide; the PTX shows the configured vector width and the fast-math
+instructions.
+
+No preset uses GELU (gelu_and_mul does not apply to them); the synthetic GELU problems compile
+both forms at every point. About 120 compiles at 0.3-0.4 s each: one test id per problem, so
+`pytest -n 2` spreads them.
+"""
+
+import re
+from collections import Counter
+
+import pytest
+
+from cutetune.kernels.activation import (
+    GELU_KERNEL,
+    SILU_KERNEL,
+    ActivationConfig,
+    GatedProblem,
+    GeluAndMulProblem,
+    SiluAndMulProblem,
+)
+from cutetune.spaces.models import PRESETS
+from cutetune.spaces.space import config_to_json
+from cutetune.tuner.roofline import DEVICE_SPECS
+
+H200 = DEVICE_SPECS["H200"]
+
+
+def _kernel(problem: GatedProblem):
+    return GELU_KERNEL if isinstance(problem, GeluAndMulProblem) else SILU_KERNEL
+
+
+def _preset_params(kernel) -> list:
+    """One param per distinct problem, named after the first preset that has it."""
+    seen: dict[GatedProblem, str] = {}
+    for name, model in PRESETS.items():
+        for problem in kernel.problems_for_model(model, "bfloat16"):  # all presets use SiLU
+            seen.setdefault(problem, f"{name}-I{problem.intermediate}")
+    return [pytest.param(problem, id=id_) for problem, id_ in seen.items()]
+
+
+SYNTHETIC = [
+    # fp16 and fp32 with the two GELU forms (the presets compile bf16 with SiLU): the
+    # conversions and the math are independent, so two problems cover the four pairs.
+    pytest.param(GeluAndMulProblem(num_tokens=1, dtype="float16", intermediate=6912,
+                                   approximate="tanh"), id="gelu-tanh-float16-I6912"),
+    pytest.param(GeluAndMulProblem(num_tokens=1, dtype="float32", intermediate=1000,
+                                   approximate="none"), id="gelu-none-float32-I1000"),
+    # Widths that 128-bit vectors do not divide: 64-bit and 32-bit vectors.
+    pytest.param(SiluAndMulProblem(num_tokens=1, dtype="bfloat16", intermediate=1004),
+                 id="silu-bfloat16-I1004"),
+    pytest.param(SiluAndMulProblem(num_tokens=1, dtype="float16", intermediate=1002),
+                 id="silu-float16-I1002"),
+    pytest.param(GeluAndMulProblem(num_tokens=1, dtype="float32", intermediate=1001,
+                                   approximate="tanh"), id="gelu-tanh-float32-I1001"),
+]
+
+SILU_PRESETS = _preset_params(SILU_KERNEL)
+
+
+def test_sweep_covers_every_preset():
+    # Guards the sweep against silently shrinking (e.g. a preset losing its MLP width).
+    swept = {p.values[0] for p in SILU_PRESETS}
+    for model in PRESETS.values():
+        assert set(SILU_KERNEL.problems_for_model(model, "bfloat16")) <= swept
+    assert len(SILU_PRESETS) == 9
+
+
+def _compile_all(problem: GatedProblem, configs) -> None:
+    kernel = _kernel(problem)
+    failures = []
+    for config in configs:
+        # Collect every failing point rather than stopping at the first, so one CI run lists
+        # them all; the test still fails.
+        try:
+            compiled = kernel.compile(problem, config)
+        except Exception as err:  # any compile error fails the test, listed with its config
+            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
+            continue
+        if not callable(compiled):
+            failures.append(f"{config_to_json(config)}: compiled result is not callable")
+    assert not failures, (f"{len(failures)} of {len(configs)} points of {problem.describe()} "
+                          "failed to compile:\n" + "\n".join(failures))
+
+
+@pytest.mark.parametrize("problem", SILU_PRESETS + SYNTHETIC)
+def test_every_valid_point_compiles(problem):
+    valid = _kernel(problem).space.enumerate(problem, H200).valid
+    assert valid, f"no valid point for {problem.describe()}"
+    _compile_all(problem, valid)
+
+
+# ---------------------------------------------------------------------------------------------
+# PTX
+
+# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
+# count (absent: 1), 3 the bits per lane of the vector.
+GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
+
+
+def _ptx_for(problem: GatedProblem, config: ActivationConfig, tmp_path, monkeypatch) -> str:
+    # --keep-ptx writes into the dump dir, which defaults to the working directory at the
+    # time cutlass was imported, not the current one: name the directory explicitly (and
+    # chdir too, so nothing can land in the checkout).
+    monkeypatch.chdir(tmp_path)
+    kernel = _kernel(problem)
+    kernel.space.check(problem, config, H200)
+    kernel.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
+    ptx_files = list(tmp_path.glob("*.ptx"))
+    assert len(ptx_files) == 1, ptx_files
+    return ptx_files[0].read_text()
+
+
+def _problem(kind: str, dtype: str, width: int) -> GatedProblem:
+    if kind == "silu":
+        return SiluAndMulProblem(num_tokens=1, dtype=dtype, intermediate=width)
+    return GeluAndMulProblem(num_tokens=1, dtype=dtype, intermediate=width,
+                             approximate=kind.removeprefix("gelu-"))
+
+
+PTX_CASES = [
+    # kind, dtype, intermediate, vector_bits, vectors_per_thread, warps_per_block
+    ("silu", "bfloat16", 14336, 128, 1, 8),
+    ("silu", "bfloat16", 14336, 128, 4, 4),
+    ("silu", "bfloat16", 1004, 64, 2, 1),  # 1004 = 251 x 4: 64-bit vectors at most
+    ("silu", "bfloat16", 1002, 32, 4, 1),  # 1002 = 501 x 2: 32-bit vectors only
+    ("silu", "float32", 14336, 128, 2, 4),
+    ("gelu-tanh", "bfloat16", 14336, 128, 2, 8),
+    ("gelu-none", "float16", 14336, 128, 1, 4),
+    ("gelu-none", "float32", 1002, 64, 2, 1),
+]
+
+
+@pytest.mark.parametrize(("kind", "dtype", "width", "vector_bits", "per_thread", "warps"),
+                         PTX_CASES,
+                         ids=[f"{k}-{d}-I{i}-v{v}-x{n}-w{w}" for k, d, i, v, n, w in PTX_CASES])
+def test_ptx_vector_width_and_fast_math(kind, dtype, width, vector_bits, per_thread, warps,
+                                        tmp_path, monkeypatch):
+    config = ActivationConfig(vector_bits, per_thread, warps)
+    ptx = _ptx_for(_problem(kind, dtype, width), config, tmp_path, monkeypatch)
+
+    accesses = GLOBAL_ACCESS.findall(ptx)
+    assert len(accesses) == ptx.count("ld.global") + ptx.count("st.global") > 0
+    widths = Counter((op, int(lanes or 1) * int(bits)) for op, lanes, bits in accesses)
+    # Every global load and store is exactly one vector of the configured width: nothing
+    # split into narrower accesses, nothing wider than the config allows. Per vector: one
+    # load of gate, one of up, one store of out.
+    assert widths == {("ld", vector_bits): 2 * per_thread, ("st", vector_bits): per_thread}
+    if vector_bits == 128:
+        assert re.search(r"\bld\.global(\.nc)?\.v4\.[bf]32\b", ptx)
+        assert re.search(r"\bst\.global\.v4\.[bf]32\b", ptx)
+    else:
+        # No 128-bit access anywhere (v4 of 32-bit lanes or v2 of 64-bit lanes).
+        assert not re.search(r"(ld|st)\.global(\.\w+)*\.(v4\.[bfsu]32|v2\.[bfsu]64)", ptx)
+
+    # Every load is issued before the first store: one memory round trip per thread.
+    assert ptx.rindex("ld.global") < ptx.index("st.global")
+
+    # Fast math: one ex2.approx per element for the sigmoid (SiLU, tanh-GELU) or inside erff;
+    # no IEEE division anywhere, and no tanh.approx (too coarse for fp16 near tanh = -1).
+    elements = per_thread * vector_bits // (16 if dtype != "float32" else 32)
+    assert len(re.findall(r"\bex2\.approx\.ftz\.f32\b", ptx)) == elements
+    assert not re.search(r"\bdiv\.(rn|full)\.f32\b", ptx)
+    assert "tanh.approx" not in ptx
+    reciprocals = len(re.findall(r"\brcp\.approx\.ftz\.f32\b", ptx))
+    if kind in ("silu", "gelu-tanh"):
+        assert reciprocals == elements

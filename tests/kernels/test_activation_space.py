@@ -1,0 +1,310 @@
+"""silu_and_mul and gelu_and_mul: Problems, the shared Config space, the seed heuristic, cost
+and model problems (no compiling)."""
+
+import dataclasses
+import math
+
+import pytest
+
+from cutetune.kernels import activation as act
+from cutetune.kernels.activation import (
+    GELU_KERNEL,
+    SILU_KERNEL,
+    SPACE,
+    ActivationConfig,
+    GeluAndMulProblem,
+    SiluAndMulProblem,
+    cost,
+    default_config,
+)
+from cutetune.kernels.registry import NotApplicableError, get_kernel
+from cutetune.spaces.models import PRESETS, ModelShape
+from cutetune.spaces.space import EmptySpaceError
+from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict, resident_blocks_per_sm
+
+H200 = DEVICE_SPECS["H200"]
+DTYPES = ("bfloat16", "float16", "float32")
+ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# MLP widths of the presets (dense and expert), plus widths that are not powers of two and
+# narrow ones that only some vectors divide.
+WIDTHS = (768, 1000, 1536, 2048, 3072, 6912, 12288, 14336, 18432, 25600, 28672)
+TOKENS = (1, 2, 3, 7, 64, 100, 512, 4096, 2**20)
+
+
+def silu(**overrides) -> SiluAndMulProblem:
+    values = dict(num_tokens=1, dtype="bfloat16", intermediate=14336)
+    values.update(overrides)
+    return SiluAndMulProblem(**values)
+
+
+def gelu(**overrides) -> GeluAndMulProblem:
+    values = dict(num_tokens=1, dtype="bfloat16", intermediate=14336, approximate="tanh")
+    values.update(overrides)
+    return GeluAndMulProblem(**values)
+
+
+def test_both_kernels_are_registered_over_one_space():
+    assert get_kernel("silu_and_mul") is SILU_KERNEL
+    assert get_kernel("gelu_and_mul") is GELU_KERNEL
+    assert SILU_KERNEL.problem_type is SiluAndMulProblem
+    assert GELU_KERNEL.problem_type is GeluAndMulProblem
+    assert SILU_KERNEL.space is GELU_KERNEL.space is SPACE
+    assert SILU_KERNEL.outputs == GELU_KERNEL.outputs == ("out",)
+    assert SILU_KERNEL.written_in_place == GELU_KERNEL.written_in_place == ()
+
+
+@pytest.mark.parametrize(("make", "field", "value", "message"), [
+    (silu, "dtype", "int8", "dtype 'int8' not supported"),
+    (silu, "dtype", "float64", "dtype 'float64' not supported"),
+    (silu, "intermediate", 0, "intermediate must be a positive integer"),
+    (silu, "intermediate", -8, "intermediate must be a positive integer"),
+    (silu, "intermediate", 8.0, "intermediate must be a positive integer"),
+    (silu, "intermediate", True, "intermediate must be a positive integer"),
+    (silu, "num_tokens", 0, "num_tokens must be a positive integer"),
+    (gelu, "approximate", "exact", "approximate must be one of"),
+    (gelu, "approximate", None, "approximate must be one of"),
+    (gelu, "dtype", "int8", "dtype 'int8' not supported"),
+])
+def test_problem_validation(make, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        make(**{field: value})
+
+
+def test_problem_keys_are_static_and_name_the_math():
+    assert silu().static_tuple() == ("bfloat16", 14336)
+    assert silu(num_tokens=1).static_key() == silu(num_tokens=4096).static_key()
+    assert gelu().static_tuple() == ("bfloat16", 14336, "tanh")
+    assert gelu().static_key() != gelu(approximate="none").static_key()
+    assert silu().activation == act.SILU
+    assert gelu().activation == act.GELU_TANH
+    assert gelu(approximate="none").activation == act.GELU_ERF
+    with pytest.raises(TypeError):
+        SiluAndMulProblem(num_tokens=1, dtype="bfloat16", intermediate=8, approximate="tanh")
+
+
+# ---------------------------------------------------------------------------------------------
+# The space
+
+
+def _widest(dtype: str, width: int) -> int:
+    return next(bits for bits in (128, 64, 32) if width % (bits // 8 // ELEMENT_BYTES[dtype]) == 0)
+
+
+# Every dtype and width some vector divides (odd 16-bit widths: tested below).
+DIVISIBLE = [(d, w) for d in DTYPES for w in WIDTHS + (1002, 1004, 1001)
+             if d == "float32" or w % 2 == 0]
+
+
+@pytest.mark.parametrize(("dtype", "width"), DIVISIBLE)
+def test_valid_points_use_the_widest_vector_and_enough_bytes(dtype, width):
+    p = silu(dtype=dtype, intermediate=width)
+    enumeration = SPACE.enumerate(p, H200)
+    assert enumeration.declared == 27
+    bits = _widest(dtype, width)
+    for config in enumeration.valid:
+        assert config.vector_bits == bits, config
+        assert width % (bits // 8 // ELEMENT_BYTES[dtype]) == 0
+        assert config.vector_bits * config.vectors_per_thread >= 128, config
+        assert config.warps_per_block * 32 <= H200.max_threads_per_block
+    # Every block size, and every number of vectors per thread that loads 16 bytes or more.
+    assert len(enumeration.valid) == 3 * {128: 3, 64: 2, 32: 1}[bits]
+    for rejection in enumeration.rejected:
+        assert rejection.constraint in {c.name for c in SPACE.constraints}
+
+
+def test_narrow_vectors_are_rejected_by_name():
+    rejected = {r.config: r.constraint for r in SPACE.enumerate(silu(), H200).rejected}
+    # bf16 I=14336 takes 128-bit vectors: narrower ones are valid but not the widest.
+    for bits in (32, 64):
+        for per_thread in (1, 2, 4):
+            assert rejected[ActivationConfig(bits, per_thread, 1)] == "widest_vector"
+    assert set(rejected.values()) == {"widest_vector"}
+    # bf16 I=1004: 64-bit is the widest; one 64-bit vector is only 8 bytes.
+    rejected = {r.config: r.constraint
+                for r in SPACE.enumerate(silu(intermediate=1004), H200).rejected}
+    assert rejected[ActivationConfig(64, 1, 4)] == "thread_loads_16_bytes"
+    assert rejected[ActivationConfig(128, 1, 4)] == "intermediate_splits_into_vectors"
+
+
+def test_a_width_only_32_bit_vectors_divide():
+    # bf16 I=1002: 501 pairs, not a whole number of 64- or 128-bit vectors.
+    enumeration = SPACE.enumerate(silu(intermediate=1002), H200)
+    assert enumeration.valid == tuple(ActivationConfig(32, 4, w) for w in (1, 4, 8))
+    assert enumeration.rejections_by_constraint() == {
+        "intermediate_splits_into_vectors": 18, "thread_loads_16_bytes": 6}
+    assert default_config(silu(intermediate=1002), H200) == ActivationConfig(32, 4, 1)
+    # In fp32 a 32-bit vector is one element: every width works.
+    assert SPACE.enumerate(silu(dtype="float32", intermediate=1001), H200).valid
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_width_no_vector_divides_is_rejected_by_name(dtype):
+    p = silu(dtype=dtype, intermediate=1001)
+    with pytest.raises(EmptySpaceError,
+                       match="intermediate_splits_into_vectors removed 27"):
+        SPACE.valid_points(p, H200)
+    with pytest.raises(EmptySpaceError, match="intermediate_splits_into_vectors"):
+        default_config(p, H200)
+
+
+def test_register_and_block_size_constraints_bind_on_a_smaller_device():
+    # Nothing in the declared space exceeds an H200; a device with a quarter of the register
+    # file and 128-thread blocks rejects the large blocks by name.
+    small = dataclasses.replace(H200, registers_per_sm=16384, max_threads_per_block=128)
+    rejected = {r.config: r.constraint for r in SPACE.enumerate(silu(), small).rejected}
+    # 128-bit bf16, 4 vectors: 32 + 2 * 4 * 8 = 96 registers * 256 threads > 16384.
+    assert rejected[ActivationConfig(128, 4, 8)] == "block_fits_register_file"
+    # 128-bit, 1 vector: 48 registers * 256 threads fit 16384 (12288), but 256 > 128.
+    assert rejected[ActivationConfig(128, 1, 8)] == "block_size_within_device"
+    assert ActivationConfig(128, 4, 4) not in rejected
+
+
+# ---------------------------------------------------------------------------------------------
+# The seed heuristic
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_default_config_is_a_valid_point(dtype, width):
+    for tokens in TOKENS:
+        for p in (silu(dtype=dtype, intermediate=width, num_tokens=tokens),
+                  gelu(dtype=dtype, intermediate=width, num_tokens=tokens)):
+            config = default_config(p, H200)
+            SPACE.check(p, config, H200)  # raises if not a valid point
+            assert config.vector_bits == _widest(dtype, width)
+            assert config.vectors_per_thread == 128 // config.vector_bits
+
+
+@pytest.mark.parametrize(("tokens", "warps"), [
+    # Llama-3.1-8B bf16: 14336 / 8 = 1792 threads a token. 8-warp blocks for every SM need
+    # 8 * 32 * 132 = 33792 threads (19 tokens), 4-warp blocks 16896 (10 tokens).
+    (1, 1), (9, 1), (10, 4), (18, 4), (19, 8), (4096, 8), (2**20, 8),
+])
+def test_default_config_warps_give_every_sm_a_block(tokens, warps):
+    config = default_config(silu(num_tokens=tokens), H200)
+    assert config == ActivationConfig(vector_bits=128, vectors_per_thread=1,
+                                      warps_per_block=warps)
+    blocks = cost(silu(num_tokens=tokens), config, H200).blocks
+    assert warps == 1 or blocks >= H200.sm_count
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost
+
+
+def test_cost_by_hand():
+    # Llama-3.1-8B bf16, 3 tokens: 3 * 14336 = 43008 outputs; gate and up read (2 * 43008 * 2
+    # bytes) and out written (43008 * 2): 258048 bytes.
+    p = silu(num_tokens=3)
+    c = cost(p, ActivationConfig(vector_bits=128, vectors_per_thread=2, warps_per_block=4),
+             H200)
+    assert c.bytes_moved == 3 * 43008 * 2 == 258048
+    assert c.flops == 6 * 43008
+    # 5376 vectors of 8, 256 vectors a block (128 threads x 2): 21 blocks.
+    assert c.blocks == math.ceil(3 * 14336 / 8 / 256) == 21
+    assert c.threads_per_block == 128
+    # Two 16-byte vectors of gate and two of up loaded before the first store.
+    assert c.bytes_in_flight_per_thread == 64
+    assert c.registers_per_thread == 32 + 2 * 2 * 8
+    assert (c.launches, c.grid_barriers, c.smem_per_block) == (1, 0, 0)
+
+
+def test_cost_scales_with_dtype_and_math():
+    config = ActivationConfig(vector_bits=128, vectors_per_thread=1, warps_per_block=8)
+    fp32 = cost(silu(dtype="float32", num_tokens=5, intermediate=1000), config, H200)
+    assert fp32.bytes_moved == 3 * 5 * 1000 * 4
+    # 1250 vectors of 4 over 256-vector blocks.
+    assert fp32.blocks == 5
+    flops = {form: cost(gelu(approximate=form), config, H200).flops for form in ("none", "tanh")}
+    assert cost(silu(), config, H200).flops < flops["tanh"] < flops["none"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_valid_point_is_resident_on_every_device(dtype):
+    # The register constraint must agree with the roofline's residency model, or ranking a
+    # valid point would raise.
+    for device in DEVICE_SPECS.values():
+        for tokens in (1, 4096):
+            p = silu(dtype=dtype, num_tokens=tokens)
+            for config in SPACE.enumerate(p, device).valid:
+                c = cost(p, config, device)
+                assert resident_blocks_per_sm(c, device) >= 1, (device.name, config)
+                assert predict(c, device, Ceilings.from_datasheet(device)).predicted_us > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Model problems
+
+EXPECTED_WIDTHS = {
+    "qwen3-0.6b": [3072],
+    "qwen3-8b": [12288],
+    "qwen3-32b": [25600],
+    "qwen3-30b-a3b": [768],
+    "qwen3-235b-a22b": [1536],
+    "llama-3.1-8b": [14336],
+    "llama-3.1-70b": [28672],
+    "deepseek-v3": [18432, 2048],  # dense layers, then the routed (and shared) experts
+    "mixtral-8x7b": [14336],
+}
+
+
+def test_expected_widths_cover_every_preset():
+    assert set(EXPECTED_WIDTHS) == set(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_WIDTHS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_problems_for_presets(name, dtype):
+    widths = EXPECTED_WIDTHS[name]
+    assert SILU_KERNEL.problems_for_model(PRESETS[name], dtype) == [
+        SiluAndMulProblem(num_tokens=1, dtype=dtype, intermediate=w) for w in widths]
+    # Every preset's MLP is SwiGLU: gelu_and_mul says it does not apply.
+    with pytest.raises(NotApplicableError, match=f"model {name} uses the activation 'silu'; "
+                       "gelu_and_mul computes gelu, gelu_pytorch_tanh"):
+        GELU_KERNEL.problems_for_model(PRESETS[name], dtype)
+
+
+@pytest.mark.parametrize(("act", "form"), [("gelu", "none"), ("gelu_pytorch_tanh", "tanh")])
+def test_a_gelu_model_gets_gelu_problems_in_its_form_and_no_silu(act, form):
+    model = dataclasses.replace(PRESETS["llama-3.1-8b"], name="geglu", hidden_act=act)
+    assert GELU_KERNEL.problems_for_model(model, "bfloat16") == [
+        GeluAndMulProblem(num_tokens=1, dtype="bfloat16", intermediate=14336,
+                          approximate=form)]
+    with pytest.raises(NotApplicableError, match=f"uses the activation '{act}'; silu_and_mul"):
+        SILU_KERNEL.problems_for_model(model, "bfloat16")
+
+
+def test_a_width_shared_by_dense_and_expert_mlps_is_one_problem():
+    model = ModelShape("dense-and-moe", 4096, 32, 8, 128, 1e-6, False, 64, 4, 11008,
+                       intermediate_size=11008)
+    assert [p.intermediate for p in SILU_KERNEL.problems_for_model(model, "bfloat16")] == [11008]
+
+
+@pytest.mark.parametrize(("kernel", "act"), [(SILU_KERNEL, "silu"), (GELU_KERNEL, "gelu")],
+                         ids=("silu", "gelu"))
+def test_not_applicable_without_an_mlp_width(kernel, act):
+    model = ModelShape("attention-only", 1024, 16, 8, 64, 1e-6, False, hidden_act=act)
+    with pytest.raises(NotApplicableError,
+                       match=f"model attention-only declares no MLP width .* so {kernel.name}"):
+        kernel.problems_for_model(model, "bfloat16")
+
+
+def test_preset_problems_have_valid_points_and_128_bit_defaults():
+    for model in PRESETS.values():
+        for p in SILU_KERNEL.problems_for_model(model, "bfloat16"):
+            assert len(SPACE.valid_points(p, H200)) == 9
+            assert SILU_KERNEL.default_config(p, H200).vector_bits == 128
+
+
+def test_liger_peers_say_when_they_cannot_serve():
+    from cutetune.kernels.registry import PeerUnavailable
+
+    (geglu,) = GELU_KERNEL.peers
+    with pytest.raises(PeerUnavailable, match="tanh form of GELU only"):
+        geglu.build(gelu(approximate="none"))
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        for peer in SILU_KERNEL.peers + GELU_KERNEL.peers:
+            with pytest.raises(PeerUnavailable, match="liger-kernel is not installed"):
+                peer.build(gelu(approximate="tanh"))

@@ -1,0 +1,179 @@
+"""The CI compile sweep: every valid point of the rmsnorm space compiles for sm_90a on the CPU,
+for every problem of every public preset (in bf16, the dtype those models ship in; a problem
+two presets share compiles once) and for synthetic problems covering the other dtypes, an
+output dtype different from the input's, Gemma-style weight bias, hidden sizes that are not
+powers of two and both ends of the hidden range; and the PTX of a few points shows the access
+width, the shuffle tree and the single barrier the config asks for.
+
+About 370 compiles at 0.3-1 s each: one test id per problem, so `pytest -n 2` spreads them.
+"""
+
+import re
+from collections import Counter
+
+import pytest
+
+from cutetune.kernels.rmsnorm import (
+    BLOCK_PER_ROW,
+    KERNEL,
+    WARP_PER_ROW,
+    RMSNormConfig,
+    RMSNormProblem,
+)
+from cutetune.spaces.models import PRESETS
+from cutetune.spaces.space import config_to_json
+from cutetune.tuner.roofline import DEVICE_SPECS
+
+H200 = DEVICE_SPECS["H200"]
+
+
+def _preset_params() -> list:
+    params, seen = [], set()
+    for name, model in PRESETS.items():
+        for problem in KERNEL.problems_for_model(model, "bfloat16"):
+            if problem.static_key() in seen:
+                continue
+            seen.add(problem.static_key())
+            form = "fused" if problem.fused_add else "plain"
+            params.append(pytest.param(problem, id=f"{name}-{problem.hidden}-{form}"))
+    return params
+
+
+def _synthetic(dtype: str, hidden: int, out_dtype: str | None = None, fused_add: bool = False,
+               weight_bias: float = 1.0) -> object:
+    problem = RMSNormProblem(num_tokens=1, dtype=dtype, out_dtype=out_dtype or dtype,
+                             hidden=hidden, eps=1e-5, weight_bias=weight_bias,
+                             fused_add=fused_add)
+    form = "fused" if fused_add else "plain"
+    return pytest.param(problem, id=f"{dtype}-to-{problem.out_dtype}-{hidden}-{form}-bias"
+                                    f"{weight_bias:g}")
+
+
+SYNTHETIC_PARAMS = [
+    _synthetic("float16", 2880, fused_add=True),
+    _synthetic("float32", 5376, fused_add=True),
+    _synthetic("float32", 1024),
+    _synthetic("bfloat16", 2048, out_dtype="float32", fused_add=True),
+    _synthetic("float32", 7168, out_dtype="bfloat16"),
+    _synthetic("bfloat16", 256),
+    _synthetic("bfloat16", 16384, fused_add=True),
+    _synthetic("float16", 2882),  # only 32-bit vectors divide it
+]
+PRESET_PARAMS = _preset_params()
+
+
+def test_sweep_covers_every_preset_problem():
+    # Guards the sweep against silently shrinking: every static problem of every preset is
+    # compiled under one id or another.
+    covered = {p.values[0].static_key() for p in PRESET_PARAMS}
+    for model in PRESETS.values():
+        for problem in KERNEL.problems_for_model(model, "bfloat16"):
+            assert problem.static_key() in covered
+    assert len(PRESET_PARAMS) == 16
+
+
+@pytest.mark.parametrize("problem", PRESET_PARAMS + SYNTHETIC_PARAMS)
+def test_every_valid_point_compiles(problem):
+    valid = KERNEL.space.enumerate(problem, H200).valid
+    assert valid, f"no valid point for {problem.describe()}"
+    failures = []
+    for config in valid:
+        # Collect every failing point rather than stopping at the first, so one CI run lists
+        # them all; the test still fails.
+        try:
+            compiled = KERNEL.compile(problem, config)
+        except Exception as err:  # any compile error fails the test, listed with its config
+            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
+            continue
+        if not callable(compiled):
+            failures.append(f"{config_to_json(config)}: compiled result is not callable")
+    assert not failures, (f"{len(failures)} of {len(valid)} points of {problem.describe()} "
+                          "failed to compile:\n" + "\n".join(failures))
+
+
+# ---------------------------------------------------------------------------------------------
+# PTX
+
+# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
+# count (absent: 1), 3 the bits per lane of the vector.
+GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
+
+
+def _ptx_for(problem: RMSNormProblem, config: RMSNormConfig, tmp_path, monkeypatch) -> str:
+    # --keep-ptx writes into the dump dir, which defaults to the working directory at the
+    # time cutlass was imported, not the current one: name the directory explicitly (and
+    # chdir too, so nothing can land in the checkout).
+    monkeypatch.chdir(tmp_path)
+    KERNEL.space.check(problem, config, H200)
+    KERNEL.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
+    ptx_files = list(tmp_path.glob("*.ptx"))
+    assert len(ptx_files) == 1, ptx_files
+    return ptx_files[0].read_text()
+
+
+def _widths(ptx: str) -> Counter:
+    accesses = GLOBAL_ACCESS.findall(ptx)
+    assert len(accesses) == ptx.count("ld.global") + ptx.count("st.global") > 0
+    return Counter((op, int(lanes or 1) * int(bits)) for op, lanes, bits in accesses)
+
+
+PTX_CASES = [
+    # dtype, out_dtype, hidden, fused, form, vector_bits, warps, loads, stores (bits: count)
+    # bf16 4096 over 4 warps: 4 vectors per thread of x and the weight, 4 stores.
+    ("bfloat16", "bfloat16", 4096, False, BLOCK_PER_ROW, 128, 4, {128: 8}, {128: 4}),
+    # Fused: the residual too is loaded and stored.
+    ("bfloat16", "bfloat16", 4096, True, BLOCK_PER_ROW, 128, 4, {128: 12}, {128: 8}),
+    # 2880 over 4 warps: 3 slots, the last predicated (loads clamped, so still 3 each).
+    ("bfloat16", "bfloat16", 2880, True, BLOCK_PER_ROW, 128, 4, {128: 9}, {128: 6}),
+    # bf16 in, fp32 out: 64-bit loads of 4 elements, 128-bit stores of them.
+    ("bfloat16", "float32", 4096, False, BLOCK_PER_ROW, 128, 8, {64: 8}, {128: 4}),
+    # fp32 in, bf16 out: 128-bit loads, 64-bit stores.
+    ("float32", "bfloat16", 1024, False, WARP_PER_ROW, 128, 2, {128: 16}, {64: 8}),
+    ("float32", "float32", 512, True, WARP_PER_ROW, 64, 4, {64: 24}, {64: 16}),
+    ("float16", "float16", 1024, False, WARP_PER_ROW, 32, 1, {32: 32}, {32: 16}),
+]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "out_dtype", "hidden", "fused", "form", "vector_bits", "warps", "loads", "stores"),
+    PTX_CASES,
+    ids=[f"{d}-{o}-{h}-{'fused' if f else 'plain'}-{form}-v{v}-w{w}"
+         for d, o, h, f, form, v, w, _, _ in PTX_CASES])
+def test_ptx_access_widths_shuffles_and_barrier(dtype, out_dtype, hidden, fused, form,
+                                                vector_bits, warps, loads, stores, tmp_path,
+                                                monkeypatch):
+    problem = RMSNormProblem(num_tokens=1, dtype=dtype, out_dtype=out_dtype, hidden=hidden,
+                             eps=1e-6, weight_bias=0.0, fused_add=fused)
+    config = RMSNormConfig(form, vector_bits, warps)
+    ptx = _ptx_for(problem, config, tmp_path, monkeypatch)
+
+    # Every global load and store is exactly one vector of the configured width: nothing
+    # split into narrower accesses, nothing wider than the config allows.
+    widths = _widths(ptx)
+    assert widths == Counter({("ld", b): n for b, n in loads.items()}
+                             | {("st", b): n for b, n in stores.items()}), widths
+
+    shuffles = [int(m) for m in re.findall(r"shfl\.sync\.bfly\.b32\s+%r\d+, %r\d+, (\d+),",
+                                           ptx)]
+    block_warps = warps if form == BLOCK_PER_ROW else 1
+    # Five rounds within each warp, then log2(warps) across the row's warps.
+    expected = [16, 8, 4, 2, 1] + [block_warps >> (i + 1)
+                                   for i in range(block_warps.bit_length() - 1)]
+    assert shuffles == expected
+    barriers = re.findall(r"\bbar(?:rier)?\.(?:sync|cta\.sync)\b", ptx)
+    assert len(barriers) == (1 if block_warps > 1 else 0)
+    assert ("st.shared" in ptx) == (block_warps > 1)
+
+
+def test_ptx_128_bit_config_uses_v4_accesses(tmp_path, monkeypatch):
+    problem = RMSNormProblem(num_tokens=1, dtype="bfloat16", out_dtype="bfloat16",
+                             hidden=7168, eps=1e-6, weight_bias=1.0, fused_add=True)
+    ptx = _ptx_for(problem, RMSNormConfig(BLOCK_PER_ROW, 128, 8), tmp_path, monkeypatch)
+    assert re.search(r"ld\.global(\.nc)?\.v4\.(b|u|f)32", ptx)
+    assert re.search(r"st\.global\.v4\.(b|u|f)32", ptx)
+    # 896 vectors over 256 threads: 4 slots, x, residual and weight loaded in each; every
+    # load is issued before the first store (one memory round trip, not one per slot).
+    lines = [line for line in ptx.splitlines() if ".global" in line]
+    first_store = next(i for i, line in enumerate(lines) if "st.global" in line)
+    assert sum("ld.global" in line for line in lines[:first_store]) == 12
+    assert not any("ld.global" in line for line in lines[first_store:])
