@@ -49,5 +49,22 @@ def gelu_and_mul(x, approximate: str = "none", out=None):
     return _gelu_and_mul(x, approximate=approximate, out=out)
 
 
-__all__ = ["current_dispatcher", "fused_add_rmsnorm", "gelu_and_mul", "qk_norm", "rmsnorm",
-           "silu_and_mul", "warmup"]
+def moe_dispatch(x, topk_ids, num_experts: int, pad: int = 16, expert_range=None,
+                 validate: bool = False):
+    """Route (token, k) pairs to per-expert row segments; see cutetune.kernels.moe_dispatch."""
+    from cutetune.kernels.moe_dispatch import moe_dispatch as _moe_dispatch
+
+    return _moe_dispatch(x, topk_ids, num_experts, pad=pad, expert_range=expert_range,
+                         validate=validate)
+
+
+def moe_combine(expert_out, row_of, topk_weights, out=None, **model):
+    """out[t] = sum_k w[t, k] * expert_out[row_of[t, k]]; `model` (experts, pad, expert_begin,
+    expert_end) finds the tuned kernel; see cutetune.kernels.moe_combine.moe_combine."""
+    from cutetune.kernels.moe_combine import moe_combine as _moe_combine
+
+    return _moe_combine(expert_out, row_of, topk_weights, out=out, **model)
+
+
+__all__ = ["current_dispatcher", "fused_add_rmsnorm", "gelu_and_mul", "moe_combine",
+           "moe_dispatch", "qk_norm", "rmsnorm", "silu_and_mul", "warmup"]

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 
 from cutetune.dispatch import DEFAULT, NEAREST, Dispatcher
-from cutetune.kernels.dtypes import DTYPE_NAMES
 from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors
 from cutetune.results_db import (
     BenchRecord,
@@ -35,7 +34,7 @@ from cutetune.spaces.space import config_to_json
 from cutetune.tuner.ceilings import measure_copy_gbps, measure_launch_floor_us, time_copy_of
 from cutetune.tuner.measure import Measurement, input_sets_for, time_in_graph
 from cutetune.tuner.roofline import DeviceSpec, device_spec_for
-from cutetune.tuner.verify import VerificationError, compare
+from cutetune.tuner.verify import VerificationError, check_outputs
 
 TUNED_NAME = "cutetune tuned"
 DEFAULT_NAME = "cutetune default"
@@ -76,7 +75,7 @@ class BenchRun:
     rows: tuple[BenchRow, ...]
 
 
-def _ours(kernel: KernelDef, problem: Problem, config: Any, dispatcher: Dispatcher) -> Runner:
+def ours_runner(kernel: KernelDef, problem: Problem, config: Any, dispatcher: Dispatcher) -> Runner:
     compiled = dispatcher.compiled(kernel, problem, config)
 
     def run(tensors: Tensors) -> Mapping[str, torch.Tensor]:
@@ -103,13 +102,13 @@ def candidates(kernel: KernelDef, problem: Problem, dispatcher: Dispatcher) -> l
                           f"{bucket_of(problem.num_tokens)} on this device (cutetune tune first)")
     else:
         origin = f" (winner of bucket {entry.tuned_bucket})" if entry.source == NEAREST else ""
-        tuned = Candidate(TUNED_NAME, _ours(kernel, problem, entry.config, dispatcher),
+        tuned = Candidate(TUNED_NAME, ours_runner(kernel, problem, entry.config, dispatcher),
                           config_to_json(entry.config) + origin)
     default = kernel.default_config(problem, dispatcher.spec)
     eager = torch_eager(kernel, problem)
     found = [
         tuned,
-        Candidate(DEFAULT_NAME, _ours(kernel, problem, default, dispatcher),
+        Candidate(DEFAULT_NAME, ours_runner(kernel, problem, default, dispatcher),
                   config_to_json(default)),
         Candidate("torch eager", eager, ""),
         Candidate("torch.compile", torch.compile(eager, dynamic=False), ""),
@@ -120,13 +119,6 @@ def candidates(kernel: KernelDef, problem: Problem, dispatcher: Dispatcher) -> l
         except PeerUnavailable as err:
             found.append(Candidate(peer.name, None, f"not run: {err}"))
     return found
-
-
-def _check(kernel: KernelDef, name: str, outputs: Mapping[str, torch.Tensor], buffers: Tensors,
-           expected: Mapping[str, torch.Tensor]) -> None:
-    for output in kernel.outputs:
-        rtol, atol = kernel.tolerance[DTYPE_NAMES[buffers[output].dtype]]
-        compare(f"{name}: {output}", outputs[output], expected[output], rtol, atol)
 
 
 def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate],
@@ -153,7 +145,7 @@ def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate
         outputs = candidate.run(buffers)
         torch.cuda.synchronize()
         try:
-            _check(kernel, candidate.name, outputs, buffers, expected)
+            check_outputs(kernel, problem, outputs, expected, label=f"{candidate.name}: ")
         except VerificationError as err:
             if candidate.name in OURS:
                 raise BenchError(f"{problem.describe()}: {err}") from err

@@ -74,6 +74,10 @@ class KernelDef:
     source_file:        hashed into the DB so winners of older source are not served
     peers:              other libraries' implementations for `cutetune bench` (torch eager
                         and torch.compile of the reference are added by the bench itself)
+    check:              (outputs, expected, problem) -> None, raising
+                        tuner.verify.VerificationError, for kernels whose outputs a
+                        tolerance comparison cannot judge (e.g. rows in any order within a
+                        group); None: every output within `tolerance` of `expected`
     bench_inputs:       (problem, device, torch.Generator) -> tensors in the layout every
                         peer accepts, when that differs from `make_inputs` (which may use
                         views only our kernel takes)
@@ -96,6 +100,7 @@ class KernelDef:
     source_file: str
     peers: tuple[Peer, ...] = ()
     bench_inputs: Callable[[Problem, Any, Any], Tensors] | None = None
+    check: Callable[[Tensors, Mapping[str, Any], Problem], None] | None = None
 
     @functools.cached_property
     def _source_hash(self) -> str:

@@ -30,27 +30,41 @@ def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, rtol: float
             f"expected {expected[first].item():.6g}")
 
 
-def check_outputs(kernel: KernelDef, tensors: Tensors,
-                  expected: dict[str, torch.Tensor]) -> None:
+def check_outputs(kernel: KernelDef, problem: Problem, outputs: Tensors,
+                  expected: dict[str, torch.Tensor], label: str = "") -> None:
+    """Judge a run's outputs: the kernel's own check where it declares one, else every output
+    within the tolerance of its dtype."""
+    if kernel.check is not None:
+        try:
+            kernel.check(outputs, expected, problem)
+        except VerificationError as err:
+            raise VerificationError(f"{label}{err}") from None
+        return
     for name in kernel.outputs:
         # By the output's own dtype: a kernel may write a narrower or wider type than it reads.
-        rtol, atol = kernel.tolerance[DTYPE_NAMES[tensors[name].dtype]]
-        compare(name, tensors[name], expected[name], rtol, atol)
+        rtol, atol = kernel.tolerance[DTYPE_NAMES[outputs[name].dtype]]
+        compare(f"{label}{name}", outputs[name], expected[name], rtol, atol)
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill an output so that an element the kernel fails to write cannot pass: NaN for floats,
+    the most negative value for integers."""
+    t.fill_(float("nan") if t.is_floating_point() else torch.iinfo(t.dtype).min)
 
 
 def verify(kernel: KernelDef, problem: Problem, compiled, device: torch.device,
            seed: int) -> None:
     """Run `compiled` once on fresh random inputs and compare every output with the reference.
 
-    Outputs not written in place are poisoned with NaN first, so an unwritten element fails;
-    outputs written in place start as random inputs, which a missed element leaves unchanged
-    and so far from the normalised reference."""
+    Outputs not written in place are poisoned first, so an unwritten element fails; outputs
+    written in place start as random inputs, which a missed element leaves unchanged and so
+    far from the normalised reference."""
     generator = torch.Generator(device=device).manual_seed(seed)
     tensors = kernel.make_inputs(problem, device, generator)
     expected = kernel.reference(tensors, problem)
     for name in kernel.outputs:
         if name not in kernel.written_in_place:
-            tensors[name].fill_(float("nan"))
+            poison(tensors[name])
     kernel.launch(compiled, tensors)
     torch.cuda.synchronize(device)
-    check_outputs(kernel, tensors, expected)
+    check_outputs(kernel, problem, tensors, expected)

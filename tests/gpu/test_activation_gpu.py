@@ -92,7 +92,7 @@ def test_padded_rows_are_read_and_written_in_place(problem):
         tensors["out"].fill_(float("nan"))
         kernel.launch(kernel.compile(problem, config), tensors)
         torch.cuda.synchronize()
-        check_outputs(kernel, tensors, expected)
+        check_outputs(kernel, problem, tensors, expected)
         assert torch.all(out_buffer[:, :pad] == 7.0) and torch.all(
             out_buffer[:, pad + width:] == 7.0), config
 

@@ -42,7 +42,7 @@ def test_tune_store_warmup_serve(tmp_path):
         cutetune.qk_norm(tensors["q"], tensors["k"], tensors["q_weight"], tensors["k_weight"],
                          eps=static.eps)
         torch.cuda.synchronize()
-        check_outputs(qk.KERNEL, tensors, expected)
+        check_outputs(qk.KERNEL, static, tensors, expected)
         assert served.default_calls() == {}
         assert "tuned buckets 8" in served.report()
     finally:

@@ -66,7 +66,7 @@ def test_public_op_matches_reference(contiguous, weight_bias):
     expected = qk.reference(tensors, problem)
     cutetune.qk_norm(q, k, qw, kw, eps=1e-5, weight_bias=weight_bias)
     torch.cuda.synchronize()
-    check_outputs(qk.KERNEL, tensors, expected)
+    check_outputs(qk.KERNEL, problem, tensors, expected)
 
 
 def test_public_op_leaves_the_rest_of_qkv_alone():
@@ -95,7 +95,7 @@ def test_public_op_captures_into_a_cuda_graph():
         cutetune.qk_norm(q, k, qw, kw)
     graph.replay()
     torch.cuda.synchronize()
-    check_outputs(qk.KERNEL, tensors, expected)
+    check_outputs(qk.KERNEL, problem, tensors, expected)
 
 
 @pytest.mark.parametrize(("mutate", "message"), [

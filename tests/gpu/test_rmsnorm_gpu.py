@@ -97,7 +97,7 @@ def test_every_valid_point_handles_strided_rows(dtype, out_dtype, hidden, fused_
         rn.KERNEL.launch(rn.KERNEL.compile(problem, config), tensors)
         torch.cuda.synchronize()
         try:
-            check_outputs(rn.KERNEL, tensors, expected)
+            check_outputs(rn.KERNEL, problem, tensors, expected)
         except Exception as err:
             raise AssertionError(f"{config}: {err}") from err
         for name, buffer in buffers.items():

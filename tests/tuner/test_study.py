@@ -118,3 +118,27 @@ def test_tune_bucket_stores_trials_and_winner_with_optuna_in_the_same_db(tmp_pat
                 FINGERPRINT, budget=12)
     assert len(optuna.load_study(study_name=result.study_name, storage=db.url).trials) >= 12
     assert len(optuna.get_all_study_summaries(db.url)) == 1
+
+
+def test_the_default_is_always_remeasured_beside_the_finalists():
+    problem, plan = _plan(64)
+    default = qk.default_config(problem, SPEC)
+
+    class DefaultLooksSlow(FakeRunner):
+        """The default's first timing came at a slow moment; side by side it is the best."""
+
+        def measure(self, config):
+            measured = super().measure(config)
+            if config == default:
+                return Measurement(measured.median_us + 100.0, 0.1, 25)
+            return measured
+
+        def remeasure(self, configs):
+            self.remeasured.append(list(configs))
+            return [Measurement(1.0 if c == default else 5.0, 0.05, 3) for c in configs]
+
+    runner = DefaultLooksSlow()
+    result = run_study(qk.KERNEL, plan, default, runner, budget=500, study_name="t")
+    (finalists,) = runner.remeasured
+    assert len(finalists) == 4 and finalists[-1] == default
+    assert result.winner.config == default

@@ -1,0 +1,64 @@
+"""Why liger's RMSNorm beats ours at 64-512 rows (H=4096, bf16): the same points timed side by
+side the way `cutetune bench` times them, then each launched eagerly on one L2-warm input set
+so Nsight Compute can read the counters of single launches.
+
+    python3 benchmarks/rmsnorm_midsize_probe.py --time
+    ncu --clock-control none --cache-control none --kernel-name regex:'rms|copy' \\
+        --launch-skip 5 --launch-count 8 --section SpeedOfLight --section LaunchStats \\
+        --section Occupancy --section WarpStateStats --section InstructionStats \\
+        python3 benchmarks/rmsnorm_midsize_probe.py --eager
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from cutetune.bench import Candidate, bench_problem, format_rows, ours_runner
+from cutetune.dispatch import Dispatcher
+from cutetune.kernels import rmsnorm as rms
+from cutetune.tuner.ceilings import measure_copy_gbps
+from cutetune.tuner.roofline import DEVICE_SPECS
+
+SPEC = DEVICE_SPECS["H200"]
+POINTS = (rms.RMSNormConfig("block_per_row", 128, 8), rms.RMSNormConfig("block_per_row", 64, 8),
+          rms.RMSNormConfig("block_per_row", 128, 4), rms.RMSNormConfig("block_per_row", 128, 1))
+
+
+def problem(rows: int) -> rms.RMSNormProblem:
+    return rms.RMSNormProblem(num_tokens=rows, dtype="bfloat16", out_dtype="bfloat16",
+                              hidden=4096, eps=1e-6, weight_bias=0.0, fused_add=False)
+
+
+def candidates(p: rms.RMSNormProblem) -> list[Candidate]:
+    dispatcher = Dispatcher(SPEC)
+    found = [Candidate(f"ours {c.vector_bits}b x {c.warps_per_block}w",
+                       ours_runner(rms.KERNEL, p, c, dispatcher), "") for c in POINTS]
+    found += [Candidate(peer.name, peer.build(p), "") for peer in rms.KERNEL.peers]
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--time", action="store_true")
+    parser.add_argument("--eager", action="store_true")
+    args = parser.parse_args()
+    if args.time:
+        copy_gbps = measure_copy_gbps()
+        for rows in (1, 64, 512):
+            p = problem(rows)
+            print(format_rows(bench_problem(rms.KERNEL, p, candidates(p), SPEC, copy_gbps)))
+    if args.eager:
+        p = problem(64)
+        device = torch.device("cuda")
+        tensors = rms.make_inputs(p, device, torch.Generator(device=device).manual_seed(0))
+        for candidate in candidates(p):
+            for _ in range(6):
+                candidate.run(tensors)
+            torch.cuda.synchronize()
+            print(f"launched {candidate.name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

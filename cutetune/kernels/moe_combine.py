@@ -1,0 +1,527 @@
+"""MoE combine: each token's expert outputs, weighted by its routing weights, summed.
+
+    out[t] = sum_k topk_weights[t, k] * expert_out[row_of[t, k]]      (rows of -1 add nothing)
+
+expert_out is (capacity, H) in moe_common's layout (the grouped GEMM's output for the rows
+moe_dispatch filled), row_of (T, K) int32 the row each (token, k) pair was copied to, and
+topk_weights (T, K) fp32. The sum is accumulated in fp32 registers and stored once, in the
+input dtype. A row outside [0, capacity) other than -1 is skipped like -1 and never read:
+combine raises no error flag of its own (dispatch does), but it must not fault.
+
+Work split: a block takes TOKENS_PER_BLOCK consecutive tokens and one of HIDDEN_SPLIT equal
+slices of their hidden dim (block b: token block b // HIDDEN_SPLIT, slice b % HIDDEN_SPLIT), so
+few tokens still fill the GPU (decode: split) and many tokens amortise a block over several
+(prefill: tokens per block). The block's first threads stage its tokens' row_of and weights in
+shared memory, one coalesced read per token per block, with bad rows already mapped to -1 and
+weight 0; after one barrier, each token's THREADS / TOKENS_PER_BLOCK threads own the slice's
+vectors lane, lane + threads, ... (coalesced) and, per vector, issue the loads of every pair
+(up to 8 pairs of 128 bits at a time) before the first multiply-add: one memory round trip,
+not one per pair. A skipped pair's load is predicated off. Token count and capacity are
+dynamic, so one compile serves every call; H, K, dtype and the config are compile-time
+constants. Row offsets are 64-bit (capacity * H may pass 2^31).
+
+What ptxas makes of it (sm_90a SASS, top-k 8): in one-warp blocks every predicated 128-bit
+load is issued ahead of the first FFMA (about 60 registers); in 4- and 8-warp blocks ptxas
+issues about half of them ahead and the rest as the first products retire, and the many
+resident threads of those blocks keep the bytes in flight instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32
+
+from cutetune.dispatch import current_dispatcher
+from cutetune.kernels import moe_common
+from cutetune.kernels.dtypes import (
+    CUTLASS_DTYPES,
+    DTYPE_BYTES,
+    DTYPE_NAMES,
+    FLOAT_TOLERANCE,
+    TORCH_DTYPES,
+)
+from cutetune.kernels.moe_common import DEFAULT_PAD, MOE_DTYPES, MoEProblem
+from cutetune.kernels.registry import KernelDef, Peer, PeerUnavailable, Tensors, register
+from cutetune.spaces.space import Constraint, Param, Space
+from cutetune.tuner.roofline import Cost
+
+WARP = 32
+# The pairs of a token are unrolled at compile time (their loads, their multiply-adds): real
+# routers pick 1 to 10 experts per token.
+MAX_TOP_K = 32
+# Bytes of expert rows a thread loads before its first multiply-add: 8 pairs of 128-bit
+# vectors (32 registers). A larger top-k loads its pairs in batches of this size.
+MAX_BYTES_IN_FLIGHT = 128
+# row_of (int32) and a weight (fp32) per pair, staged in shared memory.
+SMEM_BYTES_PER_PAIR = 8
+
+
+@dataclass(frozen=True)
+class CombineConfig:
+    vector_bits: int
+    hidden_split: int
+    tokens_per_block: int
+    warps_per_block: int
+
+
+def _elements(problem: MoEProblem, bits: int) -> int:
+    return bits // (8 * DTYPE_BYTES[problem.dtype])
+
+
+def _vector_elements(problem: MoEProblem, config: CombineConfig) -> int:
+    return _elements(problem, config.vector_bits)
+
+
+def _widest_vector_bits(problem: MoEProblem) -> int:
+    """128 when the hidden size allows it, else the widest vector that divides it (0: none)."""
+    return next((bits for bits in (128, 64, 32) if problem.hidden % _elements(problem, bits) == 0),
+                0)
+
+
+def _slice_vectors(problem: MoEProblem, config: CombineConfig) -> int:
+    """Vectors in one block's slice of a token's row."""
+    return problem.hidden // _vector_elements(problem, config) // config.hidden_split
+
+
+def _threads_per_token(config: CombineConfig) -> int:
+    return config.warps_per_block * WARP // config.tokens_per_block
+
+
+def _pairs_per_batch(problem: MoEProblem, config: CombineConfig) -> int:
+    """Pairs whose vectors a thread loads before it multiplies and adds them."""
+    vector_bytes = config.vector_bits // 8
+    return min(problem.top_k, MAX_BYTES_IN_FLIGHT // vector_bytes)
+
+
+def _registers_per_thread(problem: MoEProblem, config: CombineConfig) -> int:
+    # A batch of loaded vectors (packed), the fp32 accumulator, each pair's row and weight,
+    # and about 32 registers of addressing and loop state.
+    vec = _vector_elements(problem, config)
+    loaded = _pairs_per_batch(problem, config) * config.vector_bits // 32
+    return 32 + loaded + vec + 2 * problem.top_k
+
+
+SPACE = Space(
+    config_type=CombineConfig,
+    params=(
+        Param("vector_bits", (32, 64, 128), "bits per thread per global access"),
+        # Decode: 1 token of H = 4096 in bf16 is 512 vectors; 16 slices of 32 give 16 one-warp
+        # blocks instead of one.
+        Param("hidden_split", (1, 2, 4, 8, 16), "blocks sharing one token's hidden dim"),
+        Param("tokens_per_block", (1, 2, 4), "tokens sharing one block (prefill)"),
+        # As the other row kernels: 1 warp is the decode block; 8 warps fill an SM with 8
+        # blocks, so 16 and 32 would only coarsen the tail (and the compile sweep).
+        Param("warps_per_block", (1, 4, 8), "warps in one thread block"),
+    ),
+    constraints=(
+        Constraint(
+            "hidden_splits_into_vectors",
+            "the hidden size must be a whole number of vectors",
+            lambda p, c, d: p.hidden % _vector_elements(p, c) == 0,
+        ),
+        Constraint(
+            "widest_vector",
+            "the vector must be the widest (of 128, 64, 32 bits) that divides the hidden size: "
+            "a narrower one moves the same bytes in more, smaller accesses",
+            lambda p, c, d: c.vector_bits == _widest_vector_bits(p),
+        ),
+        Constraint(
+            "split_into_whole_vectors",
+            "hidden_split must divide the row into slices of whole vectors",
+            lambda p, c, d: (p.hidden // _vector_elements(p, c)) % c.hidden_split == 0,
+        ),
+        Constraint(
+            "one_grid_policy",
+            "hidden_split (few tokens) and tokens_per_block (many tokens) exclude each other: "
+            "a block holds either part of one token or several whole ones",
+            lambda p, c, d: c.hidden_split == 1 or c.tokens_per_block == 1,
+        ),
+        Constraint(
+            "whole_warps_per_token",
+            "tokens_per_block may not exceed warps_per_block: a token's threads are whole "
+            "warps, so each warp-wide access covers 32 consecutive vectors of one row; and "
+            "several tokens per block is the prefill grid, where one-warp blocks fall short "
+            "of the copy ceiling",
+            lambda p, c, d: c.tokens_per_block <= c.warps_per_block,
+        ),
+        Constraint(
+            "no_idle_threads",
+            "every thread of a token must own at least one vector of the block's slice "
+            "(warps_per_block * 32 / tokens_per_block <= vectors per slice)",
+            lambda p, c, d: _threads_per_token(c) <= _slice_vectors(p, c),
+        ),
+        Constraint(
+            "top_k_unrollable",
+            f"a token's pairs are unrolled at compile time: top_k may be at most {MAX_TOP_K}",
+            lambda p, c, d: p.top_k <= MAX_TOP_K,
+        ),
+        Constraint(
+            "block_fits_register_file",
+            "the block's estimated registers must fit one SM's register file",
+            lambda p, c, d: _registers_per_thread(p, c) * c.warps_per_block * WARP
+            <= d.registers_per_sm,
+        ),
+        Constraint(
+            "block_size_within_device",
+            "warps_per_block * 32 must not exceed the device's threads per block",
+            lambda p, c, d: c.warps_per_block * WARP <= d.max_threads_per_block,
+        ),
+    ),
+)
+
+
+def _blocks(problem: MoEProblem, config: CombineConfig) -> int:
+    return math.ceil(problem.num_tokens / config.tokens_per_block) * config.hidden_split
+
+
+def default_config(problem: MoEProblem, device) -> CombineConfig:
+    """The seed heuristic (SEED.md): 128-bit accesses (or the widest vector that divides H),
+    then the grid that puts a block on the most SMs: a token's row split over one-warp blocks
+    while the warps the problem needs fit one per SM (decode), else whole tokens in blocks of
+    8 (or 4) warps (DESIGN.md: 4-8 warps reach the copy ceiling, 1 warp does not). Among
+    grids that cover the SMs alike: fewer warps in decode, more otherwise; then fewer splits
+    and fewer tokens per block. Raises EmptySpaceError naming the constraints when no point
+    is valid."""
+    enumeration = SPACE.enumerate(problem, device)
+    enumeration.raise_if_empty(problem.describe())
+    vector = _elements(problem, _widest_vector_bits(problem))
+    vectors = problem.num_tokens * problem.hidden // vector
+    decode = math.ceil(vectors / WARP) <= device.sm_count
+
+    def preference(c: CombineConfig) -> tuple:
+        covered = min(_blocks(problem, c), device.sm_count)
+        warps = -c.warps_per_block if decode else c.warps_per_block
+        return (covered, warps, -c.hidden_split, -c.tokens_per_block)
+
+    return max(enumeration.valid, key=preference)
+
+
+def cost(problem: MoEProblem, config: CombineConfig, device) -> Cost:
+    pairs = problem.num_tokens * problem.top_k
+    element_bytes = DTYPE_BYTES[problem.dtype]
+    return Cost(
+        # Every pair's expert row (T * K rows of H), row_of and the weights read once; out
+        # written once.
+        bytes_moved=(pairs * problem.hidden * element_bytes + pairs * (4 + 4)
+                     + problem.num_tokens * problem.hidden * element_bytes),
+        # A multiply and an add per accumulated element.
+        flops=2 * pairs * problem.hidden,
+        blocks=_blocks(problem, config),
+        threads_per_block=config.warps_per_block * WARP,
+        registers_per_thread=_registers_per_thread(problem, config),
+        smem_per_block=config.tokens_per_block * problem.top_k * SMEM_BYTES_PER_PAIR,
+        bytes_in_flight_per_thread=_pairs_per_batch(problem, config) * config.vector_bits // 8,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+
+
+@cute.kernel
+def _combine_kernel(mE: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,
+                    VEC: cutlass.Constexpr[int], TOP_K: cutlass.Constexpr[int],
+                    BATCH: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                    TOKENS_PER_BLOCK: cutlass.Constexpr[int],
+                    HIDDEN_SPLIT: cutlass.Constexpr[int]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    tokens = cute.size(mO, mode=[0])
+    capacity = cute.size(mE, mode=[0])
+    first_token = (bidx // HIDDEN_SPLIT) * TOKENS_PER_BLOCK
+    part = bidx % HIDDEN_SPLIT
+
+    # The block's pairs, staged once: thread p reads pair p of its tokens (consecutive in
+    # row_of and in the weights, so the reads coalesce). A row outside [0, capacity) becomes
+    # -1 with weight 0: it is never loaded and adds nothing, whatever its weight held.
+    PAIRS = TOKENS_PER_BLOCK * TOP_K
+    smem = cutlass.memory.SmemAllocator()
+    sRow = smem.allocate_tensor(Int32, cute.make_layout(PAIRS), byte_alignment=16)
+    sWeight = smem.allocate_tensor(Float32, cute.make_layout(PAIRS), byte_alignment=16)
+    for i in cutlass.range_constexpr((PAIRS + THREADS - 1) // THREADS):
+        p = i * THREADS + tidx
+        # Past the block's pairs (only in its last round) or past the last token: nothing.
+        in_block = p < PAIRS if cutlass.const_expr((i + 1) * THREADS > PAIRS) else True
+        if in_block & (first_token + p // TOP_K < tokens):
+            row = mR[first_token + p // TOP_K, p % TOP_K]
+            weight = mW[first_token + p // TOP_K, p % TOP_K]
+            if (row < 0) | (row >= capacity):
+                row = Int32(-1)
+                weight = Float32(0.0)
+            sRow[p] = row
+            sWeight[p] = weight
+    cute.arch.sync_threads()
+
+    THREADS_PER_TOKEN = THREADS // TOKENS_PER_BLOCK
+    row_vectors = cute.size(mO, mode=[1]) // VEC
+    SLICE = row_vectors // HIDDEN_SPLIT
+    PASSES = (SLICE + THREADS_PER_TOKEN - 1) // THREADS_PER_TOKEN
+    ragged = SLICE % THREADS_PER_TOKEN != 0
+    slot = tidx // THREADS_PER_TOKEN
+    lane = tidx % THREADS_PER_TOKEN
+    token = first_token + slot
+    if token < tokens:
+        rows, weights = [], []
+        for k in cutlass.range_constexpr(TOP_K):
+            rows.append(sRow[slot * TOP_K + k])
+            weights.append(sWeight[slot * TOP_K + k])
+        tOgO = cute.zipped_divide(mO[token, None], (VEC,))
+        for n in cutlass.range(PASSES):
+            at = n * THREADS_PER_TOKEN + lane
+            # Only a ragged slice has threads without a vector in the last pass.
+            has_vector = at < SLICE if cutlass.const_expr(ragged) else True
+            if has_vector:
+                col = part * SLICE + at
+                acc = cute.full((VEC,), 0.0, Float32)
+                for first in cutlass.range_constexpr(0, TOP_K, BATCH):
+                    last = min(first + BATCH, TOP_K)
+                    # Every load of the batch before the first multiply-add: one memory round
+                    # trip per batch, not per pair. A skipped pair loads nothing; its register
+                    # vector stays zero (and its weight is zero).
+                    loaded = []
+                    for k in cutlass.range_constexpr(first, last):
+                        tErE = cute.make_rmem_tensor((VEC,), mE.element_type)
+                        tErE.fill(0.0)
+                        if rows[k] >= 0:
+                            tEgE = cute.zipped_divide(mE[rows[k], None], (VEC,))
+                            tErE.store(tEgE[(None, col)].load())
+                        loaded.append(tErE)
+                    for k in cutlass.range_constexpr(first, last):
+                        acc = acc + weights[k] * loaded[k - first].load().to(Float32)
+                tOgO[(None, col)].store(acc.to(mO.element_type))
+
+
+@cute.jit
+def _combine_launch(mE: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,
+                    stream: cuda.CUstream, VEC: cutlass.Constexpr[int],
+                    BATCH: cutlass.Constexpr[int], WARPS: cutlass.Constexpr[int],
+                    TOKENS_PER_BLOCK: cutlass.Constexpr[int],
+                    HIDDEN_SPLIT: cutlass.Constexpr[int]):
+    tokens = cute.size(mO, mode=[0])
+    blocks = (tokens + TOKENS_PER_BLOCK - 1) // TOKENS_PER_BLOCK * HIDDEN_SPLIT
+    _combine_kernel(mE, mR, mW, mO, VEC, cute.size(mR, mode=[1]), BATCH, WARPS * WARP,
+                    TOKENS_PER_BLOCK, HIDDEN_SPLIT).launch(
+        grid=(blocks, 1, 1), block=(WARPS * WARP, 1, 1), stream=stream)
+
+
+def compile_kernel(problem: MoEProblem, config: CombineConfig, options: str = ""):
+    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the
+    token count, the capacity and the row strides of expert_out and out are symbolic, so the
+    result serves every call of the static problem."""
+    dtype = CUTLASS_DTYPES[problem.dtype]
+    vec = _vector_elements(problem, config)
+    tokens, capacity = cute.sym_int(), cute.sym_int()
+
+    def rows(count):
+        # Row stride: symbolic (64-bit: capacity * H may pass 2^31), a multiple of the vector
+        # so the accesses stay wide; the start aligned to one vector.
+        return cute.runtime.make_fake_tensor(
+            dtype, (count, problem.hidden), (cute.sym_int64(divisibility=vec), 1),
+            assumed_align=vec * DTYPE_BYTES[problem.dtype])
+
+    def pairs(element_type):
+        return cute.runtime.make_fake_tensor(element_type, (tokens, problem.top_k),
+                                             (problem.top_k, 1), assumed_align=4)
+
+    return cute.compile(
+        _combine_launch,
+        rows(capacity), pairs(Int32), pairs(Float32), rows(tokens),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+        vec, _pairs_per_batch(problem, config), config.warps_per_block,
+        config.tokens_per_block, config.hidden_split,
+        options=" ".join(("--enable-tvm-ffi", options)).strip(),
+    )
+
+
+def launch(compiled, tensors: Tensors) -> None:
+    compiled(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"], tensors["out"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference, inputs, peers
+
+
+def reference(tensors: Tensors, problem: MoEProblem) -> dict[str, torch.Tensor]:
+    """fp32 weighted sum of each token's expert rows (moe_common's reference)."""
+    return {"out": moe_common.reference_combine(tensors["expert_out"], tensors["row_of"],
+                                                tensors["topk_weights"])}
+
+
+def make_inputs(problem: MoEProblem, device, generator: torch.Generator) -> Tensors:
+    """Uniform routing laid out as moe_dispatch lays it (moe_common's reference layout: pairs
+    of experts outside the local range get -1); random expert outputs in every row of the
+    capacity (padding and unused rows too, which combine must not read); out allocated (the
+    verifier poisons it)."""
+    topk_ids, topk_weights = moe_common.make_routing(problem, device, generator)
+    row_of = moe_common.reference_layout(topk_ids, problem)["row_of"]
+    dtype = TORCH_DTYPES[problem.dtype]
+    expert_out = torch.randn(problem.capacity, problem.hidden, generator=generator,
+                             device=device, dtype=torch.float32).to(dtype)
+    return {"expert_out": expert_out, "row_of": row_of, "topk_weights": topk_weights,
+            "out": torch.empty(problem.num_tokens, problem.hidden, dtype=dtype, device=device)}
+
+
+def _liger_token_aggregation(problem: MoEProblem):
+    """liger's fused-MoE token aggregation (a Triton kernel, one program per token): the same
+    weighted gather-sum with fp32 accumulation, but it reads a row for every pair."""
+    if problem.expert_begin != 0 or problem.expert_end != problem.experts:
+        raise PeerUnavailable("liger's token aggregation reads a row for every pair: it cannot "
+                              "skip the pairs of experts outside a local range (row -1)")
+    try:
+        from liger_kernel.ops.fused_moe import _token_aggregation
+    except ImportError as err:
+        raise PeerUnavailable(f"liger-kernel with fused_moe is not installed ({err})") from None
+    top_k, hidden = problem.top_k, problem.hidden
+
+    def run(t: Tensors) -> dict[str, torch.Tensor]:
+        row_of = t["row_of"]
+        return {"out": _token_aggregation(t["expert_out"], t["topk_weights"].view(-1),
+                                          row_of.view(-1), row_of.shape[0], top_k, hidden)}
+    return run
+
+
+KERNEL = register(KernelDef(
+    name="moe_combine",
+    description="MoE combine: each token's expert rows weighted by its routing weights and "
+                "summed in fp32",
+    problem_type=MoEProblem,
+    space=SPACE,
+    problems_for_model=moe_common.problems_for_model,
+    default_config=default_config,
+    cost=cost,
+    compile=compile_kernel,
+    launch=launch,
+    make_inputs=make_inputs,
+    reference=reference,
+    outputs=("out",),
+    written_in_place=(),
+    # The K products are summed in fp32 and rounded once, to the output dtype: the error is
+    # half an output ulp plus fp32 rounding (about K * 2^-24 of the terms' magnitudes), inside
+    # a few ulps of bf16 and fp16 whatever K.
+    tolerance=FLOAT_TOLERANCE,
+    source_file=__file__,
+    peers=(Peer("liger token aggregation (triton)", _liger_token_aggregation),),
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# The public op
+
+_VECTOR_BYTES = 16
+
+
+def _check_inputs(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
+                  out: torch.Tensor | None) -> None:
+    """Raise one clear error for the first thing wrong with the inputs.
+
+    The valid case reads each attribute once (a tensor attribute costs 0.1-0.4 us of host
+    time, and this runs on every call). Any config of the space may serve the call, so rows
+    and row strides are held to the widest vector that divides the hidden size. Devices are
+    checked last, so that everything else is testable on a machine without a GPU."""
+    named = (("expert_out", expert_out), ("row_of", row_of), ("topk_weights", topk_weights),
+             ("out", out))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor) and (t is not None or name != "out"):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dtype = expert_out.dtype
+    if DTYPE_NAMES.get(dtype) not in MOE_DTYPES:
+        raise TypeError(f"expert_out has dtype {dtype}: use torch.bfloat16 or torch.float16")
+    if row_of.dtype is not torch.int32:
+        raise TypeError(f"row_of has dtype {row_of.dtype}: it must be torch.int32")
+    if topk_weights.dtype is not torch.float32:
+        raise TypeError(f"topk_weights has dtype {topk_weights.dtype}: it must be "
+                        "torch.float32")
+    e_shape, r_shape = tuple(expert_out.shape), tuple(row_of.shape)
+    if len(e_shape) != 2:
+        raise ValueError(f"expert_out must be (capacity, hidden), got shape {e_shape}")
+    if len(r_shape) != 2:
+        raise ValueError(f"row_of must be (tokens, top_k), got shape {r_shape}")
+    if tuple(topk_weights.shape) != r_shape:
+        raise ValueError(f"topk_weights must have row_of's shape {r_shape}, got "
+                         f"{tuple(topk_weights.shape)}")
+    tokens, top_k = r_shape
+    hidden = e_shape[1]
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise ValueError(f"top_k (row_of's second dim) is {top_k}: moe_combine supports 1 to "
+                         f"{MAX_TOP_K}")
+    if hidden < 1 or hidden % 2:
+        raise ValueError(f"hidden size {hidden} must be positive and even (the narrowest "
+                         f"vector is 32 bits, 2 elements of {dtype})")
+    if not (row_of.is_contiguous() and topk_weights.is_contiguous()):
+        raise ValueError("row_of and topk_weights must be contiguous")
+    if out is not None:
+        if out.dtype is not dtype:
+            raise TypeError(f"out has dtype {out.dtype} but expert_out has {dtype}: they must "
+                            "match")
+        if tuple(out.shape) != (tokens, hidden):
+            raise ValueError(f"out must be (tokens, hidden) = {(tokens, hidden)}, got "
+                             f"{tuple(out.shape)}")
+    e_stride = expert_out.stride()
+    o_stride = e_stride if out is None else out.stride()
+    if e_stride[1] != 1 or o_stride[1] != 1 or (tokens > 1 and o_stride[0] < hidden):
+        raise ValueError(f"expert_out and out must have contiguous rows, out's not overlapping "
+                         f"(strides (>= {hidden}, 1)), got expert_out {e_stride}"
+                         + ("" if out is None else f", out {o_stride}"))
+    # Every valid config's vector divides this (the widest access that divides the hidden
+    # size, at most 16 bytes): row starts and strides aligned to it keep every access whole.
+    align = math.gcd(hidden, _VECTOR_BYTES // DTYPE_BYTES[DTYPE_NAMES[dtype]])
+    if ((e_stride[0] | o_stride[0]) % align or (expert_out.data_ptr() | (
+            0 if out is None else out.data_ptr())) % (align * expert_out.element_size())):
+        raise ValueError(f"expert_out and out must start aligned to {align} elements and their "
+                         f"row strides must be multiples of {align} elements (the widest vector "
+                         f"that divides hidden size {hidden}), got strides expert_out "
+                         f"{e_stride}" + ("" if out is None else f", out {o_stride}"))
+    device = expert_out.get_device()
+    if device < 0:
+        raise ValueError(f"expert_out is on {expert_out.device}: moe_combine runs on a CUDA "
+                         "device")
+    if not (row_of.get_device() == device and topk_weights.get_device() == device
+            and (out is None or out.get_device() == device)):
+        name = next(n for n, t in named if t is not None and t.get_device() != device)
+        raise ValueError(f"{name} is on {dict(named)[name].device} but expert_out is on "
+                         f"{expert_out.device}")
+
+
+def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
+                out: torch.Tensor | None = None, *, experts: int | None = None,
+                pad: int = DEFAULT_PAD, expert_begin: int = 0,
+                expert_end: int | None = None) -> torch.Tensor:
+    """out[t] = sum_k topk_weights[t, k] * expert_out[row_of[t, k]] in one launch on the
+    current stream, accumulated in fp32 and written to `out` (tokens, hidden) in expert_out's
+    dtype (allocated when None).
+
+    expert_out (capacity, hidden) bf16/fp16 holds the experts' outputs in moe_dispatch's
+    layout (rows may be padded, a multiple of the widest vector); row_of (tokens, top_k) int32
+    and topk_weights (tokens, top_k) fp32 are contiguous. Pairs whose row is -1, or outside
+    [0, capacity), add nothing and are never read. `experts`, `pad` and the local range are
+    what moe_dispatch was called with; combine's math does not depend on them, but the kernel
+    tuned for the model is looked up by them (the defaults stand for an untuned problem).
+    The kernel is the winner tuned for this device and token bucket when `cutetune.warmup`
+    loaded one, else the heuristic default."""
+    _check_inputs(expert_out, row_of, topk_weights, out)
+    tokens, top_k = row_of.shape
+    capacity, hidden = expert_out.shape
+    if out is None:
+        out = expert_out.new_empty((tokens, hidden))
+    if tokens == 0:
+        return out
+    if capacity == 0:
+        # No expert rows: every pair is skipped.
+        return out.zero_()
+    experts = top_k if experts is None else experts
+    expert_end = experts if expert_end is None else expert_end
+    static = (DTYPE_NAMES[expert_out.dtype], hidden, experts, top_k, pad, expert_begin,
+              expert_end)
+    compiled = current_dispatcher().lookup(
+        KERNEL, static, tokens,
+        lambda: MoEProblem(num_tokens=tokens, dtype=static[0], hidden=hidden, experts=experts,
+                           top_k=top_k, pad=pad, expert_begin=expert_begin,
+                           expert_end=expert_end))
+    compiled(expert_out, row_of, topk_weights, out)
+    return out

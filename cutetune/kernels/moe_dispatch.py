@@ -1,0 +1,955 @@
+"""MoE dispatch (TP=1): route every (token, k) pair to its expert's segment and copy the tokens.
+
+For the local experts [expert_begin, expert_end) (L of them) it writes moe_common's layout:
+per-expert `counts`, padded `offsets`, the row of every pair in `row_of` (-1: not local, or an
+expert id outside [0, E), which also raises `error`), and `dispatched`, the hidden states of
+each expert's pairs in a segment padded with zero rows to a multiple of `pad`.
+
+Two forms, chosen by the config's `policy`; both are one compiled callable on one stream:
+
+- fused (decode): one cooperative kernel of `coop_blocks` blocks. Block 0 routes every pair
+  (a slot per pair from shared-memory atomic counters, then a warp's scan of the padded counts
+  gives the offsets), writes counts, offsets, row_of and the list of segments that need
+  padding; a grid barrier; then every block copies tokens and zeroes padding rows, grid-stride.
+- split (prefill): a cooperative routing kernel of `coop_blocks` blocks, each counting a
+  contiguous chunk of the pairs in shared memory, then adding its counts to global per-expert
+  counters with one atomic per expert (the returned old value is the block's base in that
+  expert); a grid barrier; every block then scans the totals itself, finishes its pairs' rows
+  and zeroes its share of the padding rows. A second, ordinary kernel over many blocks copies
+  the tokens.
+
+The copy reads each token once and writes it to each of its K rows (a thread loads one vector
+of `tokens_per_block` tokens, then stores each to the rows row_of names), so x is read once
+per token, not once per pair. A work unit is (a group of tokens_per_block tokens, a slice of
+one vector per thread across the row); padding units are (a padded segment, a slice).
+
+Scratch lives in a persistent int32 workspace (make_inputs and the public op provide it; it is
+zeroed once when allocated, never per call):
+- the grid-barrier word (see `grid_barrier`: it returns to its starting state after every
+  barrier, whatever the grid size, so nothing resets it between calls or between configs);
+- an epoch and two sets of global per-expert counters (plus an error count). A split call uses
+  the set of its epoch's parity, which the previous split call zeroed, and zeroes the other set
+  for the next call; block 0 advances the epoch after the barrier, when every block has read it.
+- the fused kernel's list of padded segments (block 0 writes it before the barrier).
+Concurrent calls must not share a workspace (the public op keeps one per device and stream).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Int32
+
+from cutetune.dispatch import current_dispatcher
+from cutetune.kernels.dtypes import (
+    CUTLASS_DTYPES,
+    DTYPE_BYTES,
+    DTYPE_NAMES,
+    FLOAT_TOLERANCE,
+    TORCH_DTYPES,
+)
+from cutetune.kernels.moe_common import (
+    MOE_DTYPES,
+    MoEProblem,
+    check_dispatch,
+    make_routing,
+    problems_for_model,
+    reference_dispatch,
+)
+from cutetune.kernels.registry import KernelDef, Tensors, register
+from cutetune.spaces.space import Constraint, Param, Space
+from cutetune.tuner.roofline import Cost, resident_blocks_per_sm
+
+WARP = 32
+FUSED, SPLIT = "fused", "split"
+# Block 0 of the fused kernel routes every pair alone (one pair per thread per step, twice:
+# slot, then final row) while the other blocks wait at the barrier: bounded so that the wait
+# stays short (256 tokens of top-8); beyond it the split form spreads the routing.
+FUSED_MAX_PAIRS = 2048
+# Warp 0 scans the padded counts with each lane owning ceil(L / 32) consecutive experts,
+# unrolled at compile time; the counters also live in shared memory.
+MAX_LOCAL_EXPERTS = 1024
+# Shared memory a block may use without opting in (48 KiB on every CUDA GPU).
+SMEM_PER_BLOCK = 48 * 1024
+# A register estimate for the resource checks: addressing, loop state and the scan's lanes,
+# plus each in-flight vector (in 32-bit registers) and each token's K row indices.
+BASE_REGISTERS = 40
+
+# Workspace layout (int32 words). The barrier word and the epoch sit on their own 128-byte
+# lines, away from the counters the routing blocks hammer with atomics.
+WS_BARRIER = 0
+WS_EPOCH = 32
+WS_COUNTERS = 64
+
+
+def _ws_padding(local_experts: int) -> int:
+    """Where the fused kernel's padded-segment list starts: its count, then L starts, L ends."""
+    return WS_COUNTERS + 32 * math.ceil(2 * (local_experts + 1) / 32)
+
+
+def workspace_words(local_experts: int) -> int:
+    return _ws_padding(local_experts) + 1 + 2 * local_experts
+
+
+# ---------------------------------------------------------------------------------------------
+# Config space
+
+
+@dataclass(frozen=True)
+class MoEDispatchConfig:
+    policy: str
+    coop_blocks: int
+    warps_per_block: int
+    vector_bits: int
+    tokens_per_block: int
+
+
+def _vector_elements(problem: MoEProblem, bits: int) -> int:
+    return bits // (8 * DTYPE_BYTES[problem.dtype])
+
+
+def _widest_vector_bits(problem: MoEProblem) -> int:
+    """128 when the hidden size allows it, else the widest vector that divides it (0: none)."""
+    return next((bits for bits in (128, 64, 32)
+                 if problem.hidden % _vector_elements(problem, bits) == 0), 0)
+
+
+def _threads(config: MoEDispatchConfig) -> int:
+    return config.warps_per_block * WARP
+
+
+def _slices(problem: MoEProblem, config: MoEDispatchConfig) -> int:
+    """Slices of one vector per thread that cover a row."""
+    vectors = problem.hidden // _vector_elements(problem, config.vector_bits)
+    return math.ceil(vectors / _threads(config))
+
+
+def _registers_per_thread(problem: MoEProblem, config: MoEDispatchConfig) -> int:
+    return (BASE_REGISTERS + config.tokens_per_block * config.vector_bits // 32
+            + config.tokens_per_block * problem.top_k)
+
+
+def _smem_bytes(problem: MoEProblem) -> int:
+    # counts and offsets over the scan's width (L rounded up to 32, offsets one more), bases,
+    # padded-segment starts and ends, and two flags: as _smem_tensors allocates them.
+    width = _scan_width(problem.local_experts)
+    return 4 * (2 * width + 1 + 3 * problem.local_experts + 2)
+
+
+def _coop_cost(problem: MoEProblem, config: MoEDispatchConfig) -> Cost:
+    """The cooperative kernel's resources, for the residency checks."""
+    return Cost(bytes_moved=0, flops=0, blocks=config.coop_blocks,
+                threads_per_block=_threads(config),
+                registers_per_thread=_registers_per_thread(problem, config),
+                smem_per_block=_smem_bytes(problem))
+
+
+def _coop_grid_fits(problem: MoEProblem, config: MoEDispatchConfig, device) -> bool:
+    return config.coop_blocks <= device.sm_count * resident_blocks_per_sm(
+        _coop_cost(problem, config), device)
+
+
+SPACE = Space(
+    config_type=MoEDispatchConfig,
+    params=(
+        Param("policy", (FUSED, SPLIT),
+              "fused: one cooperative kernel (decode); split: routing kernel + copy kernel"),
+        # The grid of the cooperative kernel: the fused kernel (block 0 routes, all copy) or
+        # split's routing kernel (all route). A config constant: the work is grid-stride.
+        Param("coop_blocks", (32, 128), "blocks of the cooperative (grid-barrier) kernel"),
+        Param("warps_per_block", (1, 4, 8), "warps in one thread block"),
+        Param("vector_bits", (32, 64, 128), "bits per thread per global access of the copy"),
+        Param("tokens_per_block", (1, 2, 4),
+              "tokens whose vectors a thread loads before storing them (ILP of the copy)"),
+    ),
+    constraints=(
+        Constraint(
+            "hidden_splits_into_vectors",
+            "the hidden size must be a whole number of vectors, so every row starts on a "
+            "vector boundary",
+            lambda p, c, d: p.hidden % _vector_elements(p, c.vector_bits) == 0,
+        ),
+        Constraint(
+            "widest_vector",
+            "the vector must be the widest (of 128, 64, 32 bits) that divides the hidden size: "
+            "a narrower one moves the same bytes in more, smaller accesses",
+            lambda p, c, d: c.vector_bits == _widest_vector_bits(p),
+        ),
+        Constraint(
+            "tokens_per_block_within_tokens",
+            "a thread may batch at most as many tokens as the call has (more only loads the "
+            "same token again)",
+            lambda p, c, d: c.tokens_per_block == 1 or c.tokens_per_block <= p.num_tokens,
+        ),
+        Constraint(
+            "fused_routes_few_pairs",
+            f"the fused form routes every pair in one block: at most {FUSED_MAX_PAIRS} pairs "
+            "(tokens * top_k)",
+            lambda p, c, d: c.policy != FUSED or p.num_tokens * p.top_k <= FUSED_MAX_PAIRS,
+        ),
+        Constraint(
+            "local_experts_fit_scan",
+            f"at most {MAX_LOCAL_EXPERTS} local experts: one warp scans their counts, each "
+            "lane a compile-time-unrolled share",
+            lambda p, c, d: p.local_experts <= MAX_LOCAL_EXPERTS,
+        ),
+        Constraint(
+            "counters_fit_smem",
+            f"the per-expert counters, offsets and segment lists must fit a block's "
+            f"{SMEM_PER_BLOCK // 1024} KiB of shared memory",
+            lambda p, c, d: _smem_bytes(p) <= SMEM_PER_BLOCK,
+        ),
+        Constraint(
+            "block_size_within_device",
+            "warps_per_block * 32 must not exceed the device's threads per block",
+            lambda p, c, d: _threads(c) <= d.max_threads_per_block,
+        ),
+        Constraint(
+            "cooperative_grid_fits",
+            "every block of the cooperative kernel must be resident at once (SMs x blocks "
+            "per SM by threads, registers and shared memory), or its grid barrier deadlocks",
+            _coop_grid_fits,
+        ),
+    ),
+)
+
+
+def _fused_is_ideal(problem: MoEProblem, device) -> bool:
+    """SEED.md: one kernel with a grid barrier while every stage's ideal blocks fit the grid:
+    routing needs one block, and the copy at one warp per block needs a unit per token and
+    slice; more than one per SM, and the split form's copy kernel wins."""
+    vectors = problem.hidden // _vector_elements(problem, _widest_vector_bits(problem))
+    copy_blocks = problem.num_tokens * math.ceil(vectors / WARP)
+    return (copy_blocks <= device.sm_count
+            and problem.num_tokens * problem.top_k <= FUSED_MAX_PAIRS)
+
+
+def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
+    """The seed heuristic (SEED.md): 128-bit accesses (or the widest vector that divides the
+    hidden size); decode-sized calls fused, one warp per block, as wide a cooperative grid as
+    the device holds; prefill split, 8 warps per block (DESIGN.md: 4-8 warps reach the copy
+    ceiling, 1 warp does not), routing spread over the widest grid."""
+    bits = _widest_vector_bits(problem)
+    if not bits:
+        # No vector divides the hidden size: let the space say which constraint removed what.
+        SPACE.valid_points(problem, device)
+    fused = _fused_is_ideal(problem, device)
+    warps = 1 if fused else 8
+    config = MoEDispatchConfig(FUSED if fused else SPLIT, 32, warps, bits, 1)
+    wide = MoEDispatchConfig(config.policy, 128, warps, bits, 1)
+    if SPACE.first_violation(problem, wide, device) is None:
+        return wide
+    return config
+
+
+def _copy_unit_count(problem: MoEProblem, config: MoEDispatchConfig) -> int:
+    return math.ceil(problem.num_tokens / config.tokens_per_block) * _slices(problem, config)
+
+
+def expected_padding_rows(problem: MoEProblem) -> float:
+    """Expected zero rows under uniform routing: a non-empty segment pads (pad - 1) / 2 rows
+    on average, and at most min(L, local pairs) segments are non-empty (a decode step of 8
+    pairs pads 8 segments, not all 256 experts)."""
+    return min(problem.local_experts, _local_pairs(problem)) * (problem.pad - 1) / 2
+
+
+def _local_pairs(problem: MoEProblem) -> int:
+    """Expected pairs routed to the local experts under uniform routing."""
+    return math.ceil(problem.num_tokens * problem.top_k * problem.local_experts
+                     / problem.experts)
+
+
+def cost(problem: MoEProblem, config: MoEDispatchConfig, device) -> Cost:
+    """Bytes at DRAM: topk_ids read and row_of written once (the routing rereads its own pairs
+    and the copy reads row_of back, both L2 hits), counts/offsets/error written once; x read
+    once per token (every column of every token, local or not) and each local pair's row
+    written once; the expected padding rows (expected_padding_rows) written as zeros.
+    The grid barrier's latency is not bytes: it is counted as one grid barrier (the roofline
+    adds the measured barrier cost), and split adds a second launch."""
+    element = DTYPE_BYTES[problem.dtype]
+    row = problem.hidden * element
+    pairs = problem.num_tokens * problem.top_k
+    routing = 4 * pairs + 4 * pairs + 4 * (2 * problem.local_experts + 2)
+    copy = problem.num_tokens * row + _local_pairs(problem) * row
+    padding = math.ceil(expected_padding_rows(problem) * row)
+    fused = config.policy == FUSED
+    return Cost(
+        bytes_moved=routing + copy + padding,
+        flops=0,
+        blocks=config.coop_blocks if fused else _copy_unit_count(problem, config),
+        threads_per_block=_threads(config),
+        registers_per_thread=_registers_per_thread(problem, config),
+        smem_per_block=_smem_bytes(problem) if fused else 0,
+        launches=1 if fused else 2,
+        grid_barriers=1,
+        bytes_in_flight_per_thread=config.tokens_per_block * config.vector_bits // 8,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The grid barrier
+
+
+def barrier_increment(blocks: int, block: int) -> int:
+    """What block `block` of `blocks` adds to the barrier word (as a signed 32-bit value).
+
+    Block 0 adds 2^31 - (blocks - 1), every other block 1: once all have arrived the word has
+    grown by exactly 2^31, so its top bit has flipped and its low 31 bits are back where they
+    were. Before the last arrival the sum is below 2^31, so the top bit cannot flip early.
+    (The scheme of CUDA's cooperative-groups grid sync.)"""
+    if block:
+        return 1
+    value = (1 << 31) - (blocks - 1)
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+@cute.jit
+def grid_barrier(mWs: cute.Tensor, tidx: Int32, bidx: Int32, BLOCKS: cutlass.Constexpr[int]):
+    """Wait until all BLOCKS blocks of this cooperative grid arrive.
+
+    Thread 0 arrives with a gpu-scope release add on the barrier word (ordering its block's
+    earlier writes, gathered by the block barrier, before the arrival), then spins with
+    gpu-scope acquire loads until the word's top bit differs from the value it saw when it
+    arrived; the chain of atomic adds carries every block's release to that acquire. The word
+    returns to its starting low bits after every barrier whatever BLOCKS is, so consecutive
+    barriers, calls and configs share it with no reset."""
+    cute.arch.sync_threads()
+    if tidx == 0:
+        increment = Int32(1)
+        if bidx == 0:
+            increment = Int32(barrier_increment(BLOCKS, 0))
+        word = mWs.iterator + WS_BARRIER
+        arrived = cute.arch.atomic_add(word, increment, sem="release", scope="gpu")
+        seen = cute.arch.load(word, Int32, sem="acquire", scope="gpu")
+        while (seen ^ arrived) >= 0:  # same top bit: not everyone has arrived yet
+            seen = cute.arch.load(word, Int32, sem="acquire", scope="gpu")
+    cute.arch.sync_threads()
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing pieces (shared by both forms)
+
+
+@cute.jit
+def _route_pair(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor, pair: Int32,
+                K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> Int32:
+    """Give the pair a slot in its local expert (a shared-memory atomic) and store the slot in
+    row_of for now; -1 for other experts. Returns 1 for an id outside [0, E), else 0."""
+    token = pair // K
+    k = pair - token * K
+    expert = mIds[token, k]
+    local = expert - BEGIN
+    slot = Int32(-1)
+    bad = Int32(0)
+    if expert < 0 or expert >= E:
+        bad = Int32(1)
+    elif local >= 0 and local < L:
+        slot = cute.arch.atomic_add(sCount.iterator + local, Int32(1), sem="relaxed",
+                                    scope="cta")
+    mRowOf[token, k] = slot
+    return bad
+
+
+@cute.jit
+def _finish_pair(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, pair: Int32,
+                 K: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int],
+                 L: cutlass.Constexpr[int]):
+    """row = the expert's base for this block + the slot _route_pair stored."""
+    token = pair // K
+    k = pair - token * K
+    local = mIds[token, k] - BEGIN
+    if local >= 0 and local < L:
+        slot = mRowOf[token, k]
+        if slot >= 0:  # defensive: every pair of a local expert got a slot
+            mRowOf[token, k] = slot + sBase[local]
+
+
+@cute.jit
+def _scan(sTotal: cute.Tensor, sOffsets: cute.Tensor, sPadStart: cute.Tensor,
+          sPadEnd: cute.Tensor, sFlags: cute.Tensor, lane: Int32, L: cutlass.Constexpr[int],
+          PAD: cutlass.Constexpr[int]):
+    """One warp: offsets = exclusive scan of the counts rounded up to PAD; the segments with
+    padding rows listed as [start, end) row ranges (their count in sFlags[0]). Lane l owns
+    experts [l * PER_LANE, (l + 1) * PER_LANE): a serial pass, a shuffle scan of the lane
+    sums, and a second serial pass writing the results."""
+    PER_LANE = (L + WARP - 1) // WARP
+    first = lane * PER_LANE
+    rows = Int32(0)
+    padded_segments = Int32(0)
+    for i in cutlass.range_constexpr(PER_LANE):
+        count = sTotal[first + i]  # zero past L: the arrays hold 32 * PER_LANE experts
+        rows = rows + (count + (PAD - 1)) // PAD * PAD
+        if cutlass.const_expr(PAD > 1):
+            padded_segments = padded_segments + Int32(count % PAD != 0)
+    rows_through = rows
+    segments_through = padded_segments
+    for i in cutlass.range_constexpr(5):
+        rows_before = cute.arch.shuffle_sync_up(rows_through, 1 << i)
+        segments_before = cute.arch.shuffle_sync_up(segments_through, 1 << i)
+        if lane >= (1 << i):
+            rows_through = rows_through + rows_before
+            segments_through = segments_through + segments_before
+    row = rows_through - rows
+    segment = segments_through - padded_segments
+    for i in cutlass.range_constexpr(PER_LANE):
+        count = sTotal[first + i]
+        padded = (count + (PAD - 1)) // PAD * PAD
+        sOffsets[first + i] = row
+        if cutlass.const_expr(PAD > 1):
+            if padded != count:
+                sPadStart[segment] = row + count
+                sPadEnd[segment] = row + padded
+            segment = segment + Int32(padded != count)
+        row = row + padded
+    if lane == WARP - 1:
+        sOffsets[L] = rows_through
+        sFlags[0] = segments_through
+
+
+# ---------------------------------------------------------------------------------------------
+# Copy pieces (shared by both forms)
+
+
+@cute.jit
+def _copy_units(gX: cute.Tensor, mRowOf: cute.Tensor, gDisp: cute.Tensor, tidx: Int32,
+                first_unit: Int32, unit_stride: Int32, K: cutlass.Constexpr[int],
+                VEC: cutlass.Constexpr[int], V: cutlass.Constexpr[int],
+                THREADS: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
+                SLICES: cutlass.Constexpr[int]):
+    """Units first_unit, first_unit + unit_stride, ...: unit u copies vector
+    (u % SLICES) * THREADS + tidx (of the row's V) of tokens (u // SLICES) * TPB + [0, TPB) to
+    each of their rows. gX and gDisp are divided into vectors: ((1, VEC), (rows, V)). All TPB
+    loads are issued before the first store."""
+    tokens = cute.size(mRowOf, mode=[0])
+    units = (tokens + (TPB - 1)) // TPB * SLICES
+    for unit in range(first_unit, units, unit_stride):
+        group = unit // SLICES
+        column = (unit - group * SLICES) * THREADS + tidx
+        if column < V:
+            # Into registers first: a TensorSSA stored under two different branches trips the
+            # tracer (its element cache is born inside the first branch); a register fragment
+            # copied out with autovec_copy does not.
+            values = []
+            for i in cutlass.range_constexpr(TPB):
+                # A token past the last loads the last one again and stores nothing.
+                token = cutlass.min(group * TPB + i, tokens - 1)
+                fragment = cute.make_rmem_tensor(cute.make_layout((1, VEC)), gX.element_type)
+                cute.autovec_copy(gX[(None, (token, column))], fragment)
+                values.append(fragment)
+            # Every row index before the first store: the compiler cannot move a load above a
+            # store it cannot prove disjoint, and one L2 round trip per pair would serialise.
+            rows = []
+            for i in cutlass.range_constexpr(TPB):
+                token = cutlass.min(group * TPB + i, tokens - 1)
+                for k in cutlass.range_constexpr(K):
+                    rows.append(mRowOf[token, k])
+            for i in cutlass.range_constexpr(TPB):
+                for k in cutlass.range_constexpr(K):
+                    if rows[i * K + k] >= 0 and group * TPB + i < tokens:
+                        cute.autovec_copy(values[i], gDisp[(None, (rows[i * K + k], column))])
+
+
+@cute.jit
+def _zero_padding(gDisp: cute.Tensor, mPadStart: cute.Tensor, mPadEnd: cute.Tensor,
+                  segments: Int32, tidx: Int32, first_unit: Int32, unit_stride: Int32,
+                  VEC: cutlass.Constexpr[int], V: cutlass.Constexpr[int],
+                  THREADS: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int]):
+    """Units (padded segment, slice), grid-stride: zero the segment's padding rows there."""
+    zeros = cute.make_rmem_tensor(cute.make_layout((1, VEC)), gDisp.element_type)
+    zeros.fill(0)
+    for unit in range(first_unit, segments * SLICES, unit_stride):
+        segment = unit // SLICES
+        column = (unit - segment * SLICES) * THREADS + tidx
+        if column < V:
+            for row in range(mPadStart[segment], mPadEnd[segment]):
+                cute.autovec_copy(zeros, gDisp[(None, (row, column))])
+
+
+def _scan_width(L: int) -> int:
+    """Experts the scan's lanes cover: L rounded up to a multiple of 32 (the rest count 0)."""
+    return (L + WARP - 1) // WARP * WARP
+
+
+def _smem_tensors(L: int):
+    width = _scan_width(L)
+    smem = cutlass.memory.SmemAllocator()
+    sCount = smem.allocate_tensor(Int32, cute.make_layout(width), byte_alignment=16)
+    sBase = smem.allocate_tensor(Int32, cute.make_layout(L), byte_alignment=16)
+    sOffsets = smem.allocate_tensor(Int32, cute.make_layout(width + 1), byte_alignment=16)
+    sPadStart = smem.allocate_tensor(Int32, cute.make_layout(L), byte_alignment=16)
+    sPadEnd = smem.allocate_tensor(Int32, cute.make_layout(L), byte_alignment=16)
+    sFlags = smem.allocate_tensor(Int32, cute.make_layout(2), byte_alignment=16)
+    return sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags
+
+
+def _ws_view(mWs: cute.Tensor, start: int, size: int) -> cute.Tensor:
+    return cute.make_tensor(mWs.iterator + start, cute.make_layout(size))
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels
+
+
+@cute.kernel
+def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
+                  mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
+                  mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
+                  PAD: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
+                  V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                  TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
+                  BLOCKS: cutlass.Constexpr[int]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    sCount, _, sOffsets, sPadStart, sPadEnd, sFlags = _smem_tensors(L)
+    pad_list = _ws_padding(L)
+    mPadStart = _ws_view(mWs, pad_list + 1, L)
+    mPadEnd = _ws_view(mWs, pad_list + 1 + L, L)
+    pairs = cute.size(mIds, mode=[0]) * K
+    if bidx == 0:
+        for e in range(tidx, _scan_width(L), THREADS):
+            sCount[e] = 0
+        if tidx == 0:
+            sFlags[1] = 0
+        cute.arch.sync_threads()
+        for pair in range(tidx, pairs, THREADS):
+            if _route_pair(mIds, mRowOf, sCount, pair, K, E, BEGIN, L) != 0:
+                sFlags[1] = 1
+        cute.arch.sync_threads()
+        if tidx < WARP:
+            _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD)
+        cute.arch.sync_threads()
+        for e in range(tidx, L, THREADS):
+            mCounts[e] = sCount[e]
+            mOffsets[e] = sOffsets[e]
+        segments = sFlags[0]
+        if tidx == 0:
+            mOffsets[L] = sOffsets[L]
+            mError[0] = sFlags[1]
+            mWs[pad_list] = segments
+        for i in range(tidx, segments, THREADS):
+            mPadStart[i] = sPadStart[i]
+            mPadEnd[i] = sPadEnd[i]
+        for pair in range(tidx, pairs, THREADS):
+            _finish_pair(mIds, mRowOf, sOffsets, pair, K, BEGIN, L)
+    grid_barrier(mWs, tidx, bidx, BLOCKS)
+    gX = cute.zipped_divide(mX, (1, VEC))
+    gDisp = cute.zipped_divide(mDisp, (1, VEC))
+    _copy_units(gX, mRowOf, gDisp, tidx, bidx, BLOCKS, K, VEC, V, THREADS, TPB, SLICES)
+    if cutlass.const_expr(PAD > 1):
+        _zero_padding(gDisp, mPadStart, mPadEnd, mWs[pad_list], tidx, bidx, BLOCKS, VEC, V,
+                      THREADS, SLICES)
+
+
+@cute.kernel
+def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
+                  mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
+                  mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
+                  PAD: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
+                  V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                  SLICES: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags = _smem_tensors(L)
+    # This call counts into the counter set of its epoch's parity (zeroed by the previous
+    # call) and zeroes the other set for the next call. Every block reads the epoch before
+    # the barrier; block 0 advances it after.
+    epoch = mWs[WS_EPOCH]
+    parity = epoch & 1
+    mTotals = cute.make_tensor(mWs.iterator + WS_COUNTERS + parity * (L + 1),
+                               cute.make_layout(L + 1))
+    mNext = cute.make_tensor(mWs.iterator + WS_COUNTERS + (1 - parity) * (L + 1),
+                             cute.make_layout(L + 1))
+    for i in range(bidx * THREADS + tidx, L + 1, BLOCKS * THREADS):
+        mNext[i] = 0
+    for e in range(tidx, _scan_width(L), THREADS):
+        sCount[e] = 0
+    if tidx == 0:
+        sFlags[1] = 0
+    cute.arch.sync_threads()
+    pairs = cute.size(mIds, mode=[0]) * K
+    chunk = (pairs + (BLOCKS - 1)) // BLOCKS
+    begin = bidx * chunk
+    end = cutlass.min(begin + chunk, pairs)
+    for pair in range(begin + tidx, end, THREADS):
+        if _route_pair(mIds, mRowOf, sCount, pair, K, E, BEGIN, L) != 0:
+            sFlags[1] = 1
+    cute.arch.sync_threads()
+    for e in range(tidx, L, THREADS):
+        count = sCount[e]
+        if count > 0:
+            sBase[e] = cute.arch.atomic_add(mTotals.iterator + e, count, sem="relaxed",
+                                            scope="gpu")
+    if tidx == 0:
+        if sFlags[1] != 0:
+            cute.arch.atomic_add(mTotals.iterator + L, Int32(1), sem="relaxed", scope="gpu")
+    grid_barrier(mWs, tidx, bidx, BLOCKS)
+    for e in range(tidx, L, THREADS):
+        sCount[e] = cute.arch.load(mTotals.iterator + e, Int32, sem="relaxed", scope="gpu")
+    cute.arch.sync_threads()
+    if tidx < WARP:
+        _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD)
+    cute.arch.sync_threads()
+    for e in range(tidx, L, THREADS):
+        sBase[e] = sBase[e] + sOffsets[e]
+    if bidx == 0:
+        for e in range(tidx, L, THREADS):
+            mCounts[e] = sCount[e]
+            mOffsets[e] = sOffsets[e]
+        if tidx == 0:
+            mOffsets[L] = sOffsets[L]
+            errors = cute.arch.load(mTotals.iterator + L, Int32, sem="relaxed", scope="gpu")
+            mError[0] = Int32(0)
+            if errors != 0:
+                mError[0] = Int32(1)
+            mWs[WS_EPOCH] = epoch + 1
+    cute.arch.sync_threads()
+    for pair in range(begin + tidx, end, THREADS):
+        _finish_pair(mIds, mRowOf, sBase, pair, K, BEGIN, L)
+    if cutlass.const_expr(PAD > 1):
+        gDisp = cute.zipped_divide(mDisp, (1, VEC))
+        _zero_padding(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, BLOCKS, VEC, V, THREADS,
+                      SLICES)
+
+
+@cute.kernel
+def _copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
+                 K: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
+                 V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                 TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    gdim, _, _ = cute.arch.grid_dim()
+    gX = cute.zipped_divide(mX, (1, VEC))
+    gDisp = cute.zipped_divide(mDisp, (1, VEC))
+    _copy_units(gX, mRowOf, gDisp, tidx, bidx, gdim, K, VEC, V, THREADS, TPB, SLICES)
+
+
+@cute.jit
+def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
+                     mDisp: cute.Tensor, mCounts: cute.Tensor, mOffsets: cute.Tensor,
+                     mError: cute.Tensor, mWs: cute.Tensor, stream: cuda.CUstream,
+                     FUSED_FORM: cutlass.Constexpr[bool], K: cutlass.Constexpr[int],
+                     E: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int],
+                     L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
+                     VEC: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                     TPB: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+    V = cute.size(mX, mode=[1]) // VEC
+    SLICES = (V + THREADS - 1) // THREADS
+    if cutlass.const_expr(FUSED_FORM):
+        _fused_kernel(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, BEGIN, L,
+                      PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
+            grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=True)
+    else:
+        _route_kernel(mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, BEGIN, L, PAD,
+                      VEC, V, THREADS, SLICES, BLOCKS).launch(
+            grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=True)
+        tokens = cute.size(mX, mode=[0])
+        units = (tokens + (TPB - 1)) // TPB * SLICES
+        _copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, SLICES).launch(
+            grid=(cutlass.max(units, 1), 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile, the residency check, launch
+
+
+# torch does not report the blocks an SM holds: 16 is the least of any GPU since Volta (Hopper
+# and Blackwell hold 32), so the check may only err on the safe side.
+MIN_BLOCKS_PER_SM = 16
+
+
+class CooperativeGridError(RuntimeError):
+    """A cooperative grid larger than the device can hold at once (its barrier would hang)."""
+
+
+def resident_capacity(threads_per_block: int, registers_per_thread: int, smem_per_block: int,
+                      props) -> int:
+    """Blocks of this shape the device holds at once: SMs x blocks per SM by threads, registers
+    and shared memory. `props` as torch.cuda.get_device_properties returns (fields
+    multi_processor_count, max_threads_per_multi_processor, regs_per_multiprocessor and, where
+    present, shared_memory_per_multiprocessor and max_blocks_per_multi_processor)."""
+    by_threads = props.max_threads_per_multi_processor // threads_per_block
+    by_registers = props.regs_per_multiprocessor // (registers_per_thread * threads_per_block)
+    by_blocks = getattr(props, "max_blocks_per_multi_processor", MIN_BLOCKS_PER_SM)
+    per_sm = min(by_threads, by_registers, by_blocks)
+    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 0)
+    if smem_per_block and smem_per_sm:
+        per_sm = min(per_sm, smem_per_sm // smem_per_block)
+    return props.multi_processor_count * per_sm
+
+
+def check_cooperative_grid(blocks: int, threads_per_block: int, registers_per_thread: int,
+                           smem_per_block: int, props) -> None:
+    """Raise CooperativeGridError, before anything launches, when `blocks` cannot all be
+    resident at once on the device `props` describes."""
+    capacity = resident_capacity(threads_per_block, registers_per_thread, smem_per_block, props)
+    if blocks > capacity:
+        name = getattr(props, "name", "this device")
+        raise CooperativeGridError(
+            f"moe_dispatch: a cooperative grid of {blocks} blocks of {threads_per_block} threads "
+            f"does not fit {name}, which holds {capacity} at once "
+            f"({props.multi_processor_count} SMs); use a config with coop_blocks <= {capacity}")
+
+
+class CompiledDispatch:
+    """The compiled launcher plus what the launch path needs to check its cooperative grid;
+    called with (x, topk_ids, row_of, dispatched, counts, offsets, error, workspace)."""
+
+    def __init__(self, fn, problem: MoEProblem, config: MoEDispatchConfig):
+        self.fn = fn
+        self.problem = problem
+        self.config = config
+        self._checked_devices: set[int] = set()
+
+    def check_device(self, device: int) -> None:
+        if device in self._checked_devices:
+            return
+        cost = _coop_cost(self.problem, self.config)
+        check_cooperative_grid(cost.blocks, cost.threads_per_block, cost.registers_per_thread,
+                               cost.smem_per_block, torch.cuda.get_device_properties(device))
+        self._checked_devices.add(device)
+
+    def __call__(self, x, topk_ids, row_of, dispatched, counts, offsets, error, workspace):
+        self.check_device(x.get_device())
+        self.fn(x, topk_ids, row_of, dispatched, counts, offsets, error, workspace)
+
+
+def compile_kernel(problem: MoEProblem, config: MoEDispatchConfig,
+                   options: str = "") -> CompiledDispatch:
+    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the token
+    count (and the dispatched buffer's rows) are symbolic, so the result serves every call."""
+    dtype = CUTLASS_DTYPES[problem.dtype]
+    vec = _vector_elements(problem, config.vector_bits)
+    tokens = cute.sym_int()
+    rows = cute.sym_int()
+    L = problem.local_experts
+
+    def hidden_rows(count):
+        # A 64-bit row stride keeps row * hidden from overflowing 32 bits in big buffers.
+        return cute.runtime.make_fake_tensor(dtype, (count, problem.hidden),
+                                             (cute.sym_int64(divisibility=vec), 1),
+                                             assumed_align=16)
+
+    def pairs():
+        # Row-major, as torch holds (tokens, top_k); a compact fake tensor would be
+        # column-major (CuTe's default mode order).
+        return cute.runtime.make_fake_tensor(cutlass.Int32, (tokens, problem.top_k),
+                                             (problem.top_k, 1), assumed_align=4)
+
+    def ints(size: int):
+        return cute.runtime.make_fake_tensor(cutlass.Int32, (size,), (1,), assumed_align=4)
+
+    fn = cute.compile(
+        _dispatch_launch,
+        hidden_rows(tokens), pairs(), pairs(),
+        hidden_rows(rows), ints(L), ints(L + 1), ints(1), ints(workspace_words(L)),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+        config.policy == FUSED, problem.top_k, problem.experts, problem.expert_begin, L,
+        problem.pad, vec, _threads(config), config.tokens_per_block, config.coop_blocks,
+        options=" ".join(("--enable-tvm-ffi", options)).strip(),
+    )
+    return CompiledDispatch(fn, problem, config)
+
+
+def launch(compiled: CompiledDispatch, tensors: Tensors) -> None:
+    compiled(tensors["x"], tensors["topk_ids"], tensors["row_of"], tensors["dispatched"],
+             tensors["counts"], tensors["offsets"], tensors["error"], tensors["workspace"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference, inputs
+
+
+def new_workspace(problem: MoEProblem, device) -> torch.Tensor:
+    """Zeroed once here; the kernels keep it consistent from call to call."""
+    return torch.zeros(workspace_words(problem.local_experts), dtype=torch.int32, device=device)
+
+
+def make_inputs(problem: MoEProblem, device, generator: torch.Generator) -> Tensors:
+    """x random, uniform routing, the outputs allocated (the verifier poisons them) and a
+    workspace."""
+    dtype = TORCH_DTYPES[problem.dtype]
+    x = torch.randn(problem.num_tokens, problem.hidden, generator=generator, device=device,
+                    dtype=torch.float32).to(dtype)
+    topk_ids, _ = make_routing(problem, device, generator)
+    L = problem.local_experts
+    return {
+        "x": x,
+        "topk_ids": topk_ids,
+        "counts": torch.empty(L, dtype=torch.int32, device=device),
+        "offsets": torch.empty(L + 1, dtype=torch.int32, device=device),
+        "row_of": torch.empty(problem.num_tokens, problem.top_k, dtype=torch.int32,
+                              device=device),
+        "dispatched": torch.empty(problem.capacity, problem.hidden, dtype=dtype, device=device),
+        "error": torch.empty(1, dtype=torch.int32, device=device),
+        "workspace": new_workspace(problem, device),
+    }
+
+
+def reference(tensors: Tensors, problem: MoEProblem) -> dict[str, torch.Tensor]:
+    """moe_common's torch reference: a stable sort of the pairs by expert, index_copy."""
+    return reference_dispatch(tensors["x"], tensors["topk_ids"], problem)
+
+
+KERNEL = register(KernelDef(
+    name="moe_dispatch",
+    description="MoE dispatch (TP=1): route (token, k) pairs to padded per-expert segments "
+                "and copy the tokens there",
+    problem_type=MoEProblem,
+    space=SPACE,
+    problems_for_model=problems_for_model,
+    default_config=default_config,
+    cost=cost,
+    compile=compile_kernel,
+    launch=launch,
+    make_inputs=make_inputs,
+    reference=reference,
+    outputs=("counts", "offsets", "row_of", "dispatched", "error"),
+    written_in_place=(),
+    tolerance=FLOAT_TOLERANCE,
+    source_file=__file__,
+    check=check_dispatch,
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# The public op
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    """dispatched (capacity, hidden): each local expert's tokens in its padded segment;
+    counts (L,) and offsets (L + 1,) int32; row_of (tokens, top_k) int32, -1 where a pair's
+    expert is not local (the combine step reads only row_of)."""
+
+    dispatched: torch.Tensor
+    counts: torch.Tensor
+    offsets: torch.Tensor
+    row_of: torch.Tensor
+
+
+# One workspace per (device, stream, local experts): concurrent calls on different streams
+# must not share the barrier word or the counters.
+_WORKSPACES: dict[tuple[int, int, int], torch.Tensor] = {}
+
+
+def _workspace(device: int, local_experts: int) -> torch.Tensor:
+    stream = torch.cuda.current_stream(device).cuda_stream
+    key = (device, stream, local_experts)
+    workspace = _WORKSPACES.get(key)
+    if workspace is None:
+        workspace = torch.zeros(workspace_words(local_experts), dtype=torch.int32,
+                                device=torch.device("cuda", device))
+        _WORKSPACES[key] = workspace
+    return workspace
+
+
+def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int, int]:
+    """Raise one clear error for the first thing wrong; else return the dtype name and the
+    local expert range. Devices are checked last, so that everything else is testable on a
+    machine without a GPU."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(topk_ids, torch.Tensor):
+        raise TypeError(f"topk_ids must be a torch.Tensor, got {type(topk_ids).__name__}")
+    if x.dtype not in DTYPE_NAMES or DTYPE_NAMES[x.dtype] not in MOE_DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}: use torch.bfloat16 or torch.float16")
+    if topk_ids.dtype is not torch.int32:
+        raise TypeError(f"topk_ids has dtype {topk_ids.dtype}: use torch.int32")
+    x_shape, ids_shape = tuple(x.shape), tuple(topk_ids.shape)
+    if len(x_shape) != 2:
+        raise ValueError(f"x must be (tokens, hidden), got shape {x_shape}")
+    if len(ids_shape) != 2 or ids_shape[0] != x_shape[0]:
+        raise ValueError(f"topk_ids must be (tokens, top_k) with x's {x_shape[0]} tokens, got "
+                         f"shape {ids_shape}")
+    for name, value in (("num_experts", num_experts), ("pad", pad)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    top_k = ids_shape[1]
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k {top_k} (topk_ids.shape[1]) must be between 1 and "
+                         f"num_experts {num_experts}")
+    begin, end = 0, num_experts
+    if expert_range is not None:
+        pair = tuple(expert_range) if isinstance(expert_range, (tuple, list)) else ()
+        if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                     for v in pair):
+            raise ValueError(f"expert_range must be a (begin, end) pair of ints, got "
+                             f"{expert_range!r}")
+        begin, end = pair
+    if not 0 <= begin < end <= num_experts:
+        raise ValueError(f"expert_range [{begin}, {end}) must be a non-empty range within "
+                         f"[0, {num_experts})")
+    if end - begin > MAX_LOCAL_EXPERTS:
+        raise ValueError(f"{end - begin} local experts: moe_dispatch supports at most "
+                         f"{MAX_LOCAL_EXPERTS}")
+    name = DTYPE_NAMES[x.dtype]
+    if x_shape[1] * DTYPE_BYTES[name] % 4:
+        raise ValueError(f"hidden {x_shape[1]} must be a multiple of 4 bytes (2 elements of "
+                         f"{x.dtype}), the narrowest vector the copy uses")
+    if not x.is_contiguous():
+        raise ValueError(f"x must be contiguous, got strides {x.stride()}")
+    if not topk_ids.is_contiguous():
+        raise ValueError(f"topk_ids must be contiguous, got strides {topk_ids.stride()}")
+    if x.data_ptr() % 16:
+        raise ValueError("x must start 16-byte aligned")
+    device = x.get_device()
+    if device < 0:
+        raise ValueError(f"x is on {x.device}: moe_dispatch runs on a CUDA device")
+    if topk_ids.get_device() != device:
+        raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
+    return name, begin, end
+
+
+def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int = 16,
+                 expert_range: tuple[int, int] | None = None,
+                 validate: bool = False) -> DispatchResult:
+    """Route the (token, k) pairs of `topk_ids` (tokens, top_k) int32 to the local experts
+    `expert_range` = [begin, end) of `num_experts` (all of them when None) and copy the rows
+    of x (tokens, hidden) bf16/fp16 into each expert's segment, padded with zero rows to a
+    multiple of `pad`, on the current stream (moe_common describes the layout).
+
+    Pairs of other experts get row -1. An expert id outside [0, num_experts) is skipped (row
+    -1) and raises a flag on the device; with validate=True the call synchronises and raises
+    ValueError if it was raised (off by default: it stalls the host). The kernel is the winner
+    tuned for this device and token bucket when `cutetune.warmup` loaded one, else the
+    heuristic default.
+
+    Scratch (the grid-barrier word, counters) is kept per device and stream; before capturing
+    a CUDA graph, call the op once on the capture stream (the usual warm-up), so that its
+    workspace is not allocated inside the capture."""
+    dtype, begin, end = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    local = end - begin
+    capacity = tokens * top_k + local * (pad - 1)
+    # counts, offsets and the error flag in one allocation.
+    small = torch.empty(2 * local + 2, dtype=torch.int32, device=x.device)
+    counts, offsets, error = small[:local], small[local:2 * local + 1], small[2 * local + 1:]
+    dispatched = x.new_empty((capacity, hidden))
+    row_of = torch.empty(tokens, top_k, dtype=torch.int32, device=x.device)
+    if tokens == 0:
+        counts.zero_()
+        offsets.zero_()
+        return DispatchResult(dispatched, counts, offsets, row_of)
+    static = (dtype, hidden, num_experts, top_k, pad, begin, end)
+    compiled = current_dispatcher().lookup(
+        KERNEL, static, tokens,
+        lambda: MoEProblem(num_tokens=tokens, dtype=dtype, hidden=hidden,
+                           experts=num_experts, top_k=top_k, pad=pad, expert_begin=begin,
+                           expert_end=end))
+    device = x.get_device()
+    compiled(x, topk_ids, row_of, dispatched, counts, offsets, error,
+             _workspace(device, local))
+    if validate and int(error.item()):
+        raise ValueError(f"topk_ids holds expert ids outside [0, {num_experts}): those pairs "
+                         "were skipped (row -1)")
+    return DispatchResult(dispatched, counts, offsets, row_of)

@@ -1,0 +1,296 @@
+"""moe_dispatch on the GPU: every valid point against moe_common's check (uniform and skewed
+routing, a local expert range, pad 1, 64-bit vectors), the heuristic default at prefill sizes,
+expert ids outside [0, E), CUDA-graph replays (the grid barrier re-arms itself), the launch
+path's residency check, and the public op.
+
+Every config of a test shares one workspace, as the tuner's input sets do: the barrier word
+and the split form's counters must stay consistent across forms and grid sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from cutetune.kernels import moe_common as moe
+from cutetune.kernels import moe_dispatch as md
+from cutetune.tuner.roofline import device_spec_for
+from cutetune.tuner.verify import check_outputs, poison
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = torch.device("cuda")
+# Qwen3-30B-A3B's MoE layer: hidden 2048, 128 experts, top-8, segments padded to 16.
+QWEN = moe.MoEProblem(num_tokens=1, dtype="bfloat16", hidden=2048, experts=128, top_k=8,
+                      pad=16, expert_begin=0, expert_end=128)
+# fp16, a hidden size only 64-bit vectors divide (and not a whole number of slices), a local
+# range of 12 of 20 experts, no padding.
+SYNTHETIC = moe.MoEProblem(num_tokens=1, dtype="float16", hidden=1004, experts=20, top_k=3,
+                           pad=1, expert_begin=5, expert_end=17)
+LOCAL = dataclasses.replace(QWEN, expert_begin=32, expert_end=96)
+
+
+@functools.cache
+def spec():
+    return device_spec_for(torch.cuda.get_device_name())
+
+
+@functools.cache
+def _compiled(problem: moe.MoEProblem, config: md.MoEDispatchConfig):
+    return md.KERNEL.compile(problem, config)
+
+
+def compiled(problem, config):
+    return _compiled(problem.with_tokens(1), config)
+
+
+def inputs(problem, seed: int, skewed: bool = False, workspace=None):
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    tensors = dict(md.make_inputs(problem, DEVICE, generator))
+    if skewed:
+        tensors["topk_ids"], _ = moe.make_routing(problem, DEVICE, generator, skewed=True)
+    if workspace is not None:
+        tensors["workspace"] = workspace
+    return tensors
+
+
+def run_and_check(problem, config, tensors) -> None:
+    """Poison every output, launch, and judge with moe_common's check."""
+    expected = md.reference(tensors, problem)
+    for name in md.KERNEL.outputs:
+        poison(tensors[name])
+    md.launch(compiled(problem, config), tensors)
+    torch.cuda.synchronize()
+    check_outputs(md.KERNEL, problem, tensors, expected,
+                  label=f"{problem.describe()} {config}: ")
+
+
+def op_outputs(result: md.DispatchResult) -> dict:
+    """The op's result as check_dispatch reads outputs; the op returns no error flag (it raises
+    with validate=True), so these calls use valid ids and expect 0."""
+    return {"dispatched": result.dispatched, "counts": result.counts,
+            "offsets": result.offsets, "row_of": result.row_of,
+            "error": torch.zeros(1, dtype=torch.int32, device=DEVICE)}
+
+
+def barrier_low_bits(workspace) -> int:
+    return int(workspace[md.WS_BARRIER].item()) & 0x7FFFFFFF
+
+
+# ---------------------------------------------------------------------------------------------
+# Every valid point
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+@pytest.mark.parametrize("tokens", [1, 7, 64])
+def test_every_valid_point_matches_reference(tokens, skewed):
+    problem = QWEN.with_tokens(tokens)
+    points = md.SPACE.valid_points(problem, spec())
+    assert {c.policy for c in points} == {md.FUSED, md.SPLIT}
+    workspace = md.new_workspace(problem, DEVICE)
+    for i, config in enumerate(points):
+        run_and_check(problem, config, inputs(problem, seed=i, skewed=skewed,
+                                              workspace=workspace))
+    assert barrier_low_bits(workspace) == 0
+
+
+def test_every_valid_point_of_a_synthetic_problem():
+    problem = SYNTHETIC.with_tokens(7)
+    points = md.SPACE.valid_points(problem, spec())
+    assert {c.vector_bits for c in points} == {64}
+    workspace = md.new_workspace(problem, DEVICE)
+    for i, config in enumerate(points):
+        run_and_check(problem, config, inputs(problem, seed=i, workspace=workspace))
+
+
+@pytest.mark.parametrize("tokens", [7, 64])
+def test_local_expert_range(tokens):
+    problem = LOCAL.with_tokens(tokens)
+    workspace = md.new_workspace(problem, DEVICE)
+    configs = [md.MoEDispatchConfig(policy, blocks, 4, 128, 2)
+               for policy in (md.FUSED, md.SPLIT) for blocks in (32, 128)]
+    for i, config in enumerate(configs + [md.default_config(problem, spec())]):
+        tensors = inputs(problem, seed=i, workspace=workspace)
+        run_and_check(problem, config, tensors)
+        ids = tensors["topk_ids"]
+        outside = (ids < 32) | (ids >= 96)
+        assert outside.any() and not outside.all()
+        assert bool((tensors["row_of"][outside] == -1).all())
+        assert int(tensors["counts"].sum()) == int((~outside).sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefill sizes: the heuristic default
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+@pytest.mark.parametrize("tokens", [1000, 4096, 32768])
+def test_default_config_at_prefill_sizes(tokens, skewed):
+    problem = QWEN.with_tokens(tokens)
+    config = md.default_config(problem, spec())
+    assert config.policy == md.SPLIT
+    run_and_check(problem, config, inputs(problem, seed=tokens, skewed=skewed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Expert ids outside [0, E)
+
+BAD_IDS = (-1, QWEN.experts, 2**31 - 1, -(2**31))
+
+
+@pytest.mark.parametrize(("tokens", "policy"), [(7, md.FUSED), (7, md.SPLIT),
+                                                (1000, md.SPLIT)])
+def test_ids_outside_the_experts_are_skipped_and_flagged(tokens, policy):
+    problem = QWEN.with_tokens(tokens)
+    config = md.MoEDispatchConfig(policy, 128, 4, 128, 1)
+    workspace = md.new_workspace(problem, DEVICE)
+    tensors = inputs(problem, seed=1, workspace=workspace)
+    for i, bad in enumerate(BAD_IDS):
+        tensors["topk_ids"][i, i] = bad
+    # The reference skips them too (row -1) and expects the flag; every other pair must be
+    # in place, in its own row, with its token.
+    run_and_check(problem, config, tensors)
+    assert int(tensors["error"].item()) == 1
+    assert [int(tensors["row_of"][i, i]) for i in range(len(BAD_IDS))] == [-1] * len(BAD_IDS)
+    # A clean call on the same buffers clears the flag.
+    clean = inputs(problem, seed=2, workspace=workspace)
+    run_and_check(problem, config, clean)
+    assert int(clean["error"].item()) == 0
+
+
+def test_public_op_validate_raises_on_bad_ids():
+    x = torch.randn(5, QWEN.hidden, device=DEVICE).bfloat16()
+    ids = torch.randint(0, QWEN.experts, (5, QWEN.top_k), device=DEVICE, dtype=torch.int32)
+    ids[2, 3] = QWEN.experts + 5
+    result = md.moe_dispatch(x, ids, QWEN.experts)  # no validation: no sync, no error
+    torch.cuda.synchronize()
+    assert int(result.row_of[2, 3]) == -1
+    with pytest.raises(ValueError, match=r"expert ids outside \[0, 128\)"):
+        md.moe_dispatch(x, ids, QWEN.experts, validate=True)
+    ids[2, 3] = 0
+    md.moe_dispatch(x, ids, QWEN.experts, validate=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs
+
+
+@pytest.mark.parametrize(("policy", "tokens"), [(md.FUSED, 7), (md.SPLIT, 300)])
+def test_graph_replays_twice_and_the_barrier_rearms(policy, tokens):
+    problem = QWEN.with_tokens(tokens)
+    config = md.MoEDispatchConfig(policy, 128, 4, 128, 1)
+    kernel = compiled(problem, config)
+    tensors = inputs(problem, seed=0)
+    workspace = tensors["workspace"]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        md.launch(kernel, tensors)  # outside the capture: the residency check, module load
+    torch.cuda.synchronize()
+    epoch = int(workspace[md.WS_EPOCH].item())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        md.launch(kernel, tensors)
+    for replay in range(2):
+        fresh = inputs(problem, seed=10 + replay, skewed=replay == 1)
+        tensors["x"].copy_(fresh["x"])
+        tensors["topk_ids"].copy_(fresh["topk_ids"])
+        expected = md.reference(tensors, problem)
+        for name in md.KERNEL.outputs:
+            poison(tensors[name])
+        graph.replay()
+        torch.cuda.synchronize()
+        check_outputs(md.KERNEL, problem, tensors, expected, label=f"replay {replay}: ")
+        assert barrier_low_bits(workspace) == 0
+    # The split form advances its epoch once per call (the fused form does not use it).
+    assert int(workspace[md.WS_EPOCH].item()) == epoch + (2 if policy == md.SPLIT else 0)
+
+
+def test_public_op_in_a_cuda_graph():
+    problem = QWEN.with_tokens(9)
+    tensors = inputs(problem, seed=3)
+    x, ids = tensors["x"], tensors["topk_ids"]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        md.moe_dispatch(x, ids, QWEN.experts)  # compile and make this stream's workspace
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        result = md.moe_dispatch(x, ids, QWEN.experts)
+    for replay in range(2):
+        fresh = inputs(problem, seed=20 + replay)
+        x.copy_(fresh["x"])
+        ids.copy_(fresh["topk_ids"])
+        expected = moe.reference_dispatch(x, ids, problem)
+        graph.replay()
+        torch.cuda.synchronize()
+        moe.check_dispatch(op_outputs(result), expected, problem)
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch path's residency check
+
+
+def test_every_valid_point_fits_this_device():
+    properties = torch.cuda.get_device_properties(DEVICE)
+    for tokens in (1, 4096):
+        problem = QWEN.with_tokens(tokens)
+        for config in md.SPACE.valid_points(problem, spec()):
+            cost = md._coop_cost(problem, config)
+            md.check_cooperative_grid(cost.blocks, cost.threads_per_block,
+                                      cost.registers_per_thread, cost.smem_per_block,
+                                      properties)
+
+
+def test_a_grid_the_device_cannot_hold_is_refused_before_launch():
+    def must_not_launch(*args):
+        raise AssertionError("launched a cooperative grid the device cannot hold")
+
+    config = md.MoEDispatchConfig(md.FUSED, 100_000, 1, 128, 1)  # outside the space
+    kernel = md.CompiledDispatch(must_not_launch, QWEN, config)
+    with pytest.raises(md.CooperativeGridError, match="cooperative grid of 100000 blocks"):
+        md.launch(kernel, inputs(QWEN, seed=0))
+
+
+# ---------------------------------------------------------------------------------------------
+# The public op
+
+
+@pytest.mark.parametrize(("tokens", "pad", "expert_range", "dtype"), [
+    (1, 16, None, torch.bfloat16),
+    (7, 1, None, torch.float16),
+    (300, 16, (32, 96), torch.bfloat16),
+    (4096, 8, (0, 64), torch.bfloat16),
+])
+def test_public_op_matches_reference(tokens, pad, expert_range, dtype):
+    begin, end = expert_range or (0, QWEN.experts)
+    dtype_name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    problem = dataclasses.replace(QWEN, num_tokens=tokens, pad=pad, expert_begin=begin,
+                                  expert_end=end, dtype=dtype_name)
+    tensors = inputs(problem, seed=tokens)
+    result = md.moe_dispatch(tensors["x"], tensors["topk_ids"], QWEN.experts, pad=pad,
+                             expert_range=expert_range, validate=True)
+    assert result.dispatched.shape == (problem.capacity, QWEN.hidden)
+    assert result.dispatched.dtype is dtype
+    expected = moe.reference_dispatch(tensors["x"], tensors["topk_ids"], problem)
+    moe.check_dispatch(op_outputs(result), expected, problem)
+
+
+def test_public_op_with_no_tokens():
+    x = torch.empty(0, QWEN.hidden, device=DEVICE, dtype=torch.bfloat16)
+    ids = torch.empty(0, QWEN.top_k, device=DEVICE, dtype=torch.int32)
+    result = md.moe_dispatch(x, ids, QWEN.experts, pad=4, expert_range=(8, 24))
+    assert result.row_of.shape == (0, QWEN.top_k)
+    assert result.dispatched.shape == (16 * 3, QWEN.hidden)
+    assert result.counts.tolist() == [0] * 16
+    assert result.offsets.tolist() == [0] * 17
+
+
+def test_public_op_rejects_mismatched_devices():
+    x = torch.randn(2, 64, device=DEVICE).bfloat16()
+    ids = torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="topk_ids is on cpu but x is on cuda"):
+        md.moe_dispatch(x, ids, 8)

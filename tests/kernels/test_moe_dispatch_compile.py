@@ -1,0 +1,166 @@
+"""The CI compile sweep of moe_dispatch: every valid point compiles for sm_90a on the CPU for the
+MoE problem of every preset with routed experts (bf16) and for a synthetic fp16 problem with a
+local expert range, pad 1 and a hidden size only 64-bit vectors divide (at 2 tokens, so that
+tokens_per_block 2 is valid too; the PTX tests compile 4); the PTX shows the grid barrier's
+gpu-scope release arrival and acquire spin, and copies of whole 128-bit vectors.
+
+About 75 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
+spreads them.
+"""
+
+import re
+from collections import Counter
+
+import pytest
+
+from cutetune.kernels import moe_dispatch as md
+from cutetune.kernels.moe_common import MoEProblem
+from cutetune.kernels.moe_dispatch import KERNEL, MoEDispatchConfig
+from cutetune.spaces.models import PRESETS
+from cutetune.spaces.space import config_to_json
+from cutetune.tuner.roofline import DEVICE_SPECS
+
+H200 = DEVICE_SPECS["H200"]
+PRESET_PARAMS = [pytest.param(problem, id=name)
+                 for name, model in PRESETS.items() if model.num_experts
+                 for problem in KERNEL.problems_for_model(model, "bfloat16")]
+SYNTHETIC = MoEProblem(num_tokens=2, dtype="float16", hidden=1004, experts=20, top_k=3, pad=1,
+                       expert_begin=5, expert_end=17)
+
+
+def test_sweep_covers_every_moe_preset():
+    # Guards the sweep against silently shrinking (e.g. a preset losing its experts).
+    assert {p.id for p in PRESET_PARAMS} == {"qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
+                                             "mixtral-8x7b"}
+
+
+def test_sweep_stays_within_its_budget():
+    counts = [len(KERNEL.space.enumerate(p.values[0], H200).valid) for p in PRESET_PARAMS]
+    synthetic = KERNEL.space.enumerate(SYNTHETIC, H200).valid
+    assert {c.tokens_per_block for c in synthetic} == {1, 2}
+    assert {c.vector_bits for c in synthetic} == {64}
+    assert {c.policy for c in synthetic} == {md.FUSED, md.SPLIT}
+    assert sum(counts) + len(synthetic) <= 80
+
+
+@pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
+def test_every_valid_point_compiles(problem):
+    valid = KERNEL.space.enumerate(problem, H200).valid
+    assert valid, f"no valid point for {problem.describe()}"
+    failures = []
+    for config in valid:
+        # Collect every failing point rather than stopping at the first, so one CI run lists
+        # them all; the test still fails.
+        try:
+            compiled = KERNEL.compile(problem, config)
+        except Exception as err:  # any compile error fails the test, listed with its config
+            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
+            continue
+        if not callable(compiled):
+            failures.append(f"{config_to_json(config)}: compiled result is not callable")
+    assert not failures, (f"{len(failures)} of {len(valid)} points of {problem.describe()} "
+                          "failed to compile:\n" + "\n".join(failures))
+
+
+# ---------------------------------------------------------------------------------------------
+# PTX
+
+# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
+# count (absent: 1), 3 the bits per lane of the vector.
+GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
+# The barrier: a gpu-scope release add to arrive (atom's default scope is gpu, so .gpu may be
+# left out) and a gpu-scope acquire load to spin.
+RELEASE_ARRIVAL = re.compile(r"\batom(?:\.global)?\.release(?:\.gpu)?(?:\.global)?\.add\.[us]32\b")
+ACQUIRE_SPIN = re.compile(r"\bld\.acquire\.gpu(?:\.global)?\.[bsu]32\b")
+ZERO_STORE = re.compile(r"\bst\.global\.v4\.b32\s+\[[^\]]+\],\s*\{0, 0, 0, 0\}")
+
+
+def _ptx_entries(problem: MoEProblem, config: MoEDispatchConfig, tmp_path,
+                 monkeypatch) -> dict[str, str]:
+    """The PTX of each kernel the point launches, by kernel name (fused, route, copy)."""
+    # --keep-ptx writes into the dump dir, which defaults to the working directory at the
+    # time cutlass was imported: name it explicitly (and chdir too, so nothing lands in the
+    # checkout).
+    monkeypatch.chdir(tmp_path)
+    KERNEL.space.check(problem, config, H200)
+    KERNEL.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
+    (ptx_file,) = tmp_path.glob("*.ptx")
+    ptx = ptx_file.read_text()
+    entries = {}
+    for chunk in ptx.split(".visible .entry ")[1:]:
+        name = re.match(r"kernel_cutlass__(\w+?)_kernel_", chunk).group(1)
+        entries[name] = chunk
+    return entries
+
+
+def _widths(ptx: str) -> Counter:
+    return Counter((op, int(lanes or 1) * int(bits))
+                   for op, lanes, bits in GLOBAL_ACCESS.findall(ptx))
+
+
+def _assert_barrier(ptx: str) -> None:
+    assert len(RELEASE_ARRIVAL.findall(ptx)) == 1, "one release arrival on the barrier word"
+    assert ACQUIRE_SPIN.search(ptx), "the spin must load the barrier word with acquire"
+    # Nothing else in the kernel is a strong global atomic or acquire load than the barrier's.
+    assert "atom.global.acq" not in ptx and "atom.global.relaxed" not in ptx
+
+
+QWEN3_30B = MoEProblem(num_tokens=64, dtype="bfloat16", hidden=2048, experts=128, top_k=8,
+                       pad=16, expert_begin=0, expert_end=128)
+
+
+@pytest.mark.parametrize("tokens_per_block", [1, 2])
+def test_ptx_fused_barrier_and_128_bit_copies(tokens_per_block, tmp_path, monkeypatch):
+    config = MoEDispatchConfig(md.FUSED, 128, 4, 128, tokens_per_block)
+    entries = _ptx_entries(QWEN3_30B, config, tmp_path, monkeypatch)
+    assert set(entries) == {"fused"}
+    ptx = entries["fused"]
+    assert ".reqntid 128, 1, 1" in ptx  # the block size bounds the registers (residency)
+    _assert_barrier(ptx)
+    # Block 0 counts in shared memory.
+    assert re.search(r"\batom\.shared(\.cta)?\.add\.[us]32\b", ptx)
+    widths = _widths(ptx)
+    # The hidden states move only as 128-bit vectors: one load per token of the unit, a
+    # store per (token, k), and zero stores for the padding; everything else is 32-bit
+    # routing data.
+    assert set(widths) <= {("ld", 128), ("st", 128), ("ld", 32), ("st", 32)}, widths
+    assert widths[("ld", 128)] == tokens_per_block
+    zero_stores = len(ZERO_STORE.findall(ptx))
+    assert zero_stores >= 1
+    assert widths[("st", 128)] == tokens_per_block * 8 + zero_stores
+    # The barrier comes before the first copy.
+    assert ptx.index("ld.acquire.gpu") < ptx.index("ld.global.v4")
+
+
+def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
+    config = MoEDispatchConfig(md.SPLIT, 128, 8, 128, 4)
+    entries = _ptx_entries(QWEN3_30B, config, tmp_path, monkeypatch)
+    assert set(entries) == {"route", "copy"}
+    route, copy = entries["route"], entries["copy"]
+    _assert_barrier(route)
+    assert re.search(r"\batom\.shared(\.cta)?\.add\.[us]32\b", route)
+    # Block counts are added to the global counters with (relaxed) atomics, and read back
+    # after the barrier with gpu-scope loads.
+    assert re.search(r"\batom\.global\.add\.[us]32\b", route)
+    assert re.search(r"\bld\.relaxed\.gpu\.global\.b32\b", route)
+    # The routing kernel touches hidden states only to zero padding rows.
+    route_widths = _widths(route)
+    assert ("ld", 128) not in route_widths
+    assert route_widths[("st", 128)] == len(ZERO_STORE.findall(route)) >= 1
+    # The copy kernel: no barrier, 4 tokens' 128-bit loads, then 4 x 8 128-bit stores.
+    assert "atom" not in copy and "ld.acquire" not in copy
+    copy_widths = _widths(copy)
+    assert copy_widths[("ld", 128)] == 4 and copy_widths[("st", 128)] == 4 * 8
+    assert not ZERO_STORE.search(copy)
+    assert ".reqntid 256, 1, 1" in copy
+
+
+def test_ptx_64_bit_vectors_and_no_padding_code_for_pad_1(tmp_path, monkeypatch):
+    config = MoEDispatchConfig(md.FUSED, 32, 1, 64, 1)
+    ptx = _ptx_entries(SYNTHETIC, config, tmp_path, monkeypatch)["fused"]
+    _assert_barrier(ptx)
+    widths = _widths(ptx)
+    assert set(widths) <= {("ld", 64), ("st", 64), ("ld", 32), ("st", 32)}, widths
+    # One token's load and a store per k (top-k 3); pad 1 has no padding rows to zero.
+    assert widths[("ld", 64)] == 1 and widths[("st", 64)] == 3
+    assert not re.search(r"(ld|st)\.global(\.\w+)*\.(v4\.[bfsu]32|v2\.[bfsu]64)", ptx)

@@ -1,0 +1,81 @@
+"""The public op's input checks: one clear error before anything launches (on the CPU, every
+check but the device one runs before the device check)."""
+
+import pytest
+import torch
+
+from cutetune.kernels.moe_dispatch import MAX_LOCAL_EXPERTS, DispatchResult, moe_dispatch
+
+
+def inputs(tokens=3, hidden=64, k=2, dtype=torch.bfloat16):
+    x = torch.randn(tokens, hidden).to(dtype)
+    ids = torch.randint(0, 8, (tokens, k), dtype=torch.int32)
+    return x, ids
+
+
+def misaligned_x():
+    flat = torch.zeros(3 * 64 + 8, dtype=torch.bfloat16)
+    return flat[1:1 + 3 * 64].view(3, 64)  # contiguous, but 2 bytes past a 16-byte boundary
+
+
+def test_valid_cpu_inputs_reach_the_device_check():
+    x, ids = inputs()
+    with pytest.raises(ValueError, match="x is on cpu: moe_dispatch runs on a CUDA device"):
+        moe_dispatch(x, ids, 8)
+    with pytest.raises(ValueError, match="x is on cpu"):
+        moe_dispatch(x.half(), ids, 8, pad=1, expert_range=(2, 6), validate=True)
+
+
+def test_result_is_a_frozen_record_of_the_four_outputs():
+    fields = DispatchResult.__dataclass_fields__
+    assert list(fields) == ["dispatched", "counts", "offsets", "row_of"]
+    result = DispatchResult(*[torch.zeros(1)] * 4)
+    with pytest.raises(AttributeError):
+        result.counts = None
+
+
+X, IDS = inputs()
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error", "message"), [
+    (([1.0], IDS, 8), {}, TypeError, "x must be a torch.Tensor, got list"),
+    ((X, IDS.tolist(), 8), {}, TypeError, "topk_ids must be a torch.Tensor, got list"),
+    ((X.float(), IDS, 8), {}, TypeError,
+     "x has dtype torch.float32: use torch.bfloat16 or torch.float16"),
+    ((X, IDS.long(), 8), {}, TypeError, "topk_ids has dtype torch.int64: use torch.int32"),
+    ((X[None], IDS, 8), {}, ValueError, r"x must be \(tokens, hidden\), got shape \(1, 3, 64\)"),
+    ((X, IDS[:2], 8), {}, ValueError,
+     r"topk_ids must be \(tokens, top_k\) with x's 3 tokens, got shape \(2, 2\)"),
+    ((X, IDS.flatten(), 8), {}, ValueError, r"topk_ids must be \(tokens, top_k\)"),
+    ((X, torch.zeros(3, 9, dtype=torch.int32), 8), {}, ValueError,
+     r"top_k 9 \(topk_ids.shape\[1\]\) must be between 1 and num_experts 8"),
+    ((X, IDS, 0), {}, ValueError, "num_experts must be a positive integer, got 0"),
+    ((X, IDS, 8.0), {}, ValueError, "num_experts must be a positive integer, got 8.0"),
+    ((X, IDS, True), {}, ValueError, "num_experts must be a positive integer, got True"),
+    ((X, IDS, 8), {"pad": 0}, ValueError, "pad must be a positive integer, got 0"),
+    ((X, IDS, 8), {"expert_range": (4, 4)}, ValueError,
+     r"expert_range \[4, 4\) must be a non-empty range within \[0, 8\)"),
+    ((X, IDS, 8), {"expert_range": (-1, 4)}, ValueError, r"expert_range \[-1, 4\)"),
+    ((X, IDS, 8), {"expert_range": (0, 9)}, ValueError, r"expert_range \[0, 9\)"),
+    ((X, IDS, 8), {"expert_range": (0, 2, 4)}, ValueError,
+     r"expert_range must be a \(begin, end\) pair of ints, got \(0, 2, 4\)"),
+    ((X, IDS, 8), {"expert_range": (0.0, 4)}, ValueError, "expert_range must be a"),
+    ((X, IDS, 8), {"expert_range": 4}, ValueError, "expert_range must be a"),
+    ((X, IDS, 4096), {}, ValueError,
+     f"4096 local experts: moe_dispatch supports at most {MAX_LOCAL_EXPERTS}"),
+    ((torch.zeros(3, 63, dtype=torch.bfloat16), IDS, 8), {}, ValueError,
+     "hidden 63 must be a multiple of 4 bytes"),
+    ((X.t().contiguous().t(), IDS, 8), {}, ValueError, "x must be contiguous"),
+    ((X, IDS.t().contiguous().t(), 8), {}, ValueError, "topk_ids must be contiguous"),
+    ((misaligned_x(), IDS, 8), {}, ValueError, "x must start 16-byte aligned"),
+])
+def test_bad_input_is_one_clear_error(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        moe_dispatch(*args, **kwargs)
+
+
+def test_a_local_range_of_many_experts_is_fine_up_to_the_limit():
+    x, ids = inputs()
+    # 4096 experts, 1024 of them local: everything but the device passes.
+    with pytest.raises(ValueError, match="x is on cpu"):
+        moe_dispatch(x, ids, 4096, expert_range=(1024, 2048))

@@ -1,0 +1,366 @@
+"""moe_dispatch's Config space, seed heuristic, cost, the grid barrier's arithmetic, the launch
+path's residency check and the registered KernelDef (no compiling, no GPU)."""
+
+import dataclasses
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cutetune.kernels import moe_common as moe
+from cutetune.kernels import moe_dispatch as md
+from cutetune.kernels.moe_dispatch import (
+    KERNEL,
+    SPACE,
+    CompiledDispatch,
+    CooperativeGridError,
+    MoEDispatchConfig,
+    barrier_increment,
+    check_cooperative_grid,
+    cost,
+    default_config,
+    resident_capacity,
+)
+from cutetune.kernels.registry import get_kernel
+from cutetune.spaces.models import PRESETS
+from cutetune.spaces.space import EmptySpaceError
+from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict, resident_blocks_per_sm
+
+H200 = DEVICE_SPECS["H200"]
+MOE_PRESETS = [name for name, m in PRESETS.items() if m.num_experts]
+TOKENS = (1, 2, 4, 7, 16, 17, 64, 256, 257, 1000, 4096, 32768, 2**20)
+
+
+def problem(**changes) -> moe.MoEProblem:
+    base = moe.MoEProblem(num_tokens=1, dtype="bfloat16", hidden=2048, experts=128, top_k=8,
+                          pad=16, expert_begin=0, expert_end=128)
+    return dataclasses.replace(base, **changes)
+
+
+def preset_problem(name: str, tokens: int = 1) -> moe.MoEProblem:
+    (p,) = KERNEL.problems_for_model(PRESETS[name], "bfloat16")
+    return p.with_tokens(tokens)
+
+
+def rejections(p, device=H200) -> dict:
+    return {r.config: r.constraint for r in SPACE.enumerate(p, device).rejected}
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+
+
+def test_registered_with_the_moe_contract():
+    assert get_kernel("moe_dispatch") is KERNEL
+    assert KERNEL.problem_type is moe.MoEProblem
+    assert KERNEL.problems_for_model is moe.problems_for_model
+    assert KERNEL.check is moe.check_dispatch
+    assert KERNEL.outputs == ("counts", "offsets", "row_of", "dispatched", "error")
+    assert KERNEL.written_in_place == ()
+
+
+def test_make_inputs_and_reference_on_the_cpu():
+    p = problem(num_tokens=5, expert_begin=32, expert_end=96)
+    tensors = KERNEL.make_inputs(p, "cpu", torch.Generator().manual_seed(0))
+    L = p.local_experts
+    shapes = {name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}
+    assert shapes == {
+        "x": ((5, 2048), torch.bfloat16),
+        "topk_ids": ((5, 8), torch.int32),
+        "counts": ((L,), torch.int32),
+        "offsets": ((L + 1,), torch.int32),
+        "row_of": ((5, 8), torch.int32),
+        "dispatched": ((p.capacity, 2048), torch.bfloat16),
+        "error": ((1,), torch.int32),
+        "workspace": ((md.workspace_words(L),), torch.int32),
+    }
+    # The workspace starts zeroed: the barrier word's low bits, the epoch, the counters.
+    assert not tensors["workspace"].any()
+    expected = KERNEL.reference(tensors, p)
+    KERNEL.check(expected, expected, p)
+    assert int(expected["counts"].sum()) < 5 * 8  # some pairs go to other experts
+
+
+def test_workspace_regions_do_not_overlap():
+    for L in (1, 8, 31, 32, 128, 1024):
+        counters_end = md.WS_COUNTERS + 2 * (L + 1)
+        assert md.WS_BARRIER + 1 <= md.WS_EPOCH and md.WS_EPOCH + 1 <= md.WS_COUNTERS
+        # The barrier word and the epoch sit on 128-byte lines of their own.
+        assert {md.WS_BARRIER * 4 // 128, md.WS_EPOCH * 4 // 128, md.WS_COUNTERS * 4 // 128} \
+            == {0, 1, 2}
+        assert counters_end <= md._ws_padding(L)
+        assert md.workspace_words(L) == md._ws_padding(L) + 1 + 2 * L
+
+
+# ---------------------------------------------------------------------------------------------
+# Constraints
+
+
+def test_declared_space_is_small():
+    assert len(SPACE.declared_points()) == 2 * 2 * 3 * 3 * 3
+
+
+@pytest.mark.parametrize("name", MOE_PRESETS)
+def test_preset_points_use_128_bit_vectors(name):
+    enumeration = SPACE.enumerate(preset_problem(name), H200)
+    assert enumeration.valid
+    assert {c.vector_bits for c in enumeration.valid} == {128}
+    # One token: no point batches more than one token per thread.
+    assert {c.tokens_per_block for c in enumeration.valid} == {1}
+    assert {c.policy for c in enumeration.valid} == {md.FUSED, md.SPLIT}
+    for rejection in enumeration.rejected:
+        assert rejection.constraint in {c.name for c in SPACE.constraints}
+
+
+def test_a_hidden_size_only_64_bit_vectors_divide():
+    # fp16 1004 = 251 x 4 elements: 64-bit vectors divide it, 128-bit ones do not.
+    p = problem(dtype="float16", hidden=1004)
+    rejected = rejections(p)
+    assert rejected[MoEDispatchConfig(md.FUSED, 32, 1, 128, 1)] == "hidden_splits_into_vectors"
+    assert rejected[MoEDispatchConfig(md.FUSED, 32, 1, 32, 1)] == "widest_vector"
+    assert {c.vector_bits for c in SPACE.valid_points(p, H200)} == {64}
+    assert default_config(p, H200).vector_bits == 64
+
+
+def test_an_odd_hidden_size_has_no_point_and_says_why():
+    p = problem(hidden=1001)
+    with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors"):
+        default_config(p, H200)
+
+
+def test_tokens_per_block_is_bounded_by_the_tokens():
+    rejected = rejections(problem(num_tokens=3))
+    assert rejected[MoEDispatchConfig(md.SPLIT, 32, 4, 128, 4)] == \
+        "tokens_per_block_within_tokens"
+    assert MoEDispatchConfig(md.SPLIT, 32, 4, 128, 2) not in rejected
+
+
+def test_fused_form_is_limited_to_few_pairs():
+    # 256 tokens x 8 = 2048 pairs: fused still routes them in one block; 257 do not.
+    assert MoEDispatchConfig(md.FUSED, 128, 4, 128, 1) in SPACE.valid_points(
+        problem(num_tokens=256), H200)
+    rejected = rejections(problem(num_tokens=257))
+    assert rejected[MoEDispatchConfig(md.FUSED, 128, 4, 128, 1)] == "fused_routes_few_pairs"
+    assert MoEDispatchConfig(md.SPLIT, 128, 4, 128, 1) not in rejected
+
+
+def test_too_many_local_experts_for_the_scan():
+    p = problem(experts=2048, expert_end=2048)
+    with pytest.raises(EmptySpaceError, match="local_experts_fit_scan"):
+        SPACE.valid_points(p, H200)
+    # A local range of 1024 of them is fine.
+    assert SPACE.valid_points(problem(experts=2048, expert_begin=1024, expert_end=2048), H200)
+
+
+def test_counters_must_fit_shared_memory(monkeypatch):
+    # 128 local experts need 4 * (2 * 128 + 1 + 3 * 128 + 2) bytes of counters and lists.
+    assert md._smem_bytes(problem()) == 2572
+    monkeypatch.setattr(md, "SMEM_PER_BLOCK", 2048)
+    assert set(rejections(problem()).values()) >= {"counters_fit_smem"}
+    with pytest.raises(EmptySpaceError, match="counters_fit_smem"):
+        SPACE.valid_points(problem(), H200)
+
+
+def test_cooperative_grid_must_fit_a_small_device():
+    # 8 SMs, a quarter of the register file, 4 blocks per SM: 32 one-warp blocks fit (4 per
+    # SM), 32 blocks of 8 warps do not (52 registers x 256 threads leaves room for one per
+    # SM), and 128 blocks never do.
+    small = dataclasses.replace(H200, sm_count=8, registers_per_sm=16384, max_blocks_per_sm=4)
+    rejected = rejections(problem(), small)
+    for policy in (md.FUSED, md.SPLIT):
+        assert MoEDispatchConfig(policy, 32, 1, 128, 1) not in rejected
+        assert rejected[MoEDispatchConfig(policy, 32, 8, 128, 1)] == "cooperative_grid_fits"
+        for warps in (1, 4, 8):
+            assert rejected[MoEDispatchConfig(policy, 128, warps, 128, 1)] == \
+                "cooperative_grid_fits"
+    # The constraint agrees with the roofline's residency model.
+    c = md._coop_cost(problem(), MoEDispatchConfig(md.FUSED, 32, 8, 128, 1))
+    assert c.registers_per_thread == 52
+    assert resident_blocks_per_sm(c, small) == 1
+
+
+def test_block_size_within_a_small_device():
+    small = dataclasses.replace(H200, max_threads_per_block=128)
+    rejected = rejections(problem(), small)
+    assert rejected[MoEDispatchConfig(md.SPLIT, 32, 8, 128, 1)] == "block_size_within_device"
+    assert MoEDispatchConfig(md.SPLIT, 32, 4, 128, 1) not in rejected
+
+
+@pytest.mark.parametrize("name", MOE_PRESETS)
+def test_every_valid_point_is_resident_and_predictable_on_every_device(name):
+    for device in DEVICE_SPECS.values():
+        for tokens in (1, 64, 4096):
+            p = preset_problem(name, tokens)
+            for config in SPACE.enumerate(p, device).valid:
+                c = cost(p, config, device)
+                assert resident_blocks_per_sm(c, device) >= 1, (device.name, config)
+                assert predict(c, device, Ceilings.from_datasheet(device)).predicted_us > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The seed heuristic
+
+
+@pytest.mark.parametrize("name", MOE_PRESETS)
+def test_default_config_is_valid_fused_for_few_tokens_and_split_for_many(name):
+    policies = []
+    for tokens in TOKENS:
+        p = preset_problem(name, tokens)
+        config = default_config(p, H200)
+        SPACE.check(p, config, H200)
+        assert config.vector_bits == 128 and config.tokens_per_block == 1
+        assert config.coop_blocks == 128  # the widest grid an H200 holds
+        assert config.warps_per_block == (1 if config.policy == md.FUSED else 8)
+        policies.append(config.policy)
+    # Fused for the first (decode) sizes, split from some size on, never back.
+    assert policies[0] == md.FUSED and policies[-1] == md.SPLIT
+    first_split = policies.index(md.SPLIT)
+    assert set(policies[first_split:]) == {md.SPLIT}
+
+
+def test_default_switches_where_the_copy_no_longer_fits_one_block_per_sm():
+    # Qwen3-30B-A3B: 2048 / 8 = 256 vectors per row, 8 one-warp slices: 16 tokens need 128
+    # copy blocks (fused), 17 need 136 > 132 SMs (split).
+    assert default_config(problem(num_tokens=16), H200).policy == md.FUSED
+    assert default_config(problem(num_tokens=17), H200).policy == md.SPLIT
+
+
+def test_default_narrows_the_grid_on_a_small_device():
+    # 16 SMs of 4 blocks hold 64 blocks: not 128.
+    small = dataclasses.replace(H200, sm_count=16, max_blocks_per_sm=4)
+    config = default_config(problem(), small)
+    assert config == MoEDispatchConfig(md.FUSED, 32, 1, 128, 1)
+    SPACE.check(problem(), config, small)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost
+
+
+def test_cost_by_hand_fused():
+    # 4 tokens of Qwen3-30B-A3B (bf16, hidden 2048: a row is 4096 bytes), 32 pairs.
+    p = problem(num_tokens=4)
+    c = cost(p, MoEDispatchConfig(md.FUSED, 128, 4, 128, 1), H200)
+    routing = 4 * 32 + 4 * 32 + 4 * (2 * 128 + 2)  # ids read, row_of written, counts/offsets
+    copy = 4 * 4096 + 32 * 4096  # x read once per token, each pair's row written once
+    padding = 32 * 15 // 2 * 4096  # 32 non-empty segments pad 7.5 rows each on average
+    assert c.bytes_moved == routing + copy + padding == 1131784
+    assert c.flops == 0
+    assert (c.blocks, c.threads_per_block, c.launches, c.grid_barriers) == (128, 128, 1, 1)
+    assert c.registers_per_thread == 40 + 4 + 8
+    assert c.smem_per_block == 2572
+    assert c.bytes_in_flight_per_thread == 16
+
+
+def test_cost_by_hand_split_with_a_local_range():
+    # 4096 tokens, experts [32, 96) of 128: under uniform routing half the pairs are local.
+    p = problem(num_tokens=4096, expert_begin=32, expert_end=96)
+    c = cost(p, MoEDispatchConfig(md.SPLIT, 128, 8, 128, 2), H200)
+    pairs = 4096 * 8
+    local_pairs = pairs // 2
+    routing = 4 * pairs + 4 * pairs + 4 * (2 * 64 + 2)
+    copy = 4096 * 4096 + local_pairs * 4096
+    padding = 64 * 15 * 4096 // 2  # every local segment is non-empty
+    assert c.bytes_moved == routing + copy + padding
+    # The copy kernel's grid: 2048 token pairs x 1 slice (256 vectors, 256 threads).
+    assert (c.blocks, c.threads_per_block, c.launches, c.grid_barriers) == (2048, 256, 2, 1)
+    assert c.bytes_in_flight_per_thread == 32
+
+
+def test_expected_padding_rows():
+    assert md.expected_padding_rows(problem(num_tokens=1)) == 8 * 7.5
+    assert md.expected_padding_rows(problem(num_tokens=1000)) == 128 * 7.5
+    assert md.expected_padding_rows(problem(num_tokens=1000, pad=1)) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The grid barrier's arithmetic
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 5, 32, 128, 132])
+@pytest.mark.parametrize("start", [0, 1 << 31])
+def test_barrier_word_flips_its_top_bit_exactly_at_the_last_arrival(blocks, start):
+    rng = random.Random(blocks)
+    word = start
+    for barrier in range(4):  # consecutive barriers on one word, no reset
+        order = list(range(blocks))
+        rng.shuffle(order)
+        top = word >> 31
+        for i, block in enumerate(order):
+            arrived = word
+            word = (word + barrier_increment(blocks, block)) % (1 << 32)
+            # Each arrival waits for the top bit to differ from what it saw: none may pass
+            # before the last arrival, all may after it.
+            assert arrived >> 31 == top
+            assert (word >> 31 != top) == (i == blocks - 1), (barrier, i)
+        # The low bits are back where they started: the next barrier (or call, or grid
+        # size) needs no reset.
+        assert word & 0x7FFFFFFF == start & 0x7FFFFFFF
+
+
+def test_barrier_words_of_different_grid_sizes_share_a_word():
+    word = 0
+    for blocks in (128, 32, 1, 132):
+        for block in range(blocks):
+            word = (word + barrier_increment(blocks, block)) % (1 << 32)
+        assert word & 0x7FFFFFFF == 0
+    assert all(-(1 << 31) <= barrier_increment(n, 0) < 1 << 31 for n in (1, 2, 132, 65535))
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch path's residency check
+
+
+def props(sms=132, threads_per_sm=2048, registers=65536, smem=228 * 1024, name="GPU",
+          blocks=None):
+    fields = dict(multi_processor_count=sms, max_threads_per_multi_processor=threads_per_sm,
+                  regs_per_multiprocessor=registers, shared_memory_per_multiprocessor=smem,
+                  name=name)
+    if blocks is not None:
+        fields["max_blocks_per_multi_processor"] = blocks
+    return SimpleNamespace(**fields)
+
+
+def test_resident_capacity_by_threads_registers_and_smem():
+    assert resident_capacity(256, 52, 2572, props()) == 132 * 4  # registers: 65536 // 13312
+    # 39 by registers (65536 // 1664), but torch does not report the blocks an SM holds: the
+    # least of any GPU since Volta, 16, unless the properties say more.
+    assert resident_capacity(32, 52, 0, props()) == 132 * 16
+    assert resident_capacity(32, 52, 0, props(blocks=32)) == 132 * 32
+    assert resident_capacity(128, 32, 100 * 1024, props()) == 132 * 2  # shared memory
+    assert resident_capacity(1024, 32, 0, props()) == 132 * 2  # threads
+    # A torch without the shared-memory field: threads and registers only.
+    no_smem = props()
+    del no_smem.shared_memory_per_multiprocessor
+    assert resident_capacity(128, 32, 100 * 1024, no_smem) == 132 * 16
+
+
+def test_check_cooperative_grid_raises_before_launch():
+    check_cooperative_grid(128, 256, 52, 2572, props())
+    with pytest.raises(CooperativeGridError,
+                       match="a cooperative grid of 128 blocks of 256 threads does not fit "
+                             "tiny, which holds 16 at once"):
+        check_cooperative_grid(128, 256, 52, 2572, props(sms=4, name="tiny"))
+    assert issubclass(CooperativeGridError, RuntimeError)  # the tuner's launch failures
+
+
+def test_compiled_dispatch_checks_each_device_once_before_calling(monkeypatch):
+    calls = []
+
+    def fake_properties(device):
+        calls.append(device)
+        return props(sms=8, name="small") if device == 1 else props()
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", fake_properties)
+    launched = []
+    config = MoEDispatchConfig(md.FUSED, 128, 8, 128, 1)
+    compiled = CompiledDispatch(lambda *args: launched.append(args), problem(), config)
+    x = SimpleNamespace(get_device=lambda: 0)
+    compiled(x, *range(7))
+    compiled(x, *range(7))
+    assert calls == [0] and len(launched) == 2
+    other = SimpleNamespace(get_device=lambda: 1)
+    with pytest.raises(CooperativeGridError, match="128 blocks"):
+        compiled(other, *range(7))
+    assert len(launched) == 2  # nothing launched on the device that cannot hold the grid
