@@ -12,6 +12,11 @@ from cutetune.tuner.roofline import Ceilings, Cost, DeviceSpec, Prediction, pred
 # A point predicted slower than this multiple of the best prediction is not measured: the
 # model is coarse, so the margin is wide, but a 2x loss is one no calibration error explains.
 PRUNE_FACTOR = 2.0
+# ... and predicted at least this much slower in absolute terms. Decode-sized predictions are
+# latency terms the model knows least (moe_combine, deepseek-v3, 8 tokens: the best point was
+# predicted at 1.04 us and measured at 4.47 us), so there a 2x ratio alone would prune every
+# alternative unmeasured.
+PRUNE_MARGIN_US = 2.0
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class Plan:
         rejected = ", ".join(f"{n}: -{c}" for n, c in self.rejected_by.items()) or "none"
         return (f"declared {self.declared} -> valid {self.valid} (rejected {rejected}) -> "
                 f"kept {len(self.kept)} (pruned {len(self.pruned)} predicted over "
-                f"{PRUNE_FACTOR:g}x the best)")
+                f"{PRUNE_FACTOR:g}x and {PRUNE_MARGIN_US:g} us beyond the best)")
 
 
 def make_plan(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
@@ -50,7 +55,8 @@ def make_plan(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
          for cost in [kernel.cost(problem, c, spec)]),
         key=lambda p: p.prediction.predicted_us,
     )
-    limit = ranked[0].prediction.predicted_us * PRUNE_FACTOR
+    best = ranked[0].prediction.predicted_us
+    limit = max(best * PRUNE_FACTOR, best + PRUNE_MARGIN_US)
     kept = tuple(p for p in ranked if p.prediction.predicted_us <= limit)
     pruned = tuple(p for p in ranked if p.prediction.predicted_us > limit)
     return Plan(problem, enumeration.declared, enumeration.rejections_by_constraint(),
