@@ -29,12 +29,15 @@ import torch
 from cutlass import Float32, Int32, Int64
 
 from cutetune.dispatch import current_dispatcher
+from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
     DTYPE_BYTES,
     DTYPE_NAMES,
     FLOAT_TOLERANCE,
     TORCH_DTYPES,
+    vector_elements,
+    widest_vector_bits,
 )
 from cutetune.kernels.registry import (
     KernelDef,
@@ -49,7 +52,6 @@ from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
 from cutetune.tuner.roofline import Cost
 
-WARP = 32
 # A thread loads at least this many bits of gate (and as many of up) before it waits.
 MIN_BITS_PER_THREAD = 128
 GELU_FORMS = ("none", "tanh")
@@ -117,7 +119,7 @@ class ActivationConfig:
 
 
 def _elements(problem: GatedProblem, vector_bits: int) -> int:
-    return vector_bits // (8 * DTYPE_BYTES[problem.dtype])
+    return vector_elements(problem.dtype, vector_bits)
 
 
 def _vector_elements(problem: GatedProblem, config: ActivationConfig) -> int:
@@ -136,8 +138,7 @@ def _registers_per_thread(problem: GatedProblem, config: ActivationConfig) -> in
 
 def _widest_vector_bits(problem: GatedProblem) -> int:
     """128 when I allows it, else the widest vector that divides I (0: none does)."""
-    return next((bits for bits in (128, 64, 32)
-                 if problem.intermediate % _elements(problem, bits) == 0), 0)
+    return widest_vector_bits(problem.dtype, problem.intermediate)
 
 
 SPACE = Space(
@@ -171,17 +172,8 @@ SPACE = Space(
             "vector can make it up with more vectors per thread",
             lambda p, c, d: c.vector_bits * c.vectors_per_thread >= MIN_BITS_PER_THREAD,
         ),
-        Constraint(
-            "block_fits_register_file",
-            "the block's estimated registers must fit one SM's register file",
-            lambda p, c, d: _registers_per_thread(p, c) * c.warps_per_block * WARP
-            <= d.registers_per_sm,
-        ),
-        Constraint(
-            "block_size_within_device",
-            "warps_per_block * 32 must not exceed the device's threads per block",
-            lambda p, c, d: c.warps_per_block * WARP <= d.max_threads_per_block,
-        ),
+        block_fits_register_file(_registers_per_thread),
+        block_size_within_device(),
     ),
 )
 

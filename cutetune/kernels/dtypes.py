@@ -28,3 +28,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     except KeyError:
         raise TypeError(f"dtype {dtype} is not supported: use one of "
                         f"{', '.join(str(t) for t in TORCH_DTYPES.values())}") from None
+
+
+# The vector widths kernels access global memory with, widest first.
+VECTOR_BITS = (128, 64, 32)
+
+
+def vector_elements(dtype: str, bits: int) -> int:
+    """Elements of `dtype` in one `bits`-wide vector (0 when one element is wider)."""
+    return bits // (8 * DTYPE_BYTES[dtype])
+
+
+def widest_vector_bits(dtype: str, width: int) -> int:
+    """The widest of VECTOR_BITS whose elements divide `width`; 0 when none does."""
+    return next((bits for bits in VECTOR_BITS if width % vector_elements(dtype, bits) == 0), 0)

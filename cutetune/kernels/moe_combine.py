@@ -39,19 +39,21 @@ from cutlass import Float32, Int32
 
 from cutetune.dispatch import current_dispatcher
 from cutetune.kernels import moe_common
+from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
     DTYPE_BYTES,
     DTYPE_NAMES,
     FLOAT_TOLERANCE,
     TORCH_DTYPES,
+    vector_elements,
+    widest_vector_bits,
 )
 from cutetune.kernels.moe_common import DEFAULT_PAD, MOE_DTYPES, MoEProblem
 from cutetune.kernels.registry import KernelDef, Peer, PeerUnavailable, Tensors, register
 from cutetune.spaces.space import Constraint, Param, Space
 from cutetune.tuner.roofline import Cost
 
-WARP = 32
 # The pairs of a token are unrolled at compile time (their loads, their multiply-adds): real
 # routers pick 1 to 10 experts per token.
 MAX_TOP_K = 32
@@ -71,7 +73,7 @@ class CombineConfig:
 
 
 def _elements(problem: MoEProblem, bits: int) -> int:
-    return bits // (8 * DTYPE_BYTES[problem.dtype])
+    return vector_elements(problem.dtype, bits)
 
 
 def _vector_elements(problem: MoEProblem, config: CombineConfig) -> int:
@@ -80,8 +82,7 @@ def _vector_elements(problem: MoEProblem, config: CombineConfig) -> int:
 
 def _widest_vector_bits(problem: MoEProblem) -> int:
     """128 when the hidden size allows it, else the widest vector that divides it (0: none)."""
-    return next((bits for bits in (128, 64, 32) if problem.hidden % _elements(problem, bits) == 0),
-                0)
+    return widest_vector_bits(problem.dtype, problem.hidden)
 
 
 def _slice_vectors(problem: MoEProblem, config: CombineConfig) -> int:
@@ -161,17 +162,8 @@ SPACE = Space(
             f"a token's pairs are unrolled at compile time: top_k may be at most {MAX_TOP_K}",
             lambda p, c, d: p.top_k <= MAX_TOP_K,
         ),
-        Constraint(
-            "block_fits_register_file",
-            "the block's estimated registers must fit one SM's register file",
-            lambda p, c, d: _registers_per_thread(p, c) * c.warps_per_block * WARP
-            <= d.registers_per_sm,
-        ),
-        Constraint(
-            "block_size_within_device",
-            "warps_per_block * 32 must not exceed the device's threads per block",
-            lambda p, c, d: c.warps_per_block * WARP <= d.max_threads_per_block,
-        ),
+        block_fits_register_file(_registers_per_thread),
+        block_size_within_device(),
     ),
 )
 

@@ -46,12 +46,15 @@ import torch
 from cutlass import Int32
 
 from cutetune.dispatch import current_dispatcher
+from cutetune.kernels.block_limits import WARP, block_size_within_device
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
     DTYPE_BYTES,
     DTYPE_NAMES,
     FLOAT_TOLERANCE,
     TORCH_DTYPES,
+    vector_elements,
+    widest_vector_bits,
 )
 from cutetune.kernels.moe_common import (
     MOE_DTYPES,
@@ -65,7 +68,6 @@ from cutetune.kernels.registry import KernelDef, Tensors, register
 from cutetune.spaces.space import Constraint, Param, Space
 from cutetune.tuner.roofline import Cost, resident_blocks_per_sm
 
-WARP = 32
 FUSED, SPLIT = "fused", "split"
 # Block 0 of the fused kernel routes every pair alone (one pair per thread per step, twice:
 # slot, then final row) while the other blocks wait at the barrier: bounded so that the wait
@@ -110,13 +112,12 @@ class MoEDispatchConfig:
 
 
 def _vector_elements(problem: MoEProblem, bits: int) -> int:
-    return bits // (8 * DTYPE_BYTES[problem.dtype])
+    return vector_elements(problem.dtype, bits)
 
 
 def _widest_vector_bits(problem: MoEProblem) -> int:
     """128 when the hidden size allows it, else the widest vector that divides it (0: none)."""
-    return next((bits for bits in (128, 64, 32)
-                 if problem.hidden % _vector_elements(problem, bits) == 0), 0)
+    return widest_vector_bits(problem.dtype, problem.hidden)
 
 
 def _threads(config: MoEDispatchConfig) -> int:
@@ -204,11 +205,7 @@ SPACE = Space(
             f"{SMEM_PER_BLOCK // 1024} KiB of shared memory",
             lambda p, c, d: _smem_bytes(p) <= SMEM_PER_BLOCK,
         ),
-        Constraint(
-            "block_size_within_device",
-            "warps_per_block * 32 must not exceed the device's threads per block",
-            lambda p, c, d: _threads(c) <= d.max_threads_per_block,
-        ),
+        block_size_within_device(),
         Constraint(
             "cooperative_grid_fits",
             "every block of the cooperative kernel must be resident at once (SMs x blocks "

@@ -25,12 +25,14 @@ import torch
 from cutlass import Float32, Int32
 
 from cutetune.dispatch import current_dispatcher
+from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
     DTYPE_BYTES,
     DTYPE_NAMES,
     FLOAT_TOLERANCE,
     TORCH_DTYPES,
+    vector_elements,
 )
 from cutetune.kernels.registry import (
     KernelDef,
@@ -46,7 +48,6 @@ from cutetune.spaces.space import Constraint, Param, Space
 from cutetune.tuner.roofline import Cost
 
 HEAD_DIMS = (64, 128, 256)
-WARP = 32
 # A thread holds its share of one head in registers between the reduction and the store.
 MAX_ELEMENTS_PER_THREAD = 64
 # A thread's vector accesses are unrolled at compile time. Beyond 16 CuTeDSL warns about the
@@ -86,7 +87,7 @@ class QKNormConfig:
 
 
 def _vector_elements(problem: QKNormProblem, config: QKNormConfig) -> int:
-    return config.vector_bits // (8 * DTYPE_BYTES[problem.dtype])
+    return vector_elements(problem.dtype, config.vector_bits)
 
 
 def _threads_per_head(config: QKNormConfig) -> int:
@@ -135,17 +136,8 @@ SPACE = Space(
             lambda p, c, d: _elements_per_thread(p, c) // _vector_elements(p, c)
             <= MAX_VECTORS_PER_THREAD,
         ),
-        Constraint(
-            "block_fits_register_file",
-            "the block's estimated registers must fit one SM's register file",
-            lambda p, c, d: _registers_per_thread(p, c) * c.warps_per_block * WARP
-            <= d.registers_per_sm,
-        ),
-        Constraint(
-            "block_size_within_device",
-            "warps_per_block * 32 must not exceed the device's threads per block",
-            lambda p, c, d: c.warps_per_block * WARP <= d.max_threads_per_block,
-        ),
+        block_fits_register_file(_registers_per_thread),
+        block_size_within_device(),
     ),
 )
 
@@ -154,7 +146,7 @@ def default_config(problem: QKNormProblem, device) -> QKNormConfig:
     """The seed heuristic (SEED.md): 128-bit accesses, the fewest threads per head that
     allows them, one warp per block while the warps needed fit one per SM, else 8 warps
     (DESIGN.md: 4-8 warps reach the copy ceiling, 1 warp does not)."""
-    vector = 128 // (8 * DTYPE_BYTES[problem.dtype])
+    vector = vector_elements(problem.dtype, 128)
     threads_per_head = min(WARP, problem.head_dim // vector)
     heads_per_warp = WARP // threads_per_head
     heads = problem.num_tokens * (problem.q_heads + problem.kv_heads)

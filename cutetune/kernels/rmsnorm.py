@@ -34,6 +34,7 @@ import torch
 from cutlass import Float32
 
 from cutetune.dispatch import current_dispatcher
+from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
     DTYPE_BYTES,
@@ -50,7 +51,6 @@ from cutetune.tuner.roofline import Cost
 # Down to 64 so that per-head norms (head dims 64, 128, 256) can run on this kernel too, the
 # comparison the published design makes against its QK-norm.
 MIN_HIDDEN, MAX_HIDDEN = 64, 16384
-WARP = 32
 BLOCK_PER_ROW, WARP_PER_ROW = "block_per_row", "warp_per_row"
 # A thread holds its share of the row and of the weight in fp32 registers between the
 # reduction and the store.
@@ -177,17 +177,8 @@ SPACE = Space(
             f"a thread may make at most {MAX_VECTORS_PER_THREAD} vector accesses per tensor",
             lambda p, c, d: _vectors_per_thread(p, c) <= MAX_VECTORS_PER_THREAD,
         ),
-        Constraint(
-            "block_size_within_device",
-            "warps_per_block * 32 must not exceed the device's threads per block",
-            lambda p, c, d: c.warps_per_block * WARP <= d.max_threads_per_block,
-        ),
-        Constraint(
-            "block_fits_register_file",
-            "the block's estimated registers must fit one SM's register file",
-            lambda p, c, d: _registers_per_thread(p, c) * c.warps_per_block * WARP
-            <= d.registers_per_sm,
-        ),
+        block_size_within_device(),
+        block_fits_register_file(_registers_per_thread),
     ),
 )
 

@@ -13,6 +13,7 @@ import re
 from collections import Counter
 
 import pytest
+from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 
 from cutetune.kernels.activation import (
     GELU_KERNEL,
@@ -23,7 +24,6 @@ from cutetune.kernels.activation import (
     SiluAndMulProblem,
 )
 from cutetune.spaces.models import PRESETS
-from cutetune.spaces.space import config_to_json
 from cutetune.tuner.roofline import DEVICE_SPECS
 
 H200 = DEVICE_SPECS["H200"]
@@ -69,49 +69,18 @@ def test_sweep_covers_every_preset():
     assert len(SILU_PRESETS) == 9
 
 
-def _compile_all(problem: GatedProblem, configs) -> None:
-    kernel = _kernel(problem)
-    failures = []
-    for config in configs:
-        # Collect every failing point rather than stopping at the first, so one CI run lists
-        # them all; the test still fails.
-        try:
-            compiled = kernel.compile(problem, config)
-        except Exception as err:  # any compile error fails the test, listed with its config
-            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
-            continue
-        if not callable(compiled):
-            failures.append(f"{config_to_json(config)}: compiled result is not callable")
-    assert not failures, (f"{len(failures)} of {len(configs)} points of {problem.describe()} "
-                          "failed to compile:\n" + "\n".join(failures))
-
-
 @pytest.mark.parametrize("problem", SILU_PRESETS + SYNTHETIC)
 def test_every_valid_point_compiles(problem):
     valid = _kernel(problem).space.enumerate(problem, H200).valid
     assert valid, f"no valid point for {problem.describe()}"
-    _compile_all(problem, valid)
+    assert_points_compile(_kernel(problem), problem, valid)
 
 
 # ---------------------------------------------------------------------------------------------
 # PTX
 
-# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
-# count (absent: 1), 3 the bits per lane of the vector.
-GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
 
 
-def _ptx_for(problem: GatedProblem, config: ActivationConfig, tmp_path, monkeypatch) -> str:
-    # --keep-ptx writes into the dump dir, which defaults to the working directory at the
-    # time cutlass was imported, not the current one: name the directory explicitly (and
-    # chdir too, so nothing can land in the checkout).
-    monkeypatch.chdir(tmp_path)
-    kernel = _kernel(problem)
-    kernel.space.check(problem, config, H200)
-    kernel.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
-    ptx_files = list(tmp_path.glob("*.ptx"))
-    assert len(ptx_files) == 1, ptx_files
-    return ptx_files[0].read_text()
 
 
 def _problem(kind: str, dtype: str, width: int) -> GatedProblem:
@@ -140,7 +109,8 @@ PTX_CASES = [
 def test_ptx_vector_width_and_fast_math(kind, dtype, width, vector_bits, per_thread, warps,
                                         tmp_path, monkeypatch):
     config = ActivationConfig(vector_bits, per_thread, warps)
-    ptx = _ptx_for(_problem(kind, dtype, width), config, tmp_path, monkeypatch)
+    problem = _problem(kind, dtype, width)
+    ptx = ptx_of(_kernel(problem), problem, config, H200, tmp_path, monkeypatch)
 
     accesses = GLOBAL_ACCESS.findall(ptx)
     assert len(accesses) == ptx.count("ld.global") + ptx.count("st.global") > 0

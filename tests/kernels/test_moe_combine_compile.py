@@ -11,11 +11,11 @@ import re
 from collections import Counter
 
 import pytest
+from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 
 from cutetune.kernels.moe_combine import KERNEL, MAX_BYTES_IN_FLIGHT, CombineConfig
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.spaces.models import PRESETS
-from cutetune.spaces.space import config_to_json
 from cutetune.tuner.roofline import DEVICE_SPECS
 
 H200 = DEVICE_SPECS["H200"]
@@ -54,39 +54,14 @@ def test_sweep_covers_every_moe_preset():
 def test_every_valid_point_compiles(problem):
     valid = KERNEL.space.enumerate(problem, H200).valid
     assert valid, f"no valid point for {problem.describe()}"
-    failures = []
-    for config in valid:
-        # Collect every failing point rather than stopping at the first, so one CI run lists
-        # them all; the test still fails.
-        try:
-            compiled = KERNEL.compile(problem, config)
-        except Exception as err:  # any compile error fails the test, listed with its config
-            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
-            continue
-        if not callable(compiled):
-            failures.append(f"{config_to_json(config)}: compiled result is not callable")
-    assert not failures, (f"{len(failures)} of {len(valid)} points of {problem.describe()} "
-                          "failed to compile:\n" + "\n".join(failures))
+    assert_points_compile(KERNEL, problem, valid)
 
 
 # ---------------------------------------------------------------------------------------------
 # PTX
 
-# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
-# count (absent: 1), 3 the bits per lane of the vector.
-GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
 
 
-def _ptx_for(problem: MoEProblem, config: CombineConfig, tmp_path, monkeypatch) -> str:
-    # --keep-ptx writes into the dump dir, which defaults to the working directory at the
-    # time cutlass was imported: name the directory explicitly (and chdir too, so nothing
-    # can land in the checkout).
-    monkeypatch.chdir(tmp_path)
-    KERNEL.space.check(problem, config, H200)
-    KERNEL.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
-    ptx_files = list(tmp_path.glob("*.ptx"))
-    assert len(ptx_files) == 1, ptx_files
-    return ptx_files[0].read_text()
 
 
 def _problem(dtype: str, hidden: int, top_k: int) -> MoEProblem:
@@ -111,7 +86,7 @@ PTX_CASES = [
                               f"t{c.tokens_per_block}-w{c.warps_per_block}"
                               for d, h, k, c in PTX_CASES])
 def test_ptx_vector_width_and_load_order(dtype, hidden, top_k, config, tmp_path, monkeypatch):
-    ptx = _ptx_for(_problem(dtype, hidden, top_k), config, tmp_path, monkeypatch)
+    ptx = ptx_of(KERNEL, _problem(dtype, hidden, top_k), config, H200, tmp_path, monkeypatch)
     bits = config.vector_bits
     accesses = GLOBAL_ACCESS.findall(ptx)
     assert len(accesses) == ptx.count("ld.global") + ptx.count("st.global") > 0

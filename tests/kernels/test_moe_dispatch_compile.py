@@ -12,12 +12,12 @@ import re
 from collections import Counter
 
 import pytest
+from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.moe_dispatch import KERNEL, MoEDispatchConfig
 from cutetune.spaces.models import PRESETS
-from cutetune.spaces.space import config_to_json
 from cutetune.tuner.roofline import DEVICE_SPECS
 
 H200 = DEVICE_SPECS["H200"]
@@ -47,27 +47,12 @@ def test_sweep_stays_within_its_budget():
 def test_every_valid_point_compiles(problem):
     valid = KERNEL.space.enumerate(problem, H200).valid
     assert valid, f"no valid point for {problem.describe()}"
-    failures = []
-    for config in valid:
-        # Collect every failing point rather than stopping at the first, so one CI run lists
-        # them all; the test still fails.
-        try:
-            compiled = KERNEL.compile(problem, config)
-        except Exception as err:  # any compile error fails the test, listed with its config
-            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
-            continue
-        if not callable(compiled):
-            failures.append(f"{config_to_json(config)}: compiled result is not callable")
-    assert not failures, (f"{len(failures)} of {len(valid)} points of {problem.describe()} "
-                          "failed to compile:\n" + "\n".join(failures))
+    assert_points_compile(KERNEL, problem, valid)
 
 
 # ---------------------------------------------------------------------------------------------
 # PTX
 
-# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
-# count (absent: 1), 3 the bits per lane of the vector.
-GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
 # The barrier: a gpu-scope release add to arrive (atom's default scope is gpu, so .gpu may be
 # left out) and a gpu-scope acquire load to spin.
 RELEASE_ARRIVAL = re.compile(r"\batom(?:\.global)?\.release(?:\.gpu)?(?:\.global)?\.add\.[us]32\b")
@@ -78,14 +63,7 @@ ZERO_STORE = re.compile(r"\bst\.global\.v4\.b32\s+\[[^\]]+\],\s*\{0, 0, 0, 0\}")
 def _ptx_entries(problem: MoEProblem, config: MoEDispatchConfig, tmp_path,
                  monkeypatch) -> dict[str, str]:
     """The PTX of each kernel the point launches, by kernel name (fused, route, copy)."""
-    # --keep-ptx writes into the dump dir, which defaults to the working directory at the
-    # time cutlass was imported: name it explicitly (and chdir too, so nothing lands in the
-    # checkout).
-    monkeypatch.chdir(tmp_path)
-    KERNEL.space.check(problem, config, H200)
-    KERNEL.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
-    (ptx_file,) = tmp_path.glob("*.ptx")
-    ptx = ptx_file.read_text()
+    ptx = ptx_of(KERNEL, problem, config, H200, tmp_path, monkeypatch)
     entries = {}
     for chunk in ptx.split(".visible .entry ")[1:]:
         name = re.match(r"kernel_cutlass__(\w+?)_kernel_", chunk).group(1)

@@ -12,11 +12,11 @@ import re
 from collections import Counter
 
 import pytest
+from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormConfig, QKNormProblem
 from cutetune.kernels.registry import NotApplicableError
 from cutetune.spaces.models import PRESETS
-from cutetune.spaces.space import config_to_json
 from cutetune.tuner.roofline import DEVICE_SPECS
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -72,40 +72,15 @@ def test_every_valid_point_compiles(problem):
     assert valid, f"no valid point for {problem.describe()}"
     if problem.weight_bias:  # a synthetic problem: every thread-code variant, not every block
         valid = _thread_code_representatives(valid)
-    failures = []
-    for config in valid:
-        # Collect every failing point rather than stopping at the first, so one CI run lists
-        # them all; the test still fails.
-        try:
-            compiled = KERNEL.compile(problem, config)
-        except Exception as err:  # any compile error fails the test, listed with its config
-            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
-            continue
-        if not callable(compiled):
-            failures.append(f"{config_to_json(config)}: compiled result is not callable")
-    assert not failures, (f"{len(failures)} of {len(valid)} points of {problem.describe()} "
-                          "failed to compile:\n" + "\n".join(failures))
+    assert_points_compile(KERNEL, problem, valid)
 
 
 # ---------------------------------------------------------------------------------------------
 # PTX
 
-# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
-# count (absent: 1), 3 the bits per lane of the vector.
-GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
 BRANCHES = 2  # the kernel normalises q in one branch and k in the other
 
 
-def _ptx_for(problem: QKNormProblem, config: QKNormConfig, tmp_path, monkeypatch) -> str:
-    # --keep-ptx writes into the dump dir, which defaults to the working directory at the
-    # time cutlass was imported, not the current one: name the directory explicitly (and
-    # chdir too, so nothing can land in the checkout).
-    monkeypatch.chdir(tmp_path)
-    KERNEL.space.check(problem, config, H200)
-    KERNEL.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
-    ptx_files = list(tmp_path.glob("*.ptx"))
-    assert len(ptx_files) == 1, ptx_files
-    return ptx_files[0].read_text()
 
 
 PTX_CASES = [
@@ -128,7 +103,7 @@ def test_ptx_vector_width_and_shuffle_tree(dtype, vector_bits, heads_per_warp, w
     problem = QKNormProblem(num_tokens=1, dtype=dtype, head_dim=128, q_heads=32, kv_heads=8,
                             eps=1e-6, weight_bias=0.0)
     config = QKNormConfig(vector_bits, heads_per_warp, warps)
-    ptx = _ptx_for(problem, config, tmp_path, monkeypatch)
+    ptx = ptx_of(KERNEL, problem, config, H200, tmp_path, monkeypatch)
 
     accesses = GLOBAL_ACCESS.findall(ptx)
     assert len(accesses) == ptx.count("ld.global") + ptx.count("st.global") > 0
@@ -165,7 +140,7 @@ def test_ptx_bfloat16_64_bit_accesses_are_four_halves_or_two_words(tmp_path, mon
     # (both 64 bits); no load or store is a 128-bit v4 of 32-bit lanes.
     problem = QKNormProblem(num_tokens=1, dtype="bfloat16", head_dim=128, q_heads=32,
                             kv_heads=8, eps=1e-6, weight_bias=0.0)
-    ptx = _ptx_for(problem, QKNormConfig(64, 1, 4), tmp_path, monkeypatch)
+    ptx = ptx_of(KERNEL, problem, QKNormConfig(64, 1, 4), H200, tmp_path, monkeypatch)
     assert re.search(r"ld\.global\.(v4\.b16|v2\.b32)\b", ptx)
     assert re.search(r"st\.global\.(v4\.b16|v2\.b32)\b", ptx)
     assert not re.search(r"(ld|st)\.global\.v4\.b32\b", ptx)

@@ -12,6 +12,7 @@ import re
 from collections import Counter
 
 import pytest
+from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 
 from cutetune.kernels.rmsnorm import (
     BLOCK_PER_ROW,
@@ -21,7 +22,6 @@ from cutetune.kernels.rmsnorm import (
     RMSNormProblem,
 )
 from cutetune.spaces.models import PRESETS
-from cutetune.spaces.space import config_to_json
 from cutetune.tuner.roofline import DEVICE_SPECS
 
 H200 = DEVICE_SPECS["H200"]
@@ -76,39 +76,14 @@ def test_sweep_covers_every_preset_problem():
 def test_every_valid_point_compiles(problem):
     valid = KERNEL.space.enumerate(problem, H200).valid
     assert valid, f"no valid point for {problem.describe()}"
-    failures = []
-    for config in valid:
-        # Collect every failing point rather than stopping at the first, so one CI run lists
-        # them all; the test still fails.
-        try:
-            compiled = KERNEL.compile(problem, config)
-        except Exception as err:  # any compile error fails the test, listed with its config
-            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
-            continue
-        if not callable(compiled):
-            failures.append(f"{config_to_json(config)}: compiled result is not callable")
-    assert not failures, (f"{len(failures)} of {len(valid)} points of {problem.describe()} "
-                          "failed to compile:\n" + "\n".join(failures))
+    assert_points_compile(KERNEL, problem, valid)
 
 
 # ---------------------------------------------------------------------------------------------
 # PTX
 
-# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
-# count (absent: 1), 3 the bits per lane of the vector.
-GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
 
 
-def _ptx_for(problem: RMSNormProblem, config: RMSNormConfig, tmp_path, monkeypatch) -> str:
-    # --keep-ptx writes into the dump dir, which defaults to the working directory at the
-    # time cutlass was imported, not the current one: name the directory explicitly (and
-    # chdir too, so nothing can land in the checkout).
-    monkeypatch.chdir(tmp_path)
-    KERNEL.space.check(problem, config, H200)
-    KERNEL.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
-    ptx_files = list(tmp_path.glob("*.ptx"))
-    assert len(ptx_files) == 1, ptx_files
-    return ptx_files[0].read_text()
 
 
 def _widths(ptx: str) -> Counter:
@@ -145,7 +120,7 @@ def test_ptx_access_widths_shuffles_and_barrier(dtype, out_dtype, hidden, fused,
     problem = RMSNormProblem(num_tokens=1, dtype=dtype, out_dtype=out_dtype, hidden=hidden,
                              eps=1e-6, weight_bias=0.0, fused_add=fused)
     config = RMSNormConfig(form, vector_bits, warps)
-    ptx = _ptx_for(problem, config, tmp_path, monkeypatch)
+    ptx = ptx_of(KERNEL, problem, config, H200, tmp_path, monkeypatch)
 
     # Every global load and store is exactly one vector of the configured width: nothing
     # split into narrower accesses, nothing wider than the config allows.
@@ -168,7 +143,7 @@ def test_ptx_access_widths_shuffles_and_barrier(dtype, out_dtype, hidden, fused,
 def test_ptx_128_bit_config_uses_v4_accesses(tmp_path, monkeypatch):
     problem = RMSNormProblem(num_tokens=1, dtype="bfloat16", out_dtype="bfloat16",
                              hidden=7168, eps=1e-6, weight_bias=1.0, fused_add=True)
-    ptx = _ptx_for(problem, RMSNormConfig(BLOCK_PER_ROW, 128, 8), tmp_path, monkeypatch)
+    ptx = ptx_of(KERNEL, problem, RMSNormConfig(BLOCK_PER_ROW, 128, 8), H200, tmp_path, monkeypatch)
     assert re.search(r"ld\.global(\.nc)?\.v4\.(b|u|f)32", ptx)
     assert re.search(r"st\.global\.v4\.(b|u|f)32", ptx)
     # 896 vectors over 256 threads: 4 slots, x, residual and weight loaded in each; every

@@ -1,0 +1,39 @@
+"""What the kernels' CI compile sweeps share: compiling points for sm_90a with every failure
+listed, and the PTX of one point with its global accesses."""
+
+from __future__ import annotations
+
+import re
+
+from cutetune.spaces.space import config_to_json
+
+# A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
+# count (absent: 1), 3 the bits per lane of the vector.
+GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
+
+
+def assert_points_compile(kernel, problem, configs) -> None:
+    """Compile every point; collect each failure rather than stopping at the first, so one CI
+    run lists them all, then fail."""
+    failures = []
+    for config in configs:
+        try:
+            compiled = kernel.compile(problem, config)
+        except Exception as err:  # any compile error fails the test, listed with its config
+            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
+            continue
+        if not callable(compiled):
+            failures.append(f"{config_to_json(config)}: compiled result is not callable")
+    assert not failures, (f"{len(failures)} of {len(configs)} points of {problem.describe()} "
+                          "failed to compile:\n" + "\n".join(failures))
+
+
+def ptx_of(kernel, problem, config, device, tmp_path, monkeypatch) -> str:
+    """The PTX of one valid point. --keep-ptx writes into the dump dir, which defaults to the
+    working directory at the time cutlass was imported, not the current one: name the
+    directory explicitly (and chdir too, so nothing can land in the checkout)."""
+    monkeypatch.chdir(tmp_path)
+    kernel.space.check(problem, config, device)
+    kernel.compile(problem, config, options=f"--keep-ptx --dump-dir {tmp_path}")
+    (ptx_file,) = tmp_path.glob("*.ptx")
+    return ptx_file.read_text()
