@@ -3,10 +3,12 @@ side the way `cutetune bench` times them, then each launched eagerly on one L2-w
 so Nsight Compute can read the counters of single launches.
 
     python3 benchmarks/rmsnorm_midsize_probe.py --time
-    ncu --clock-control none --cache-control none --kernel-name regex:'rms|copy' \\
-        --launch-skip 5 --launch-count 8 --section SpeedOfLight --section LaunchStats \\
-        --section Occupancy --section WarpStateStats --section InstructionStats \\
-        python3 benchmarks/rmsnorm_midsize_probe.py --eager
+    M=gpu__time_duration.sum,sm__cycles_active.max,smsp__inst_executed.sum,launch__grid_size
+    M=$M,launch__block_size,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+    for k in _rms_norm_forward rmsnorm_kernel; do    # liger's kernel, then ours
+      ncu --clock-control none --cache-control none --kernel-name regex:$k --launch-skip 3 \\
+          --launch-count 1 --metrics $M python3 benchmarks/rmsnorm_midsize_probe.py --eager
+    done
 """
 
 from __future__ import annotations
