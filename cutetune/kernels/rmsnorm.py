@@ -287,7 +287,14 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
                     tRgR[(None, slots[v])].store(tXrX[v])
             else:
                 tRgR[(None, slots[v])].store(tXrX[v])
+    # ptxas sinks a load whose value is needed only after the reduction (the weight) down to
+    # its use, so a call would wait for two memory round trips (seen in the SASS of
+    # block_per_row, 128-bit, 8 warps, hidden 4096: the weight loads came after the warp's
+    # shuffles). Adding 0 * w to the sum ties each weight load before the reduction; IEEE
+    # keeps 0 * w (it is NaN for an infinite w), so no compiler stage folds it away.
     square_sum = Float32(0.0)
+    for v in cutlass.range_constexpr(vectors_per_thread):
+        square_sum = square_sum + tWrW[v][0] * 0.0
     for v in cutlass.range_constexpr(vectors_per_thread):
         tXrX[v] = tXrX[v].to(Float32)
         square = (tXrX[v] * tXrX[v]).reduce(cute.ReductionOp.ADD, init_val=0.0,
