@@ -508,8 +508,9 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
         return out.zero_()
     experts = top_k if experts is None else experts
     expert_end = experts if expert_end is None else expert_end
+    # The layout's zero_padding is dispatch's concern: combine never reads padding rows.
     static = (DTYPE_NAMES[expert_out.dtype], hidden, experts, top_k, pad, expert_begin,
-              expert_end)
+              expert_end, False)
     compiled = current_dispatcher().lookup(
         KERNEL, static, tokens,
         lambda: MoEProblem(num_tokens=tokens, dtype=static[0], hidden=hidden, experts=experts,

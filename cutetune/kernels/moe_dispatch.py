@@ -3,20 +3,31 @@
 For the local experts [expert_begin, expert_end) (L of them) it writes moe_common's layout:
 per-expert `counts`, padded `offsets`, the row of every pair in `row_of` (-1: not local, or an
 expert id outside [0, E), which also raises `error`), and `dispatched`, the hidden states of
-each expert's pairs in a segment padded with zero rows to a multiple of `pad`.
+each expert's pairs in a segment padded to a multiple of `pad` (the padding rows zeroed when
+the problem asks for zero_padding).
 
-Two forms, chosen by the config's `policy`; both are one compiled callable on one stream:
+Three forms, chosen by the config's `policy`; each is one compiled callable on one stream:
 
-- fused (decode): one cooperative kernel of `coop_blocks` blocks. Block 0 routes every pair
+- fused (decode): one cooperative kernel of `grid_blocks` blocks. Block 0 routes every pair
   (a slot per pair from shared-memory atomic counters, then a warp's scan of the padded counts
   gives the offsets), writes counts, offsets, row_of and the list of segments that need
   padding; a grid barrier; then every block copies tokens and zeroes padding rows, grid-stride.
-- split (prefill): a cooperative routing kernel of `coop_blocks` blocks, each counting a
+- replicated (decode): one ordinary kernel of `grid_blocks` blocks, no barrier. Every block
+  routes every pair itself, in shared memory, and copies its own share of the tokens. The
+  blocks must agree on each pair's row without talking, so the slots are not taken with
+  atomics (whose order differs from block to block) but ranked in pair order: each warp walks
+  its contiguous chunk of the pairs 32 at a time, a pair's rank being its expert's count so far
+  in the chunk plus the lanes before it with the same expert (match.any), and an exclusive
+  scan over the warps' counts places the chunks. This trades the barrier and the global round
+  trips of row_of for a serial walk of pairs / (32 * warps) steps, so it is bounded to few
+  pairs.
+- split (prefill): a cooperative routing kernel of `grid_blocks` blocks, each counting a
   contiguous chunk of the pairs in shared memory, then adding its counts to global per-expert
   counters with one atomic per expert (the returned old value is the block's base in that
   expert); a grid barrier; every block then scans the totals itself, finishes its pairs' rows
   and zeroes its share of the padding rows. A second, ordinary kernel over many blocks copies
-  the tokens.
+  the tokens; it is a programmatic dependent launch, let go at the start of routing, so its
+  launch and its loads of x overlap routing, and it waits for routing only to read row_of.
 
 The copy reads each token once and writes it to each of its K rows (a thread loads one vector
 of `tokens_per_block` tokens, then stores each to the rows row_of names), so x is read once
@@ -68,11 +79,17 @@ from cutetune.kernels.registry import KernelDef, Tensors, register
 from cutetune.spaces.space import Constraint, Param, Space
 from cutetune.tuner.roofline import Cost, resident_blocks_per_sm
 
-FUSED, SPLIT = "fused", "split"
-# Block 0 of the fused kernel routes every pair alone (one pair per thread per step, twice:
+FUSED, REPLICATED, SPLIT = "fused", "replicated", "split"
+# Block 0 of the fused kernel routes every pair alone (a few pairs per thread per step, twice:
 # slot, then final row) while the other blocks wait at the barrier: bounded so that the wait
 # stays short (256 tokens of top-8); beyond it the split form spreads the routing.
 FUSED_MAX_PAIRS = 2048
+# The replicated form keeps every pair's local expert and row in shared memory (8 KiB here)
+# and every warp ranks its chunk 32 pairs a step: bounded to 128 tokens of top-8.
+REPLICATED_MAX_PAIRS = 1024
+# Expert ids (and slots) a routing thread loads before using the first: a thread's pairs cost
+# one memory round trip per IDS_IN_FLIGHT, not one each.
+IDS_IN_FLIGHT = 4
 # Warp 0 scans the padded counts with each lane owning ceil(L / 32) consecutive experts,
 # unrolled at compile time; the counters also live in shared memory.
 MAX_LOCAL_EXPERTS = 1024
@@ -105,7 +122,7 @@ def workspace_words(local_experts: int) -> int:
 @dataclass(frozen=True)
 class MoEDispatchConfig:
     policy: str
-    coop_blocks: int
+    grid_blocks: int
     warps_per_block: int
     vector_bits: int
     tokens_per_block: int
@@ -135,34 +152,42 @@ def _registers_per_thread(problem: MoEProblem, config: MoEDispatchConfig) -> int
             + config.tokens_per_block * problem.top_k)
 
 
-def _smem_bytes(problem: MoEProblem) -> int:
+def _smem_bytes(problem: MoEProblem, config: MoEDispatchConfig) -> int:
     # counts and offsets over the scan's width (L rounded up to 32, offsets one more), bases,
-    # padded-segment starts and ends, and two flags: as _smem_tensors allocates them.
+    # padded-segment starts and ends, and two flags: as _smem_tensors allocates them; the
+    # replicated form adds each pair's local expert and row, and each warp's counts
+    # (_pair_tensors).
     width = _scan_width(problem.local_experts)
-    return 4 * (2 * width + 1 + 3 * problem.local_experts + 2)
+    routing = 4 * (2 * width + 1 + 3 * problem.local_experts + 2)
+    if config.policy != REPLICATED:
+        return routing
+    return routing + 4 * (2 * REPLICATED_MAX_PAIRS + config.warps_per_block * width)
 
 
 def _coop_cost(problem: MoEProblem, config: MoEDispatchConfig) -> Cost:
     """The cooperative kernel's resources, for the residency checks."""
-    return Cost(bytes_moved=0, flops=0, blocks=config.coop_blocks,
+    return Cost(bytes_moved=0, flops=0, blocks=config.grid_blocks,
                 threads_per_block=_threads(config),
                 registers_per_thread=_registers_per_thread(problem, config),
-                smem_per_block=_smem_bytes(problem))
+                smem_per_block=_smem_bytes(problem, config))
 
 
 def _coop_grid_fits(problem: MoEProblem, config: MoEDispatchConfig, device) -> bool:
-    return config.coop_blocks <= device.sm_count * resident_blocks_per_sm(
-        _coop_cost(problem, config), device)
+    return config.policy == REPLICATED or config.grid_blocks <= (
+        device.sm_count * resident_blocks_per_sm(_coop_cost(problem, config), device))
 
 
 SPACE = Space(
     config_type=MoEDispatchConfig,
     params=(
-        Param("policy", (FUSED, SPLIT),
-              "fused: one cooperative kernel (decode); split: routing kernel + copy kernel"),
-        # The grid of the cooperative kernel: the fused kernel (block 0 routes, all copy) or
-        # split's routing kernel (all route). A config constant: the work is grid-stride.
-        Param("coop_blocks", (32, 128), "blocks of the cooperative (grid-barrier) kernel"),
+        Param("policy", (FUSED, REPLICATED, SPLIT),
+              "fused: one cooperative kernel (decode); replicated: one kernel, every block "
+              "routes (decode); split: routing kernel + copy kernel"),
+        # The grid of the fused kernel (block 0 routes, all copy), of the replicated kernel
+        # (all route, all copy) or of split's routing kernel (all route). A config constant:
+        # the work is grid-stride.
+        Param("grid_blocks", (32, 128),
+              "blocks of the fused or replicated kernel, or of split's routing kernel"),
         Param("warps_per_block", (1, 4, 8), "warps in one thread block"),
         Param("vector_bits", (32, 64, 128), "bits per thread per global access of the copy"),
         Param("tokens_per_block", (1, 2, 4),
@@ -194,6 +219,13 @@ SPACE = Space(
             lambda p, c, d: c.policy != FUSED or p.num_tokens * p.top_k <= FUSED_MAX_PAIRS,
         ),
         Constraint(
+            "replicated_ranks_few_pairs",
+            f"the replicated form ranks every pair in every block, a warp step per 32 pairs: at "
+            f"most {REPLICATED_MAX_PAIRS} pairs (tokens * top_k)",
+            lambda p, c, d: (c.policy != REPLICATED
+                             or p.num_tokens * p.top_k <= REPLICATED_MAX_PAIRS),
+        ),
+        Constraint(
             "local_experts_fit_scan",
             f"at most {MAX_LOCAL_EXPERTS} local experts: one warp scans their counts, each "
             "lane a compile-time-unrolled share",
@@ -203,45 +235,43 @@ SPACE = Space(
             "counters_fit_smem",
             f"the per-expert counters, offsets and segment lists must fit a block's "
             f"{SMEM_PER_BLOCK // 1024} KiB of shared memory",
-            lambda p, c, d: _smem_bytes(p) <= SMEM_PER_BLOCK,
+            lambda p, c, d: _smem_bytes(p, c) <= SMEM_PER_BLOCK,
         ),
         block_size_within_device(),
         Constraint(
             "cooperative_grid_fits",
-            "every block of the cooperative kernel must be resident at once (SMs x blocks "
-            "per SM by threads, registers and shared memory), or its grid barrier deadlocks",
+            "every block of a cooperative kernel (fused, split's routing) must be resident at "
+            "once (SMs x blocks per SM by threads, registers and shared memory), or its grid "
+            "barrier deadlocks",
             _coop_grid_fits,
         ),
     ),
 )
 
 
-def _fused_is_ideal(problem: MoEProblem, device) -> bool:
-    """SEED.md: one kernel with a grid barrier while every stage's ideal blocks fit the grid:
-    routing needs one block, and the copy at one warp per block needs a unit per token and
-    slice; more than one per SM, and the split form's copy kernel wins."""
-    vectors = problem.hidden // _vector_elements(problem, _widest_vector_bits(problem))
-    copy_blocks = problem.num_tokens * math.ceil(vectors / WARP)
-    return (copy_blocks <= device.sm_count
-            and problem.num_tokens * problem.top_k <= FUSED_MAX_PAIRS)
-
-
 def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
-    """The seed heuristic (SEED.md): 128-bit accesses (or the widest vector that divides the
-    hidden size); decode-sized calls fused, one warp per block, as wide a cooperative grid as
-    the device holds; prefill split, 8 warps per block (DESIGN.md: 4-8 warps reach the copy
-    ceiling, 1 warp does not), routing spread over the widest grid."""
+    """128-bit accesses (or the widest vector that divides the hidden size). Decode-sized calls
+    (at most REPLICATED_MAX_PAIRS pairs) replicated over 128 blocks: on the H200 it beat the
+    seed's fused form at 1 to 128 tokens for every preset (benchmarks/moe_decode_probe.py;
+    BENCHMARKS.md), with 4 warps per block up to 256 pairs and 8 beyond, as a warp ranks
+    pairs / (32 * warps) steps. Prefill split, 8 warps per block (DESIGN.md: 4-8 warps reach
+    the copy ceiling, 1 warp does not), routing spread over as wide a cooperative grid as the
+    device holds. Where none of these fits the device, the space's first valid point."""
     bits = _widest_vector_bits(problem)
     if not bits:
         # No vector divides the hidden size: let the space say which constraint removed what.
         SPACE.valid_points(problem, device)
-    fused = _fused_is_ideal(problem, device)
-    warps = 1 if fused else 8
-    config = MoEDispatchConfig(FUSED if fused else SPLIT, 32, warps, bits, 1)
-    wide = MoEDispatchConfig(config.policy, 128, warps, bits, 1)
-    if SPACE.first_violation(problem, wide, device) is None:
-        return wide
-    return config
+    pairs = problem.num_tokens * problem.top_k
+    wide_warps = 4 if pairs <= 256 else 8
+    candidates = [MoEDispatchConfig(REPLICATED, 128, warps, bits, 1)
+                  for warps in (wide_warps, 4, 1)]
+    candidates += [MoEDispatchConfig(SPLIT, blocks, warps, bits, 1)
+                   for blocks in (128, 32) for warps in (8, 4, 1)]
+    for config in candidates:
+        if SPACE.first_violation(problem, config, device) is None:
+            return config
+    # An empty space raises here, saying which constraint removed how many points.
+    return SPACE.valid_points(problem, device)[0]
 
 
 def _copy_unit_count(problem: MoEProblem, config: MoEDispatchConfig) -> int:
@@ -265,25 +295,26 @@ def cost(problem: MoEProblem, config: MoEDispatchConfig, device) -> Cost:
     """Bytes at DRAM: topk_ids read and row_of written once (the routing rereads its own pairs
     and the copy reads row_of back, both L2 hits), counts/offsets/error written once; x read
     once per token (every column of every token, local or not) and each local pair's row
-    written once; the expected padding rows (expected_padding_rows) written as zeros.
-    The grid barrier's latency is not bytes: it is counted as one grid barrier (the roofline
-    adds the measured barrier cost), and split adds a second launch."""
+    written once; with zero_padding, the expected padding rows (expected_padding_rows)
+    written as zeros (the replicated form's blocks reread the ids from L2).
+    The grid barrier's latency is not bytes: fused and split count one grid barrier (the
+    roofline adds the measured barrier cost), and split adds a second launch."""
     element = DTYPE_BYTES[problem.dtype]
     row = problem.hidden * element
     pairs = problem.num_tokens * problem.top_k
     routing = 4 * pairs + 4 * pairs + 4 * (2 * problem.local_experts + 2)
     copy = problem.num_tokens * row + _local_pairs(problem) * row
-    padding = math.ceil(expected_padding_rows(problem) * row)
-    fused = config.policy == FUSED
+    padding = math.ceil(expected_padding_rows(problem) * row) if problem.zero_padding else 0
+    one_kernel = config.policy != SPLIT
     return Cost(
         bytes_moved=routing + copy + padding,
         flops=0,
-        blocks=config.coop_blocks if fused else _copy_unit_count(problem, config),
+        blocks=config.grid_blocks if one_kernel else _copy_unit_count(problem, config),
         threads_per_block=_threads(config),
         registers_per_thread=_registers_per_thread(problem, config),
-        smem_per_block=_smem_bytes(problem) if fused else 0,
-        launches=1 if fused else 2,
-        grid_barriers=1,
+        smem_per_block=_smem_bytes(problem, config) if one_kernel else 0,
+        launches=1 if one_kernel else 2,
+        grid_barriers=0 if config.policy == REPLICATED else 1,
         bytes_in_flight_per_thread=config.tokens_per_block * config.vector_bits // 8,
     )
 
@@ -329,50 +360,70 @@ def grid_barrier(mWs: cute.Tensor, tidx: Int32, bidx: Int32, BLOCKS: cutlass.Con
 
 
 # ---------------------------------------------------------------------------------------------
-# Routing pieces (shared by both forms)
+# Routing pieces (shared by fused and split)
 
 
 @cute.jit
-def _route_pair(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor, pair: Int32,
-                K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
-                BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> Int32:
-    """Give the pair a slot in its local expert (a shared-memory atomic) and store the slot in
-    row_of for now; -1 for other experts. Returns 1 for an id outside [0, E), else 0."""
-    token = pair // K
-    k = pair - token * K
-    expert = mIds[token, k]
-    local = expert - BEGIN
-    slot = Int32(-1)
-    bad = Int32(0)
-    if expert < 0 or expert >= E:
-        bad = Int32(1)
-    elif local >= 0 and local < L:
-        slot = cute.arch.atomic_add(sCount.iterator + local, Int32(1), sem="relaxed",
-                                    scope="cta")
-    mRowOf[token, k] = slot
-    return bad
+def _route_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor,
+                 sFlags: cute.Tensor, first: Int32, end: Int32, stride: Int32,
+                 K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]):
+    """Pairs first, first + stride, ... below end: give each a slot in its local expert (a
+    shared-memory atomic) and store the slot in row_of for now, -1 for other experts; an id
+    outside [0, E) raises sFlags[1]. IDS_IN_FLIGHT ids are loaded before the first is used:
+    one memory round trip per IDS_IN_FLIGHT pairs of a thread, not per pair."""
+    for base in range(first, end, stride * IDS_IN_FLIGHT):
+        experts = []
+        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
+            pair = cutlass.min(base + i * stride, end - 1)
+            token = pair // K
+            experts.append(mIds[token, pair - token * K])
+        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
+            pair = base + i * stride
+            if pair < end:
+                token = pair // K
+                expert = experts[i]
+                local = expert - BEGIN
+                slot = Int32(-1)
+                if expert < 0 or expert >= E:
+                    sFlags[1] = 1
+                elif local >= 0 and local < L:
+                    slot = cute.arch.atomic_add(sCount.iterator + local, Int32(1),
+                                                sem="relaxed", scope="cta")
+                mRowOf[token, pair - token * K] = slot
 
 
 @cute.jit
-def _finish_pair(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, pair: Int32,
-                 K: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int],
-                 L: cutlass.Constexpr[int]):
-    """row = the expert's base for this block + the slot _route_pair stored."""
-    token = pair // K
-    k = pair - token * K
-    local = mIds[token, k] - BEGIN
-    if local >= 0 and local < L:
-        slot = mRowOf[token, k]
-        if slot >= 0:  # defensive: every pair of a local expert got a slot
-            mRowOf[token, k] = slot + sBase[local]
+def _finish_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, first: Int32,
+                  end: Int32, stride: Int32, K: cutlass.Constexpr[int],
+                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]):
+    """The same pairs as _route_pairs (the same thread each): row = the expert's base for this
+    block + the slot stored there. Ids and slots of IDS_IN_FLIGHT pairs are loaded together
+    before the first is used."""
+    for base in range(first, end, stride * IDS_IN_FLIGHT):
+        experts = []
+        slots = []
+        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
+            pair = cutlass.min(base + i * stride, end - 1)
+            token = pair // K
+            experts.append(mIds[token, pair - token * K])
+            slots.append(mRowOf[token, pair - token * K])
+        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
+            pair = base + i * stride
+            local = experts[i] - BEGIN
+            # slot >= 0 is defensive: every pair of a local expert got a slot.
+            if pair < end and local >= 0 and local < L and slots[i] >= 0:
+                token = pair // K
+                mRowOf[token, pair - token * K] = slots[i] + sBase[local]
 
 
 @cute.jit
 def _scan(sTotal: cute.Tensor, sOffsets: cute.Tensor, sPadStart: cute.Tensor,
           sPadEnd: cute.Tensor, sFlags: cute.Tensor, lane: Int32, L: cutlass.Constexpr[int],
-          PAD: cutlass.Constexpr[int]):
-    """One warp: offsets = exclusive scan of the counts rounded up to PAD; the segments with
-    padding rows listed as [start, end) row ranges (their count in sFlags[0]). Lane l owns
+          PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool]):
+    """One warp: offsets = exclusive scan of the counts rounded up to PAD; with ZERO_PAD, the
+    segments with padding rows listed as [start, end) row ranges (their count in sFlags[0],
+    which is 0 without ZERO_PAD). Lane l owns
     experts [l * PER_LANE, (l + 1) * PER_LANE): a serial pass, a shuffle scan of the lane
     sums, and a second serial pass writing the results."""
     PER_LANE = (L + WARP - 1) // WARP
@@ -382,13 +433,15 @@ def _scan(sTotal: cute.Tensor, sOffsets: cute.Tensor, sPadStart: cute.Tensor,
     for i in cutlass.range_constexpr(PER_LANE):
         count = sTotal[first + i]  # zero past L: the arrays hold 32 * PER_LANE experts
         rows = rows + (count + (PAD - 1)) // PAD * PAD
-        if cutlass.const_expr(PAD > 1):
+        if cutlass.const_expr(ZERO_PAD):
             padded_segments = padded_segments + Int32(count % PAD != 0)
     rows_through = rows
     segments_through = padded_segments
     for i in cutlass.range_constexpr(5):
         rows_before = cute.arch.shuffle_sync_up(rows_through, 1 << i)
-        segments_before = cute.arch.shuffle_sync_up(segments_through, 1 << i)
+        segments_before = Int32(0)
+        if cutlass.const_expr(ZERO_PAD):
+            segments_before = cute.arch.shuffle_sync_up(segments_through, 1 << i)
         if lane >= (1 << i):
             rows_through = rows_through + rows_before
             segments_through = segments_through + segments_before
@@ -398,7 +451,7 @@ def _scan(sTotal: cute.Tensor, sOffsets: cute.Tensor, sPadStart: cute.Tensor,
         count = sTotal[first + i]
         padded = (count + (PAD - 1)) // PAD * PAD
         sOffsets[first + i] = row
-        if cutlass.const_expr(PAD > 1):
+        if cutlass.const_expr(ZERO_PAD):
             if padded != count:
                 sPadStart[segment] = row + count
                 sPadEnd[segment] = row + padded
@@ -410,7 +463,7 @@ def _scan(sTotal: cute.Tensor, sOffsets: cute.Tensor, sPadStart: cute.Tensor,
 
 
 # ---------------------------------------------------------------------------------------------
-# Copy pieces (shared by both forms)
+# Copy pieces (shared by every form)
 
 
 @cute.jit
@@ -418,11 +471,13 @@ def _copy_units(gX: cute.Tensor, mRowOf: cute.Tensor, gDisp: cute.Tensor, tidx: 
                 first_unit: Int32, unit_stride: Int32, K: cutlass.Constexpr[int],
                 VEC: cutlass.Constexpr[int], V: cutlass.Constexpr[int],
                 THREADS: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
-                SLICES: cutlass.Constexpr[int]):
+                SLICES: cutlass.Constexpr[int], AFTER_ROUTING: cutlass.Constexpr[bool]):
     """Units first_unit, first_unit + unit_stride, ...: unit u copies vector
     (u % SLICES) * THREADS + tidx (of the row's V) of tokens (u // SLICES) * TPB + [0, TPB) to
     each of their rows. gX and gDisp are divided into vectors: ((1, VEC), (rows, V)). All TPB
-    loads are issued before the first store."""
+    loads are issued before the first store. AFTER_ROUTING: this kernel was launched early
+    (programmatic dependent launch) behind the routing kernel, so it loads x (which routing
+    does not write) and only then waits for routing to finish before reading row_of."""
     tokens = cute.size(mRowOf, mode=[0])
     units = (tokens + (TPB - 1)) // TPB * SLICES
     for unit in range(first_unit, units, unit_stride):
@@ -439,6 +494,8 @@ def _copy_units(gX: cute.Tensor, mRowOf: cute.Tensor, gDisp: cute.Tensor, tidx: 
                 fragment = cute.make_rmem_tensor(cute.make_layout((1, VEC)), gX.element_type)
                 cute.autovec_copy(gX[(None, (token, column))], fragment)
                 values.append(fragment)
+            if cutlass.const_expr(AFTER_ROUTING):
+                cute.arch.griddepcontrol_wait()
             # Every row index before the first store: the compiler cannot move a load above a
             # store it cannot prove disjoint, and one L2 round trip per pair would serialise.
             rows = []
@@ -485,6 +542,18 @@ def _smem_tensors(L: int):
     return sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags
 
 
+def _pair_tensors(warps: int, L: int):
+    """The replicated form's per-pair local expert and row, and each warp's per-expert counts
+    (allocated after _smem_tensors)."""
+    smem = cutlass.memory.SmemAllocator()
+    sLocal = smem.allocate_tensor(Int32, cute.make_layout(REPLICATED_MAX_PAIRS),
+                                  byte_alignment=16)
+    sRow = smem.allocate_tensor(Int32, cute.make_layout(REPLICATED_MAX_PAIRS), byte_alignment=16)
+    sHist = smem.allocate_tensor(Int32, cute.make_layout(warps * _scan_width(L)),
+                                 byte_alignment=16)
+    return sLocal, sRow, sHist
+
+
 def _ws_view(mWs: cute.Tensor, start: int, size: int) -> cute.Tensor:
     return cute.make_tensor(mWs.iterator + start, cute.make_layout(size))
 
@@ -498,7 +567,8 @@ def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp
                   mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
                   mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
                   BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
-                  PAD: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
+                  PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
+                  VEC: cutlass.Constexpr[int],
                   V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
                   TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
                   BLOCKS: cutlass.Constexpr[int]):
@@ -515,33 +585,150 @@ def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp
         if tidx == 0:
             sFlags[1] = 0
         cute.arch.sync_threads()
-        for pair in range(tidx, pairs, THREADS):
-            if _route_pair(mIds, mRowOf, sCount, pair, K, E, BEGIN, L) != 0:
-                sFlags[1] = 1
+        _route_pairs(mIds, mRowOf, sCount, sFlags, tidx, pairs, THREADS, K, E, BEGIN, L)
         cute.arch.sync_threads()
         if tidx < WARP:
-            _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD)
+            _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD, ZERO_PAD)
         cute.arch.sync_threads()
         for e in range(tidx, L, THREADS):
             mCounts[e] = sCount[e]
             mOffsets[e] = sOffsets[e]
-        segments = sFlags[0]
         if tidx == 0:
             mOffsets[L] = sOffsets[L]
             mError[0] = sFlags[1]
-            mWs[pad_list] = segments
-        for i in range(tidx, segments, THREADS):
-            mPadStart[i] = sPadStart[i]
-            mPadEnd[i] = sPadEnd[i]
-        for pair in range(tidx, pairs, THREADS):
-            _finish_pair(mIds, mRowOf, sOffsets, pair, K, BEGIN, L)
+        if cutlass.const_expr(ZERO_PAD):
+            segments = sFlags[0]
+            if tidx == 0:
+                mWs[pad_list] = segments
+            for i in range(tidx, segments, THREADS):
+                mPadStart[i] = sPadStart[i]
+                mPadEnd[i] = sPadEnd[i]
+        _finish_pairs(mIds, mRowOf, sOffsets, tidx, pairs, THREADS, K, BEGIN, L)
     grid_barrier(mWs, tidx, bidx, BLOCKS)
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
-    _copy_units(gX, mRowOf, gDisp, tidx, bidx, BLOCKS, K, VEC, V, THREADS, TPB, SLICES)
-    if cutlass.const_expr(PAD > 1):
+    _copy_units(gX, mRowOf, gDisp, tidx, bidx, BLOCKS, K, VEC, V, THREADS, TPB, SLICES, False)
+    if cutlass.const_expr(ZERO_PAD):
         _zero_padding(gDisp, mPadStart, mPadEnd, mWs[pad_list], tidx, bidx, BLOCKS, VEC, V,
                       THREADS, SLICES)
+
+
+@cute.jit
+def _rank_pairs(sLocal: cute.Tensor, sRow: cute.Tensor, sHist: cute.Tensor, begin: Int32,
+                end: Int32, lane: Int32):
+    """One warp, over pairs [begin, end) in order, 32 a step: sRow[pair] = the pair's rank
+    among this range's pairs of its local expert (sHist[expert], this warp's counts so far,
+    plus the lanes before it with the same expert); sHist ends as the range's counts. Pairs of
+    no local expert (sLocal -1) are left alone. Nothing depends on timing, so every block
+    gets the same ranks."""
+    for first in range(begin, end, WARP):
+        pair = first + lane
+        local = Int32(-1)
+        if pair < end:
+            local = sLocal[pair]
+        same = cute.arch.match_sync(0xFFFFFFFF, local)
+        before = Int32(cute.arch.popc(same & cute.arch.lanemask_lt()))
+        seen = Int32(0)
+        if local >= 0:
+            seen = sHist[local]
+        # Every lane of an expert has read its count before the last of them adds the step's.
+        cute.arch.sync_warp()
+        if local >= 0:
+            sRow[pair] = seen + before
+            if (same & cute.arch.lanemask_gt()) == 0:
+                sHist[local] = seen + Int32(cute.arch.popc(same))
+        cute.arch.sync_warp()
+
+
+@cute.kernel
+def _replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
+                       mDisp: cute.Tensor, mCounts: cute.Tensor, mOffsets: cute.Tensor,
+                       mError: cute.Tensor, K: cutlass.Constexpr[int],
+                       E: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int],
+                       L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
+                       ZERO_PAD: cutlass.Constexpr[bool], VEC: cutlass.Constexpr[int],
+                       V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                       TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
+                       BLOCKS: cutlass.Constexpr[int]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    WARPS = THREADS // WARP
+    warp = tidx // WARP
+    lane = tidx - warp * WARP
+    WIDTH = _scan_width(L)
+    sCount, _, sOffsets, sPadStart, sPadEnd, sFlags = _smem_tensors(L)
+    sLocal, sRow, sHist = _pair_tensors(WARPS, L)
+    tokens = cute.size(mIds, mode=[0])
+    pairs = tokens * K
+    for i in range(tidx, WARPS * WIDTH, THREADS):
+        sHist[i] = 0
+    if tidx == 0:
+        sFlags[1] = 0
+    cute.arch.sync_threads()  # the error flag is cleared before any thread raises it
+    # Each thread loads IDS_IN_FLIGHT ids before using the first: one memory round trip per
+    # THREADS * IDS_IN_FLIGHT pairs, not per THREADS.
+    for first in range(tidx, pairs, THREADS * IDS_IN_FLIGHT):
+        experts = []
+        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
+            pair = cutlass.min(first + i * THREADS, pairs - 1)
+            token = pair // K
+            experts.append(mIds[token, pair - token * K])
+        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
+            pair = first + i * THREADS
+            if pair < pairs:
+                expert = experts[i]
+                local = expert - BEGIN
+                if expert < 0 or expert >= E:
+                    sFlags[1] = 1
+                    local = Int32(-1)
+                elif local < 0 or local >= L:
+                    local = Int32(-1)
+                sLocal[pair] = local
+                sRow[pair] = Int32(-1)
+    cute.arch.sync_threads()
+    # Warp w ranks the w-th of WARPS contiguous chunks of pairs into its row of sHist; an
+    # exclusive scan over the warps then gives each chunk its base within each expert.
+    chunk = (pairs + (WARPS * WARP - 1)) // (WARPS * WARP) * WARP
+    first_pair = warp * chunk
+    sWarpHist = cute.make_tensor(sHist.iterator + warp * WIDTH, cute.make_layout(WIDTH))
+    _rank_pairs(sLocal, sRow, sWarpHist, first_pair, cutlass.min(first_pair + chunk, pairs),
+                lane)
+    cute.arch.sync_threads()
+    for e in range(tidx, WIDTH, THREADS):
+        total = Int32(0)
+        for w in cutlass.range_constexpr(WARPS):
+            count = sHist[w * WIDTH + e]
+            sHist[w * WIDTH + e] = total
+            total = total + count
+        sCount[e] = total
+    cute.arch.sync_threads()
+    if tidx < WARP:
+        _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD, ZERO_PAD)
+    cute.arch.sync_threads()
+    for pair in range(tidx, pairs, THREADS):
+        local = sLocal[pair]
+        if local >= 0:
+            sRow[pair] = sRow[pair] + sOffsets[local] + sHist[pair // chunk * WIDTH + local]
+    cute.arch.sync_threads()
+    # Every block computed the same layout; block 0 writes it out.
+    if bidx == 0:
+        for e in range(tidx, L, THREADS):
+            mCounts[e] = sCount[e]
+            mOffsets[e] = sOffsets[e]
+        if tidx == 0:
+            mOffsets[L] = sOffsets[L]
+            mError[0] = sFlags[1]
+        for pair in range(tidx, pairs, THREADS):
+            token = pair // K
+            mRowOf[token, pair - token * K] = sRow[pair]
+    sRowOf = cute.make_tensor(sRow.iterator, cute.make_layout((tokens, K), stride=(K, 1)))
+    gX = cute.zipped_divide(mX, (1, VEC))
+    gDisp = cute.zipped_divide(mDisp, (1, VEC))
+    _copy_units(gX, sRowOf, gDisp, tidx, bidx, BLOCKS, K, VEC, V, THREADS, TPB, SLICES,
+                False)
+    if cutlass.const_expr(ZERO_PAD):
+        _zero_padding(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, BLOCKS, VEC, V, THREADS,
+                      SLICES)
 
 
 @cute.kernel
@@ -549,11 +736,14 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
                   mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
                   mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
                   BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
-                  PAD: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
+                  PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
+                  VEC: cutlass.Constexpr[int],
                   V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
                   SLICES: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
+    # The copy kernel may launch now: it loads x, then waits for this grid to finish.
+    cute.arch.griddepcontrol_launch_dependents()
     sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags = _smem_tensors(L)
     # This call counts into the counter set of its epoch's parity (zeroed by the previous
     # call) and zeroes the other set for the next call. Every block reads the epoch before
@@ -575,9 +765,7 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
     chunk = (pairs + (BLOCKS - 1)) // BLOCKS
     begin = bidx * chunk
     end = cutlass.min(begin + chunk, pairs)
-    for pair in range(begin + tidx, end, THREADS):
-        if _route_pair(mIds, mRowOf, sCount, pair, K, E, BEGIN, L) != 0:
-            sFlags[1] = 1
+    _route_pairs(mIds, mRowOf, sCount, sFlags, begin + tidx, end, THREADS, K, E, BEGIN, L)
     cute.arch.sync_threads()
     for e in range(tidx, L, THREADS):
         count = sCount[e]
@@ -592,7 +780,7 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
         sCount[e] = cute.arch.load(mTotals.iterator + e, Int32, sem="relaxed", scope="gpu")
     cute.arch.sync_threads()
     if tidx < WARP:
-        _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD)
+        _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD, ZERO_PAD)
     cute.arch.sync_threads()
     for e in range(tidx, L, THREADS):
         sBase[e] = sBase[e] + sOffsets[e]
@@ -608,9 +796,8 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
                 mError[0] = Int32(1)
             mWs[WS_EPOCH] = epoch + 1
     cute.arch.sync_threads()
-    for pair in range(begin + tidx, end, THREADS):
-        _finish_pair(mIds, mRowOf, sBase, pair, K, BEGIN, L)
-    if cutlass.const_expr(PAD > 1):
+    _finish_pairs(mIds, mRowOf, sBase, begin + tidx, end, THREADS, K, BEGIN, L)
+    if cutlass.const_expr(ZERO_PAD):
         gDisp = cute.zipped_divide(mDisp, (1, VEC))
         _zero_padding(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, BLOCKS, VEC, V, THREADS,
                       SLICES)
@@ -626,32 +813,45 @@ def _copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
     gdim, _, _ = cute.arch.grid_dim()
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
-    _copy_units(gX, mRowOf, gDisp, tidx, bidx, gdim, K, VEC, V, THREADS, TPB, SLICES)
+    _copy_units(gX, mRowOf, gDisp, tidx, bidx, gdim, K, VEC, V, THREADS, TPB, SLICES, True)
 
 
 @cute.jit
 def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
                      mDisp: cute.Tensor, mCounts: cute.Tensor, mOffsets: cute.Tensor,
                      mError: cute.Tensor, mWs: cute.Tensor, stream: cuda.CUstream,
-                     FUSED_FORM: cutlass.Constexpr[bool], K: cutlass.Constexpr[int],
+                     POLICY: cutlass.Constexpr[str], K: cutlass.Constexpr[int],
                      E: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int],
                      L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
-                     VEC: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                     TPB: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+                     ZERO_PAD: cutlass.Constexpr[bool], VEC: cutlass.Constexpr[int],
+                     THREADS: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
+                     BLOCKS: cutlass.Constexpr[int]):
     V = cute.size(mX, mode=[1]) // VEC
     SLICES = (V + THREADS - 1) // THREADS
-    if cutlass.const_expr(FUSED_FORM):
+    tokens = cute.size(mX, mode=[0])
+    units = (tokens + (TPB - 1)) // TPB * SLICES
+    if cutlass.const_expr(POLICY == FUSED):
         _fused_kernel(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, BEGIN, L,
-                      PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
+                      PAD, ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
             grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=True)
+    elif cutlass.const_expr(POLICY == REPLICATED):
+        # Blocks past the copy units would only route; the padding units are known only
+        # after routing, so zeroing keeps the whole grid.
+        blocks = BLOCKS
+        if cutlass.const_expr(not ZERO_PAD):
+            blocks = cutlass.min(units, BLOCKS)
+        _replicated_kernel(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, K, E, BEGIN, L,
+                           PAD, ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
+            grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
     else:
         _route_kernel(mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, BEGIN, L, PAD,
-                      VEC, V, THREADS, SLICES, BLOCKS).launch(
+                      ZERO_PAD, VEC, V, THREADS, SLICES, BLOCKS).launch(
             grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=True)
-        tokens = cute.size(mX, mode=[0])
-        units = (tokens + (TPB - 1)) // TPB * SLICES
+        # Launched early behind the routing kernel (programmatic dependent launch): its
+        # launch, first blocks and x loads overlap routing; it waits before reading row_of.
         _copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, SLICES).launch(
-            grid=(cutlass.max(units, 1), 1, 1), block=(THREADS, 1, 1), stream=stream)
+            grid=(cutlass.max(units, 1), 1, 1), block=(THREADS, 1, 1), stream=stream,
+            use_pdl=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -693,7 +893,7 @@ def check_cooperative_grid(blocks: int, threads_per_block: int, registers_per_th
         raise CooperativeGridError(
             f"moe_dispatch: a cooperative grid of {blocks} blocks of {threads_per_block} threads "
             f"does not fit {name}, which holds {capacity} at once "
-            f"({props.multi_processor_count} SMs); use a config with coop_blocks <= {capacity}")
+            f"({props.multi_processor_count} SMs); use a config with grid_blocks <= {capacity}")
 
 
 class CompiledDispatch:
@@ -707,7 +907,7 @@ class CompiledDispatch:
         self._checked_devices: set[int] = set()
 
     def check_device(self, device: int) -> None:
-        if device in self._checked_devices:
+        if device in self._checked_devices or self.config.policy == REPLICATED:
             return
         cost = _coop_cost(self.problem, self.config)
         check_cooperative_grid(cost.blocks, cost.threads_per_block, cost.registers_per_thread,
@@ -749,8 +949,9 @@ def compile_kernel(problem: MoEProblem, config: MoEDispatchConfig,
         hidden_rows(tokens), pairs(), pairs(),
         hidden_rows(rows), ints(L), ints(L + 1), ints(1), ints(workspace_words(L)),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-        config.policy == FUSED, problem.top_k, problem.experts, problem.expert_begin, L,
-        problem.pad, vec, _threads(config), config.tokens_per_block, config.coop_blocks,
+        config.policy, problem.top_k, problem.experts, problem.expert_begin, L,
+        problem.pad, problem.zero_padding and problem.pad > 1, vec, _threads(config),
+        config.tokens_per_block, config.grid_blocks,
         options=" ".join(("--enable-tvm-ffi", options)).strip(),
     )
     return CompiledDispatch(fn, problem, config)
@@ -907,12 +1108,14 @@ def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int
 
 
 def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int = 16,
-                 expert_range: tuple[int, int] | None = None,
-                 validate: bool = False) -> DispatchResult:
+                 expert_range: tuple[int, int] | None = None, validate: bool = False,
+                 zero_padding: bool = False) -> DispatchResult:
     """Route the (token, k) pairs of `topk_ids` (tokens, top_k) int32 to the local experts
     `expert_range` = [begin, end) of `num_experts` (all of them when None) and copy the rows
-    of x (tokens, hidden) bf16/fp16 into each expert's segment, padded with zero rows to a
-    multiple of `pad`, on the current stream (moe_common describes the layout).
+    of x (tokens, hidden) bf16/fp16 into each expert's segment, padded to a multiple of `pad`,
+    on the current stream (moe_common describes the layout). The padding rows are left
+    unwritten unless zero_padding=True (then zeros): a grouped GEMM computes each row on its
+    own and combine never reads them, and filling them can cost more than the tokens.
 
     Pairs of other experts get row -1. An expert id outside [0, num_experts) is skipped (row
     -1) and raises a flag on the device; with validate=True the call synchronises and raises
@@ -923,6 +1126,8 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
     Scratch (the grid-barrier word, counters) is kept per device and stream; before capturing
     a CUDA graph, call the op once on the capture stream (the usual warm-up), so that its
     workspace is not allocated inside the capture."""
+    if not isinstance(zero_padding, bool):
+        raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
     dtype, begin, end = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
@@ -937,12 +1142,12 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
         counts.zero_()
         offsets.zero_()
         return DispatchResult(dispatched, counts, offsets, row_of)
-    static = (dtype, hidden, num_experts, top_k, pad, begin, end)
+    static = (dtype, hidden, num_experts, top_k, pad, begin, end, zero_padding)
     compiled = current_dispatcher().lookup(
         KERNEL, static, tokens,
         lambda: MoEProblem(num_tokens=tokens, dtype=dtype, hidden=hidden,
                            experts=num_experts, top_k=top_k, pad=pad, expert_begin=begin,
-                           expert_end=end))
+                           expert_end=end, zero_padding=zero_padding))
     device = x.get_device()
     compiled(x, topk_ids, row_of, dispatched, counts, offsets, error,
              _workspace(device, local))

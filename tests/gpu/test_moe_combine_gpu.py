@@ -285,7 +285,7 @@ def test_public_op_goes_through_the_dispatcher():
                    experts=128)
     calls = current_dispatcher().default_calls()
     assert calls[("moe_combine", problem.static_tuple(), 8)] >= 1
-    assert problem.static_tuple() == ("bfloat16", 2048, 128, 8, 16, 0, 128)
+    assert problem.static_tuple() == ("bfloat16", 2048, 128, 8, 16, 0, 128, False)
 
 
 def test_public_op_captures_into_a_cuda_graph():

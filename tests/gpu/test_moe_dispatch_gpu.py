@@ -1,5 +1,6 @@
 """moe_dispatch on the GPU: every valid point against moe_common's check (uniform and skewed
-routing, a local expert range, pad 1, 64-bit vectors), the heuristic default at prefill sizes,
+routing, padding zeroed or left alone, a local expert range, pad 1, 64-bit vectors), the most
+pairs the replicated form ranks, the heuristic default at prefill sizes,
 expert ids outside [0, E), CUDA-graph replays (the grid barrier re-arms itself), the launch
 path's residency check, and the public op.
 
@@ -83,12 +84,13 @@ def barrier_low_bits(workspace) -> int:
 # Every valid point
 
 
+@pytest.mark.parametrize("zero_padding", [False, True], ids=["free-padding", "zero-padding"])
 @pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
 @pytest.mark.parametrize("tokens", [1, 7, 64])
-def test_every_valid_point_matches_reference(tokens, skewed):
-    problem = QWEN.with_tokens(tokens)
+def test_every_valid_point_matches_reference(tokens, skewed, zero_padding):
+    problem = dataclasses.replace(QWEN.with_tokens(tokens), zero_padding=zero_padding)
     points = md.SPACE.valid_points(problem, spec())
-    assert {c.policy for c in points} == {md.FUSED, md.SPLIT}
+    assert {c.policy for c in points} == {md.FUSED, md.REPLICATED, md.SPLIT}
     workspace = md.new_workspace(problem, DEVICE)
     for i, config in enumerate(points):
         run_and_check(problem, config, inputs(problem, seed=i, skewed=skewed,
@@ -105,12 +107,22 @@ def test_every_valid_point_of_a_synthetic_problem():
         run_and_check(problem, config, inputs(problem, seed=i, workspace=workspace))
 
 
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+def test_replicated_form_at_its_most_pairs(skewed):
+    # 128 tokens of top-8: 1024 pairs, 32 warp steps of ranking in every block; skewed
+    # routing puts most lanes of a step on the same few experts.
+    problem = dataclasses.replace(QWEN.with_tokens(128), zero_padding=True)
+    for i, (blocks, warps) in enumerate(((32, 1), (128, 4), (128, 8))):
+        config = md.MoEDispatchConfig(md.REPLICATED, blocks, warps, 128, 2)
+        run_and_check(problem, config, inputs(problem, seed=i, skewed=skewed))
+
+
 @pytest.mark.parametrize("tokens", [7, 64])
 def test_local_expert_range(tokens):
-    problem = LOCAL.with_tokens(tokens)
+    problem = dataclasses.replace(LOCAL.with_tokens(tokens), zero_padding=True)
     workspace = md.new_workspace(problem, DEVICE)
     configs = [md.MoEDispatchConfig(policy, blocks, 4, 128, 2)
-               for policy in (md.FUSED, md.SPLIT) for blocks in (32, 128)]
+               for policy in (md.FUSED, md.REPLICATED, md.SPLIT) for blocks in (32, 128)]
     for i, config in enumerate(configs + [md.default_config(problem, spec())]):
         tensors = inputs(problem, seed=i, workspace=workspace)
         run_and_check(problem, config, tensors)
@@ -140,8 +152,8 @@ def test_default_config_at_prefill_sizes(tokens, skewed):
 BAD_IDS = (-1, QWEN.experts, 2**31 - 1, -(2**31))
 
 
-@pytest.mark.parametrize(("tokens", "policy"), [(7, md.FUSED), (7, md.SPLIT),
-                                                (1000, md.SPLIT)])
+@pytest.mark.parametrize(("tokens", "policy"), [(7, md.FUSED), (7, md.REPLICATED),
+                                                (7, md.SPLIT), (1000, md.SPLIT)])
 def test_ids_outside_the_experts_are_skipped_and_flagged(tokens, policy):
     problem = QWEN.with_tokens(tokens)
     config = md.MoEDispatchConfig(policy, 128, 4, 128, 1)
@@ -177,9 +189,10 @@ def test_public_op_validate_raises_on_bad_ids():
 # CUDA graphs
 
 
-@pytest.mark.parametrize(("policy", "tokens"), [(md.FUSED, 7), (md.SPLIT, 300)])
+@pytest.mark.parametrize(("policy", "tokens"), [(md.FUSED, 7), (md.REPLICATED, 7),
+                                                (md.SPLIT, 300)])
 def test_graph_replays_twice_and_the_barrier_rearms(policy, tokens):
-    problem = QWEN.with_tokens(tokens)
+    problem = dataclasses.replace(QWEN.with_tokens(tokens), zero_padding=True)
     config = md.MoEDispatchConfig(policy, 128, 4, 128, 1)
     kernel = compiled(problem, config)
     tensors = inputs(problem, seed=0)
@@ -259,20 +272,22 @@ def test_a_grid_the_device_cannot_hold_is_refused_before_launch():
 # The public op
 
 
-@pytest.mark.parametrize(("tokens", "pad", "expert_range", "dtype"), [
-    (1, 16, None, torch.bfloat16),
-    (7, 1, None, torch.float16),
-    (300, 16, (32, 96), torch.bfloat16),
-    (4096, 8, (0, 64), torch.bfloat16),
+@pytest.mark.parametrize(("tokens", "pad", "expert_range", "dtype", "zero_padding"), [
+    (1, 16, None, torch.bfloat16, False),
+    (1, 16, None, torch.bfloat16, True),
+    (7, 1, None, torch.float16, False),
+    (300, 16, (32, 96), torch.bfloat16, True),
+    (4096, 8, (0, 64), torch.bfloat16, False),
 ])
-def test_public_op_matches_reference(tokens, pad, expert_range, dtype):
+def test_public_op_matches_reference(tokens, pad, expert_range, dtype, zero_padding):
     begin, end = expert_range or (0, QWEN.experts)
     dtype_name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
     problem = dataclasses.replace(QWEN, num_tokens=tokens, pad=pad, expert_begin=begin,
-                                  expert_end=end, dtype=dtype_name)
+                                  expert_end=end, dtype=dtype_name, zero_padding=zero_padding)
     tensors = inputs(problem, seed=tokens)
     result = md.moe_dispatch(tensors["x"], tensors["topk_ids"], QWEN.experts, pad=pad,
-                             expert_range=expert_range, validate=True)
+                             expert_range=expert_range, validate=True,
+                             zero_padding=zero_padding)
     assert result.dispatched.shape == (problem.capacity, QWEN.hidden)
     assert result.dispatched.dtype is dtype
     expected = moe.reference_dispatch(tensors["x"], tensors["topk_ids"], problem)

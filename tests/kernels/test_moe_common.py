@@ -104,9 +104,21 @@ def test_check_accepts_any_order_within_a_segment():
     (lambda g: g["dispatched"].__setitem__(int(g["offsets"][-1]) - 1, 7.0), "padding"),
 ])
 def test_check_rejects_a_broken_dispatch(break_it, message):
-    p = problem(num_tokens=9)
+    p = problem(num_tokens=9, zero_padding=True)
     _, _, _, ref = dispatched(p)
     got = {k: v.clone() for k, v in ref.items()}
     break_it(got)
     with pytest.raises(VerificationError, match=message):
         moe.check_dispatch(got, ref, p)
+
+
+def test_padding_rows_are_free_unless_zero_padding_is_asked_for():
+    p = problem(num_tokens=9)
+    _, _, _, ref = dispatched(p)
+    got = {k: v.clone() for k, v in ref.items()}
+    last_padding_row = int(got["offsets"][-1]) - 1
+    assert not bool((got["row_of"] == last_padding_row).any())  # a padding row, not a pair's
+    got["dispatched"][last_padding_row] = float("nan")
+    moe.check_dispatch(got, ref, p)
+    with pytest.raises(VerificationError, match="padding"):
+        moe.check_dispatch(got, ref, dataclasses.replace(p, zero_padding=True))

@@ -1,13 +1,15 @@
 """The CI compile sweep of moe_dispatch: every valid point compiles for sm_90a on the CPU for the
 MoE problem of every preset with routed experts (bf16) and for a synthetic fp16 problem with a
 local expert range, pad 1 and a hidden size only 64-bit vectors divide (at 2 tokens, so that
-tokens_per_block 2 is valid too; the PTX tests compile 4); the PTX shows the grid barrier's
-gpu-scope release arrival and acquire spin, and copies of whole 128-bit vectors.
+tokens_per_block 2 is valid too; the PTX tests compile 6); the PTX shows the grid barrier's
+gpu-scope release arrival and acquire spin, the replicated form's barrier-free ranking, zero
+stores only where padding is zeroed, and copies of whole 128-bit vectors.
 
-About 75 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
+About 110 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
 spreads them.
 """
 
+import dataclasses
 import re
 from collections import Counter
 
@@ -39,8 +41,8 @@ def test_sweep_stays_within_its_budget():
     synthetic = KERNEL.space.enumerate(SYNTHETIC, H200).valid
     assert {c.tokens_per_block for c in synthetic} == {1, 2}
     assert {c.vector_bits for c in synthetic} == {64}
-    assert {c.policy for c in synthetic} == {md.FUSED, md.SPLIT}
-    assert sum(counts) + len(synthetic) <= 80
+    assert {c.policy for c in synthetic} == {md.FUSED, md.REPLICATED, md.SPLIT}
+    assert sum(counts) + len(synthetic) <= 110
 
 
 @pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
@@ -84,7 +86,7 @@ def _assert_barrier(ptx: str) -> None:
 
 
 QWEN3_30B = MoEProblem(num_tokens=64, dtype="bfloat16", hidden=2048, experts=128, top_k=8,
-                       pad=16, expert_begin=0, expert_end=128)
+                       pad=16, expert_begin=0, expert_end=128, zero_padding=True)
 
 
 @pytest.mark.parametrize("tokens_per_block", [1, 2])
@@ -131,6 +133,15 @@ def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
     assert copy_widths[("ld", 128)] == 4 and copy_widths[("st", 128)] == 4 * 8
     assert not ZERO_STORE.search(copy)
     assert ".reqntid 256, 1, 1" in copy
+    # Programmatic dependent launch: routing lets the copy kernel launch at once; the copy
+    # kernel loads x first, then waits for routing to finish, then reads row_of.
+    assert route.index("griddepcontrol.launch_dependents") < route.index("atom.shared")
+    assert copy.count("griddepcontrol.wait") == 1
+    wait = copy.index("griddepcontrol.wait")
+    assert copy.index("ld.global.v4") < wait < copy.index("ld.global.b32")
+    (tmp_path / "fused").mkdir()
+    assert "griddepcontrol" not in _ptx_entries(QWEN3_30B, MoEDispatchConfig(
+        md.FUSED, 128, 8, 128, 4), tmp_path / "fused", monkeypatch)["fused"]
 
 
 def test_ptx_64_bit_vectors_and_no_padding_code_for_pad_1(tmp_path, monkeypatch):
@@ -142,3 +153,21 @@ def test_ptx_64_bit_vectors_and_no_padding_code_for_pad_1(tmp_path, monkeypatch)
     # One token's load and a store per k (top-k 3); pad 1 has no padding rows to zero.
     assert widths[("ld", 64)] == 1 and widths[("st", 64)] == 3
     assert not re.search(r"(ld|st)\.global(\.\w+)*\.(v4\.[bfsu]32|v2\.[bfsu]64)", ptx)
+
+
+@pytest.mark.parametrize("zero_padding", [False, True])
+def test_ptx_replicated_ranks_without_barrier_or_atomics(zero_padding, tmp_path, monkeypatch):
+    problem = dataclasses.replace(QWEN3_30B, zero_padding=zero_padding)
+    config = MoEDispatchConfig(md.REPLICATED, 128, 1, 128, 1)
+    entries = _ptx_entries(problem, config, tmp_path, monkeypatch)
+    assert set(entries) == {"replicated"}
+    ptx = entries["replicated"]
+    # Nothing waits on another block: no barrier word, no atomics of any kind (the slots
+    # come from match.any ranks, the same in every block).
+    assert not re.search(r"\b(atom|red)\.", ptx) and "ld.acquire" not in ptx
+    assert re.search(r"\bmatch\.any\.sync\.b32\b", ptx)
+    widths = _widths(ptx)
+    assert set(widths) <= {("ld", 128), ("st", 128), ("ld", 32), ("st", 32)}, widths
+    zero_stores = len(ZERO_STORE.findall(ptx))
+    assert (zero_stores >= 1) == zero_padding
+    assert widths[("ld", 128)] == 1 and widths[("st", 128)] == 8 + zero_stores

@@ -53,6 +53,7 @@ X, IDS = inputs()
     ((X, IDS, 8.0), {}, ValueError, "num_experts must be a positive integer, got 8.0"),
     ((X, IDS, True), {}, ValueError, "num_experts must be a positive integer, got True"),
     ((X, IDS, 8), {"pad": 0}, ValueError, "pad must be a positive integer, got 0"),
+    ((X, IDS, 8), {"zero_padding": 1}, TypeError, "zero_padding must be True or False, got 1"),
     ((X, IDS, 8), {"expert_range": (4, 4)}, ValueError,
      r"expert_range \[4, 4\) must be a non-empty range within \[0, 8\)"),
     ((X, IDS, 8), {"expert_range": (-1, 4)}, ValueError, r"expert_range \[-1, 4\)"),

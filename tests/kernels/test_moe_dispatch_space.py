@@ -98,7 +98,7 @@ def test_workspace_regions_do_not_overlap():
 
 
 def test_declared_space_is_small():
-    assert len(SPACE.declared_points()) == 2 * 2 * 3 * 3 * 3
+    assert len(SPACE.declared_points()) == 3 * 2 * 3 * 3 * 3
 
 
 @pytest.mark.parametrize("name", MOE_PRESETS)
@@ -108,7 +108,7 @@ def test_preset_points_use_128_bit_vectors(name):
     assert {c.vector_bits for c in enumeration.valid} == {128}
     # One token: no point batches more than one token per thread.
     assert {c.tokens_per_block for c in enumeration.valid} == {1}
-    assert {c.policy for c in enumeration.valid} == {md.FUSED, md.SPLIT}
+    assert {c.policy for c in enumeration.valid} == {md.FUSED, md.REPLICATED, md.SPLIT}
     for rejection in enumeration.rejected:
         assert rejection.constraint in {c.name for c in SPACE.constraints}
 
@@ -145,6 +145,15 @@ def test_fused_form_is_limited_to_few_pairs():
     assert MoEDispatchConfig(md.SPLIT, 128, 4, 128, 1) not in rejected
 
 
+def test_replicated_form_is_limited_to_fewer_pairs():
+    # 128 tokens x 8 = 1024 pairs: every block still ranks them; 129 tokens do not.
+    config = MoEDispatchConfig(md.REPLICATED, 128, 1, 128, 1)
+    assert config in SPACE.valid_points(problem(num_tokens=128), H200)
+    rejected = rejections(problem(num_tokens=129))
+    assert rejected[config] == "replicated_ranks_few_pairs"
+    assert MoEDispatchConfig(md.FUSED, 128, 1, 128, 1) not in rejected
+
+
 def test_too_many_local_experts_for_the_scan():
     p = problem(experts=2048, expert_end=2048)
     with pytest.raises(EmptySpaceError, match="local_experts_fit_scan"):
@@ -154,8 +163,18 @@ def test_too_many_local_experts_for_the_scan():
 
 
 def test_counters_must_fit_shared_memory(monkeypatch):
-    # 128 local experts need 4 * (2 * 128 + 1 + 3 * 128 + 2) bytes of counters and lists.
-    assert md._smem_bytes(problem()) == 2572
+    # 128 local experts need 4 * (2 * 128 + 1 + 3 * 128 + 2) bytes of counters and lists;
+    # the replicated form adds a local expert and a row for each of up to 1024 pairs, and
+    # each warp's count per expert.
+    fused = MoEDispatchConfig(md.FUSED, 128, 1, 128, 1)
+    replicated = MoEDispatchConfig(md.REPLICATED, 128, 1, 128, 1)
+    assert md._smem_bytes(problem(), fused) == 2572
+    assert md._smem_bytes(problem(), replicated) == 2572 + 2 * 4 * 1024 + 4 * 128
+    assert md._smem_bytes(problem(), dataclasses.replace(replicated, warps_per_block=8)) == \
+        2572 + 2 * 4 * 1024 + 8 * 4 * 128
+    monkeypatch.setattr(md, "SMEM_PER_BLOCK", 4096)
+    rejected = rejections(problem())
+    assert rejected[replicated] == "counters_fit_smem" and fused not in rejected
     monkeypatch.setattr(md, "SMEM_PER_BLOCK", 2048)
     assert set(rejections(problem()).values()) >= {"counters_fit_smem"}
     with pytest.raises(EmptySpaceError, match="counters_fit_smem"):
@@ -178,6 +197,9 @@ def test_cooperative_grid_must_fit_a_small_device():
     c = md._coop_cost(problem(), MoEDispatchConfig(md.FUSED, 32, 8, 128, 1))
     assert c.registers_per_thread == 52
     assert resident_blocks_per_sm(c, small) == 1
+    # The replicated kernel has no barrier: its blocks need not be resident at once.
+    for warps in (1, 4, 8):
+        assert MoEDispatchConfig(md.REPLICATED, 128, warps, 128, 1) not in rejected
 
 
 def test_block_size_within_a_small_device():
@@ -203,35 +225,46 @@ def test_every_valid_point_is_resident_and_predictable_on_every_device(name):
 
 
 @pytest.mark.parametrize("name", MOE_PRESETS)
-def test_default_config_is_valid_fused_for_few_tokens_and_split_for_many(name):
+def test_default_config_is_valid_replicated_for_few_tokens_and_split_for_many(name):
     policies = []
     for tokens in TOKENS:
         p = preset_problem(name, tokens)
         config = default_config(p, H200)
         SPACE.check(p, config, H200)
         assert config.vector_bits == 128 and config.tokens_per_block == 1
-        assert config.coop_blocks == 128  # the widest grid an H200 holds
-        assert config.warps_per_block == (1 if config.policy == md.FUSED else 8)
+        assert config.grid_blocks == 128  # the widest grid an H200 holds
+        pairs = tokens * p.top_k
+        if config.policy == md.REPLICATED:
+            assert pairs <= md.REPLICATED_MAX_PAIRS
+            assert config.warps_per_block == (4 if pairs <= 256 else 8)
+        else:
+            assert config.warps_per_block == 8
         policies.append(config.policy)
-    # Fused for the first (decode) sizes, split from some size on, never back.
-    assert policies[0] == md.FUSED and policies[-1] == md.SPLIT
+    # Replicated for the first (decode) sizes, split from some size on, never back.
+    assert policies[0] == md.REPLICATED and policies[-1] == md.SPLIT
     first_split = policies.index(md.SPLIT)
     assert set(policies[first_split:]) == {md.SPLIT}
 
 
-def test_default_switches_where_the_copy_no_longer_fits_one_block_per_sm():
-    # Qwen3-30B-A3B: 2048 / 8 = 256 vectors per row, 8 one-warp slices: 16 tokens need 128
-    # copy blocks (fused), 17 need 136 > 132 SMs (split).
-    assert default_config(problem(num_tokens=16), H200).policy == md.FUSED
-    assert default_config(problem(num_tokens=17), H200).policy == md.SPLIT
+def test_default_switches_where_the_replicated_form_stops():
+    # Qwen3-30B-A3B, top-8: 128 tokens are 1024 pairs (replicated), 129 are not (split).
+    assert default_config(problem(num_tokens=32), H200).warps_per_block == 4
+    assert default_config(problem(num_tokens=33), H200).warps_per_block == 8
+    assert default_config(problem(num_tokens=128), H200).policy == md.REPLICATED
+    assert default_config(problem(num_tokens=129), H200).policy == md.SPLIT
 
 
-def test_default_narrows_the_grid_on_a_small_device():
-    # 16 SMs of 4 blocks hold 64 blocks: not 128.
+def test_default_narrows_where_a_point_does_not_fit():
+    # 1024 local experts: 8 warps' counts overflow 48 KiB of shared memory, 4 warps' do not.
+    p = problem(num_tokens=64, experts=1024, expert_end=1024)
+    assert rejections(p)[MoEDispatchConfig(md.REPLICATED, 128, 8, 128, 1)] == \
+        "counters_fit_smem"
+    assert default_config(p, H200) == MoEDispatchConfig(md.REPLICATED, 128, 4, 128, 1)
+    # 16 SMs of 4 blocks hold 64 cooperative blocks: split's routing grid narrows to 32.
     small = dataclasses.replace(H200, sm_count=16, max_blocks_per_sm=4)
-    config = default_config(problem(), small)
-    assert config == MoEDispatchConfig(md.FUSED, 32, 1, 128, 1)
-    SPACE.check(problem(), config, small)
+    config = default_config(problem(num_tokens=4096), small)
+    assert config == MoEDispatchConfig(md.SPLIT, 32, 8, 128, 1)
+    SPACE.check(problem(num_tokens=4096), config, small)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,8 +272,9 @@ def test_default_narrows_the_grid_on_a_small_device():
 
 
 def test_cost_by_hand_fused():
-    # 4 tokens of Qwen3-30B-A3B (bf16, hidden 2048: a row is 4096 bytes), 32 pairs.
-    p = problem(num_tokens=4)
+    # 4 tokens of Qwen3-30B-A3B (bf16, hidden 2048: a row is 4096 bytes), 32 pairs, the
+    # padding rows zeroed.
+    p = problem(num_tokens=4, zero_padding=True)
     c = cost(p, MoEDispatchConfig(md.FUSED, 128, 4, 128, 1), H200)
     routing = 4 * 32 + 4 * 32 + 4 * (2 * 128 + 2)  # ids read, row_of written, counts/offsets
     copy = 4 * 4096 + 32 * 4096  # x read once per token, each pair's row written once
@@ -251,11 +285,23 @@ def test_cost_by_hand_fused():
     assert c.registers_per_thread == 40 + 4 + 8
     assert c.smem_per_block == 2572
     assert c.bytes_in_flight_per_thread == 16
+    # Padding left unwritten moves no bytes.
+    unpadded = cost(problem(num_tokens=4), MoEDispatchConfig(md.FUSED, 128, 4, 128, 1), H200)
+    assert unpadded.bytes_moved == routing + copy
+
+
+def test_cost_by_hand_replicated():
+    # As fused, without the barrier; the smem holds the per-pair arrays too.
+    p = problem(num_tokens=4)
+    c = cost(p, MoEDispatchConfig(md.REPLICATED, 32, 1, 128, 1), H200)
+    assert c.bytes_moved == 4 * 32 + 4 * 32 + 4 * (2 * 128 + 2) + 4 * 4096 + 32 * 4096
+    assert (c.blocks, c.threads_per_block, c.launches, c.grid_barriers) == (32, 32, 1, 0)
+    assert c.smem_per_block == 2572 + 8192 + 512
 
 
 def test_cost_by_hand_split_with_a_local_range():
     # 4096 tokens, experts [32, 96) of 128: under uniform routing half the pairs are local.
-    p = problem(num_tokens=4096, expert_begin=32, expert_end=96)
+    p = problem(num_tokens=4096, expert_begin=32, expert_end=96, zero_padding=True)
     c = cost(p, MoEDispatchConfig(md.SPLIT, 128, 8, 128, 2), H200)
     pairs = 4096 * 8
     local_pairs = pairs // 2
