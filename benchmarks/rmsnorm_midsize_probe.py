@@ -1,8 +1,11 @@
 """Why liger's RMSNorm beats ours at 64-512 rows (H=4096, bf16): the same points timed side by
 side the way `cutetune bench` times them, then each launched eagerly on one L2-warm input set
-so Nsight Compute can read the counters of single launches.
+so Nsight Compute can read the counters of single launches; --graph-nodes DIR captures ours
+(the heuristic default) and each peer at 64 rows in a CUDA graph and prints the graph's nodes
+(cudaGraphDebugDotPrint), to see what each launch puts in the graph.
 
     python3 benchmarks/rmsnorm_midsize_probe.py --time
+    python3 benchmarks/rmsnorm_midsize_probe.py --graph-nodes /tmp/dots
     M=gpu__time_duration.sum,sm__cycles_active.max,smsp__inst_executed.sum,launch__grid_size
     M=$M,launch__block_size,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
     for k in _rms_norm_forward rmsnorm_kernel; do    # liger's kernel, then ours
@@ -14,8 +17,10 @@ so Nsight Compute can read the counters of single launches.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
+from cuda.bindings import runtime as cudart
 
 from cutetune.bench import Candidate, bench_problem, format_rows, ours_runner
 from cutetune.dispatch import Dispatcher
@@ -41,11 +46,38 @@ def candidates(p: rms.RMSNormProblem) -> list[Candidate]:
     return found
 
 
+def print_graph_nodes(out_dir: str) -> None:
+    p = problem(64)
+    device = torch.device("cuda")
+    tensors = rms.make_inputs(p, device, torch.Generator(device=device).manual_seed(0))
+    runs = {"ours": ours_runner(rms.KERNEL, p, rms.default_config(p, SPEC), Dispatcher(SPEC))}
+    runs.update({peer.name.split()[0]: peer.build(p) for peer in rms.KERNEL.peers})
+    for name, run in runs.items():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # compiles and module loads stay out of the capture
+            run(tensors)
+            run(tensors)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            run(tensors)
+        path = os.path.join(out_dir, f"{name}.dot")
+        (err,) = cudart.cudaGraphDebugDotPrint(cudart.cudaGraph_t(graph.raw_cuda_graph()),
+                                              path.encode(), 1)
+        print(name, err)
+        with open(path) as f:
+            print(f.read())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--time", action="store_true")
     parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--graph-nodes", metavar="DIR")
     args = parser.parse_args()
+    if args.graph_nodes:
+        print_graph_nodes(args.graph_nodes)
     if args.time:
         copy_gbps = measure_copy_gbps()
         for rows in (1, 64, 512):

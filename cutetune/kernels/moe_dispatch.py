@@ -279,7 +279,7 @@ def _copy_unit_count(problem: MoEProblem, config: MoEDispatchConfig) -> int:
 
 
 def expected_padding_rows(problem: MoEProblem) -> float:
-    """Expected zero rows under uniform routing: a non-empty segment pads (pad - 1) / 2 rows
+    """Expected padding rows under uniform routing: a non-empty segment pads (pad - 1) / 2 rows
     on average, and at most min(L, local pairs) segments are non-empty (a decode step of 8
     pairs pads 8 segments, not all 256 experts)."""
     return min(problem.local_experts, _local_pairs(problem)) * (problem.pad - 1) / 2
@@ -363,33 +363,51 @@ def grid_barrier(mWs: cute.Tensor, tidx: Int32, bidx: Int32, BLOCKS: cutlass.Con
 # Routing pieces (shared by fused and split)
 
 
+def _pair_entries(mPairs: cute.Tensor, first: Int32, stride: Int32, end: Int32,
+                  K: int) -> list:
+    """mPairs (tokens, K) at pairs first, first + stride, ... (IDS_IN_FLIGHT of them; those
+    past end read the last pair again): every load issued before any value is used, so a
+    thread's pairs cost one memory round trip per IDS_IN_FLIGHT, not one each."""
+    values = []
+    for i in range(IDS_IN_FLIGHT):
+        pair = cutlass.min(first + i * stride, end - 1)
+        token = pair // K
+        values.append(mPairs[token, pair - token * K])
+    return values
+
+
+@cute.jit
+def _local_expert(expert: Int32, sFlags: cute.Tensor, E: cutlass.Constexpr[int],
+                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> Int32:
+    """The pair's local expert, or -1 when its expert is not local; an id outside [0, E) is
+    skipped the same way and raises sFlags[1]."""
+    local = expert - BEGIN
+    if expert < 0 or expert >= E:
+        sFlags[1] = 1
+        local = Int32(-1)
+    elif local < 0 or local >= L:
+        local = Int32(-1)
+    return local
+
+
 @cute.jit
 def _route_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor,
                  sFlags: cute.Tensor, first: Int32, end: Int32, stride: Int32,
                  K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]):
     """Pairs first, first + stride, ... below end: give each a slot in its local expert (a
-    shared-memory atomic) and store the slot in row_of for now, -1 for other experts; an id
-    outside [0, E) raises sFlags[1]. IDS_IN_FLIGHT ids are loaded before the first is used:
-    one memory round trip per IDS_IN_FLIGHT pairs of a thread, not per pair."""
+    shared-memory atomic) and store the slot in row_of for now, -1 for other experts."""
     for base in range(first, end, stride * IDS_IN_FLIGHT):
-        experts = []
-        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
-            pair = cutlass.min(base + i * stride, end - 1)
-            token = pair // K
-            experts.append(mIds[token, pair - token * K])
+        experts = _pair_entries(mIds, base, stride, end, K)
         for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
             pair = base + i * stride
             if pair < end:
-                token = pair // K
-                expert = experts[i]
-                local = expert - BEGIN
+                local = _local_expert(experts[i], sFlags, E, BEGIN, L)
                 slot = Int32(-1)
-                if expert < 0 or expert >= E:
-                    sFlags[1] = 1
-                elif local >= 0 and local < L:
+                if local >= 0:
                     slot = cute.arch.atomic_add(sCount.iterator + local, Int32(1),
                                                 sem="relaxed", scope="cta")
+                token = pair // K
                 mRowOf[token, pair - token * K] = slot
 
 
@@ -398,16 +416,10 @@ def _finish_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, fi
                   end: Int32, stride: Int32, K: cutlass.Constexpr[int],
                   BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]):
     """The same pairs as _route_pairs (the same thread each): row = the expert's base for this
-    block + the slot stored there. Ids and slots of IDS_IN_FLIGHT pairs are loaded together
-    before the first is used."""
+    block + the slot stored there."""
     for base in range(first, end, stride * IDS_IN_FLIGHT):
-        experts = []
-        slots = []
-        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
-            pair = cutlass.min(base + i * stride, end - 1)
-            token = pair // K
-            experts.append(mIds[token, pair - token * K])
-            slots.append(mRowOf[token, pair - token * K])
+        experts = _pair_entries(mIds, base, stride, end, K)
+        slots = _pair_entries(mRowOf, base, stride, end, K)
         for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
             pair = base + i * stride
             local = experts[i] - BEGIN
@@ -665,25 +677,12 @@ def _replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
     if tidx == 0:
         sFlags[1] = 0
     cute.arch.sync_threads()  # the error flag is cleared before any thread raises it
-    # Each thread loads IDS_IN_FLIGHT ids before using the first: one memory round trip per
-    # THREADS * IDS_IN_FLIGHT pairs, not per THREADS.
     for first in range(tidx, pairs, THREADS * IDS_IN_FLIGHT):
-        experts = []
-        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
-            pair = cutlass.min(first + i * THREADS, pairs - 1)
-            token = pair // K
-            experts.append(mIds[token, pair - token * K])
+        experts = _pair_entries(mIds, first, THREADS, pairs, K)
         for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
             pair = first + i * THREADS
             if pair < pairs:
-                expert = experts[i]
-                local = expert - BEGIN
-                if expert < 0 or expert >= E:
-                    sFlags[1] = 1
-                    local = Int32(-1)
-                elif local < 0 or local >= L:
-                    local = Int32(-1)
-                sLocal[pair] = local
+                sLocal[pair] = _local_expert(experts[i], sFlags, E, BEGIN, L)
                 sRow[pair] = Int32(-1)
     cute.arch.sync_threads()
     # Warp w ranks the w-th of WARPS contiguous chunks of pairs into its row of sHist; an
