@@ -252,7 +252,7 @@ SPACE = Space(
 def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     """128-bit accesses (or the widest vector that divides the hidden size). Decode-sized calls
     (at most REPLICATED_MAX_PAIRS pairs) replicated over 128 blocks: on the H200 it beat the
-    seed's fused form at 1 to 128 tokens for every preset (benchmarks/moe_decode_probe.py;
+    seed's fused form at 1 to 128 tokens for every preset (benchmarks/moe_dispatch_probe.py;
     BENCHMARKS.md), with 4 warps per block up to 256 pairs and 8 beyond, as a warp ranks
     pairs / (32 * warps) steps. Prefill split, 8 warps per block (DESIGN.md: 4-8 warps reach
     the copy ceiling, 1 warp does not), routing spread over as wide a cooperative grid as the
@@ -360,7 +360,7 @@ def grid_barrier(mWs: cute.Tensor, tidx: Int32, bidx: Int32, BLOCKS: cutlass.Con
 
 
 # ---------------------------------------------------------------------------------------------
-# Routing pieces (shared by fused and split)
+# Routing pieces (the id loads shared by every form; slots and rows by fused and split)
 
 
 def _pair_entries(mPairs: cute.Tensor, first: Int32, stride: Int32, end: Int32,
