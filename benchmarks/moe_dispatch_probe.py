@@ -26,6 +26,7 @@ from cutetune.bench import Candidate, bench_problem, format_rows, ours_runner
 from cutetune.dispatch import Dispatcher
 from cutetune.kernels import moe_combine as mc
 from cutetune.kernels import moe_dispatch as md
+from cutetune.kernels.dtypes import DTYPE_BYTES
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.ceilings import measure_copy_gbps, measure_launch_floor_us
 from cutetune.tuner.measure import time_in_graph
@@ -58,7 +59,12 @@ def dispatch_candidates(problem, points, spec, dispatcher) -> list[Candidate]:
 
 def written_bytes(problem: md.MoEProblem) -> int:
     """What dispatch writes: every pair's row (uniform routing: all local here)."""
-    return problem.num_tokens * problem.top_k * problem.hidden * 2
+    return problem.num_tokens * problem.top_k * problem.hidden * DTYPE_BYTES[problem.dtype]
+
+
+def csv_row(model: str, kernel: str, row) -> list:
+    return [model, kernel, row.problem.num_tokens, row.problem.zero_padding,
+            row.implementation, row.median_us, row.note]
 
 
 def time_write_of(nbytes: int) -> float:
@@ -88,11 +94,12 @@ def main() -> None:
                     problem, PREFILL_POINTS if args.prefill else DECODE_POINTS, spec,
                     dispatcher)
                 timed = bench_problem(md.KERNEL, problem, found, spec, copy_gbps)
-                rows += [(name, "moe_dispatch", r, r.median_us) for r in timed]
+                rows += [csv_row(name, "moe_dispatch", r) for r in timed]
                 print(format_rows(timed), flush=True)
                 if args.prefill:
                     write_us = time_write_of(written_bytes(problem))
-                    rows.append((name, "write only", timed[-1], write_us))
+                    rows.append([name, "write only", tokens, zero_padding, "write only",
+                                 write_us, ""])
                     print(f"  write of the {written_bytes(problem)} bytes written: "
                           f"{write_us:.2f} us", flush=True)
             if not args.prefill:
@@ -101,16 +108,13 @@ def main() -> None:
                 combine = bench_problem(mc.KERNEL, problem, [Candidate(
                     "combine default", ours_runner(mc.KERNEL, problem, config, dispatcher),
                     str(config))], spec, copy_gbps)
-                rows += [(name, "moe_combine", r, r.median_us) for r in combine]
+                rows += [csv_row(name, "moe_combine", r) for r in combine]
                 print(format_rows(combine), flush=True)
     with open(args.out, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["model", "kernel", "tokens", "zero_padding", "implementation", "us",
                          "note"])
-        for model, kernel, r, us in rows:
-            implementation = "write only" if kernel == "write only" else r.implementation
-            writer.writerow([model, kernel, r.problem.num_tokens, r.problem.zero_padding,
-                             implementation, us, "" if kernel == "write only" else r.note])
+        writer.writerows(rows)
 
 
 if __name__ == "__main__":

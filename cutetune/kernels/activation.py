@@ -118,12 +118,8 @@ class ActivationConfig:
     warps_per_block: int
 
 
-def _elements(problem: GatedProblem, vector_bits: int) -> int:
-    return vector_elements(problem.dtype, vector_bits)
-
-
 def _vector_elements(problem: GatedProblem, config: ActivationConfig) -> int:
-    return _elements(problem, config.vector_bits)
+    return vector_elements(problem.dtype, config.vector_bits)
 
 
 def _vectors_per_block(config: ActivationConfig) -> int:
@@ -188,7 +184,7 @@ def default_config(problem: GatedProblem, device) -> ActivationConfig:
         # No vector divides I: let the space say which constraint removed every point.
         SPACE.valid_points(problem, device)
     per_thread = MIN_BITS_PER_THREAD // bits
-    vectors = problem.num_tokens * problem.intermediate // _elements(problem, bits)
+    vectors = problem.num_tokens * problem.intermediate // vector_elements(problem.dtype, bits)
     threads_needed = math.ceil(vectors / per_thread)
     warps = next((w for w in (8, 4) if threads_needed >= w * WARP * device.sm_count), 1)
     return ActivationConfig(bits, per_thread, warps)

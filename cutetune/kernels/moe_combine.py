@@ -72,17 +72,8 @@ class CombineConfig:
     warps_per_block: int
 
 
-def _elements(problem: MoEProblem, bits: int) -> int:
-    return vector_elements(problem.dtype, bits)
-
-
 def _vector_elements(problem: MoEProblem, config: CombineConfig) -> int:
-    return _elements(problem, config.vector_bits)
-
-
-def _widest_vector_bits(problem: MoEProblem) -> int:
-    """128 when the hidden size allows it, else the widest vector that divides it (0: none)."""
-    return widest_vector_bits(problem.dtype, problem.hidden)
+    return vector_elements(problem.dtype, config.vector_bits)
 
 
 def _slice_vectors(problem: MoEProblem, config: CombineConfig) -> int:
@@ -130,7 +121,7 @@ SPACE = Space(
             "widest_vector",
             "the vector must be the widest (of 128, 64, 32 bits) that divides the hidden size: "
             "a narrower one moves the same bytes in more, smaller accesses",
-            lambda p, c, d: c.vector_bits == _widest_vector_bits(p),
+            lambda p, c, d: c.vector_bits == widest_vector_bits(p.dtype, p.hidden),
         ),
         Constraint(
             "split_into_whole_vectors",
@@ -182,7 +173,7 @@ def default_config(problem: MoEProblem, device) -> CombineConfig:
     is valid."""
     enumeration = SPACE.enumerate(problem, device)
     enumeration.raise_if_empty(problem.describe())
-    vector = _elements(problem, _widest_vector_bits(problem))
+    vector = vector_elements(problem.dtype, widest_vector_bits(problem.dtype, problem.hidden))
     vectors = problem.num_tokens * problem.hidden // vector
     decode = math.ceil(vectors / WARP) <= device.sm_count
 

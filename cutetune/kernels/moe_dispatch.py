@@ -128,22 +128,13 @@ class MoEDispatchConfig:
     tokens_per_block: int
 
 
-def _vector_elements(problem: MoEProblem, bits: int) -> int:
-    return vector_elements(problem.dtype, bits)
-
-
-def _widest_vector_bits(problem: MoEProblem) -> int:
-    """128 when the hidden size allows it, else the widest vector that divides it (0: none)."""
-    return widest_vector_bits(problem.dtype, problem.hidden)
-
-
 def _threads(config: MoEDispatchConfig) -> int:
     return config.warps_per_block * WARP
 
 
 def _slices(problem: MoEProblem, config: MoEDispatchConfig) -> int:
     """Slices of one vector per thread that cover a row."""
-    vectors = problem.hidden // _vector_elements(problem, config.vector_bits)
+    vectors = problem.hidden // vector_elements(problem.dtype, config.vector_bits)
     return math.ceil(vectors / _threads(config))
 
 
@@ -198,13 +189,13 @@ SPACE = Space(
             "hidden_splits_into_vectors",
             "the hidden size must be a whole number of vectors, so every row starts on a "
             "vector boundary",
-            lambda p, c, d: p.hidden % _vector_elements(p, c.vector_bits) == 0,
+            lambda p, c, d: p.hidden % vector_elements(p.dtype, c.vector_bits) == 0,
         ),
         Constraint(
             "widest_vector",
             "the vector must be the widest (of 128, 64, 32 bits) that divides the hidden size: "
             "a narrower one moves the same bytes in more, smaller accesses",
-            lambda p, c, d: c.vector_bits == _widest_vector_bits(p),
+            lambda p, c, d: c.vector_bits == widest_vector_bits(p.dtype, p.hidden),
         ),
         Constraint(
             "tokens_per_block_within_tokens",
@@ -257,14 +248,14 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     pairs / (32 * warps) steps. Prefill split, 8 warps per block (DESIGN.md: 4-8 warps reach
     the copy ceiling, 1 warp does not), routing spread over as wide a cooperative grid as the
     device holds. Where none of these fits the device, the space's first valid point."""
-    bits = _widest_vector_bits(problem)
+    bits = widest_vector_bits(problem.dtype, problem.hidden)
     if not bits:
         # No vector divides the hidden size: let the space say which constraint removed what.
         SPACE.valid_points(problem, device)
     pairs = problem.num_tokens * problem.top_k
     wide_warps = 4 if pairs <= 256 else 8
     candidates = [MoEDispatchConfig(REPLICATED, 128, warps, bits, 1)
-                  for warps in (wide_warps, 4, 1)]
+                  for warps in dict.fromkeys((wide_warps, 4, 1))]
     candidates += [MoEDispatchConfig(SPLIT, blocks, warps, bits, 1)
                    for blocks in (128, 32) for warps in (8, 4, 1)]
     for config in candidates:
@@ -923,7 +914,7 @@ def compile_kernel(problem: MoEProblem, config: MoEDispatchConfig,
     """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the token
     count (and the dispatched buffer's rows) are symbolic, so the result serves every call."""
     dtype = CUTLASS_DTYPES[problem.dtype]
-    vec = _vector_elements(problem, config.vector_bits)
+    vec = vector_elements(problem.dtype, config.vector_bits)
     tokens = cute.sym_int()
     rows = cute.sym_int()
     L = problem.local_experts
