@@ -163,11 +163,20 @@ def test_ptx_replicated_ranks_without_barrier_or_atomics(zero_padding, tmp_path,
     assert set(entries) == {"replicated"}
     ptx = entries["replicated"]
     # Nothing waits on another block: no barrier word, no atomics of any kind (the slots
-    # come from match.any ranks, the same in every block).
+    # come from ranks by ballots, the same in every block): one ballot per bit of the key,
+    # local expert + 1 in [0, 128], in the rank loop.
     assert not re.search(r"\b(atom|red)\.", ptx) and "ld.acquire" not in ptx
-    assert re.search(r"\bmatch\.any\.sync\.b32\b", ptx)
+    assert len(re.findall(r"\bvote\.sync\.ballot\.b32\b", ptx)) == 8
+    assert "match." not in ptx
     widths = _widths(ptx)
     assert set(widths) <= {("ld", 128), ("st", 128), ("ld", 32), ("st", 32)}, widths
     zero_stores = len(ZERO_STORE.findall(ptx))
     assert (zero_stores >= 1) == zero_padding
-    assert widths[("ld", 128)] == 1 and widths[("st", 128)] == 8 + zero_stores
+    # x is loaded before routing: the vectors of the block's first PRELOADED_VECTORS units
+    # (a token each here) ahead of the first block barrier, then one per unit in the loop over
+    # the rest; each is stored to the token's 8 rows.
+    preloaded = md.PRELOADED_VECTORS
+    before_routing = ptx[:ptx.index("bar.sync")]
+    assert len(GLOBAL_ACCESS.findall(before_routing)) == preloaded
+    assert widths[("ld", 128)] == preloaded + 1
+    assert widths[("st", 128)] == 8 * (preloaded + 1) + zero_stores
