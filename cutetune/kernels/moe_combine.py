@@ -104,8 +104,11 @@ SPACE = Space(
     params=(
         Param("vector_bits", (32, 64, 128), "bits per thread per global access"),
         # Decode: 1 token of H = 4096 in bf16 is 512 vectors; 16 slices of 32 give 16 one-warp
-        # blocks instead of one.
-        Param("hidden_split", (1, 2, 4, 8, 16), "blocks sharing one token's hidden dim"),
+        # blocks instead of one. 7, 14 and 28 serve hidden sizes with a factor 7 (DeepSeek-V3's
+        # 7168 = 7 x 1024, Qwen2-57B's 3584): slices of whole passes of a warp or of 4 warps,
+        # where powers of two leave every slice a ragged last pass (7168 / 16: 56 vectors).
+        Param("hidden_split", (1, 2, 4, 7, 8, 14, 16, 28),
+              "blocks sharing one token's hidden dim"),
         Param("tokens_per_block", (1, 2, 4), "tokens sharing one block (prefill)"),
         # As the other row kernels: 1 warp is the decode block; 8 warps fill an SM with 8
         # blocks, so 16 and 32 would only coarsen the tail (and the compile sweep).

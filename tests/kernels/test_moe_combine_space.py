@@ -43,7 +43,7 @@ def test_registered_with_the_moe_contract():
     assert KERNEL.outputs == ("out",)
     assert KERNEL.written_in_place == ()
     assert KERNEL.check is None  # a tolerance comparison judges the output
-    assert SPACE.enumerate(problem(), H200).declared == 3 * 5 * 3 * 3
+    assert SPACE.enumerate(problem(), H200).declared == 3 * 8 * 3 * 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,8 +61,9 @@ def test_preset_points_obey_every_constraint(name):
     assert (p.hidden, p.experts, p.top_k) == (hidden, experts, top_k)
     enumeration = SPACE.enumerate(p, H200)
     # H = 2048 is 256 vectors: no 16-way split leaves a warp a vector each, and 8-warp blocks
-    # need the whole row (11 points); 4096 and 7168 admit 14.
-    assert len(enumeration.valid) == (11 if hidden == 2048 else 14)
+    # need the whole row (11 points); 4096 admits 14; 7168 (896 vectors) those 14 and 7-, 14-
+    # and 28-way splits: 128 vectors for 1 or 4 warps, 64 and 32 for 1 warp.
+    assert len(enumeration.valid) == {2048: 11, 4096: 14, 7168: 18}[hidden]
     for c in enumeration.valid:
         vectors = hidden // _vector(p.dtype, c.vector_bits)
         assert c.vector_bits == 128, c
@@ -98,14 +99,14 @@ def test_a_hidden_size_only_32_bit_vectors_divide():
     assert enumeration.valid == tuple(CombineConfig(32, 1, t, w)
                                       for t in (1, 2, 4) for w in (1, 4, 8) if t <= w)
     assert enumeration.rejections_by_constraint() == {
-        "hidden_splits_into_vectors": 90, "split_into_whole_vectors": 36,
+        "hidden_splits_into_vectors": 144, "split_into_whole_vectors": 63,
         "whole_warps_per_token": 2}
     # 64-bit vectors where 128-bit ones do not divide (1004 = 251 x 4).
     assert {c.vector_bits for c in SPACE.valid_points(problem(hidden=1004), H200)} == {64}
 
 
 def test_an_odd_hidden_size_has_no_point():
-    with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors removed 135"):
+    with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors removed 216"):
         SPACE.valid_points(problem(hidden=1001), H200)
     with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors"):
         default_config(problem(hidden=1001), H200)
@@ -150,7 +151,7 @@ def test_default_config_is_a_valid_point_with_the_widest_vector(dtype, hidden, t
     (2048, 1, CombineConfig(128, 8, 1, 1)),
     (2048, 16, CombineConfig(128, 8, 1, 1)),  # 16 x 8 warps = 128 <= 132
     (4096, 1, CombineConfig(128, 16, 1, 1)),
-    (7168, 1, CombineConfig(128, 16, 1, 1)),
+    (7168, 1, CombineConfig(128, 28, 1, 1)),  # 896 vectors: 28 one-pass warps
     # 64 tokens of 4096: 1024 warps. 8-warp blocks reach only 128 blocks (2 slices), 4-warp
     # blocks split in 4 cover every SM.
     (4096, 64, CombineConfig(128, 4, 1, 4)),
