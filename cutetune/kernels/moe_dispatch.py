@@ -368,12 +368,12 @@ def grid_barrier(mWs: cute.Tensor, tidx: Int32, bidx: Int32, BLOCKS: cutlass.Con
 
 
 def _pair_entries(mPairs: cute.Tensor, first: Int32, stride: Int32, end: Int32,
-                  K: int) -> list:
-    """mPairs (tokens, K) at pairs first, first + stride, ... (IDS_IN_FLIGHT of them; those
-    past end read the last pair again): every load issued before any value is used, so a
-    thread's pairs cost one memory round trip per IDS_IN_FLIGHT, not one each."""
+                  K: int, count: int = IDS_IN_FLIGHT) -> list:
+    """mPairs (tokens, K) at pairs first, first + stride, ... (count of them; those past end
+    read the last pair again): every load issued before any value is used, so a thread's
+    pairs cost one memory round trip per count, not one each."""
     values = []
-    for i in range(IDS_IN_FLIGHT):
+    for i in range(count):
         pair = cutlass.min(first + i * stride, end - 1)
         token = pair // K
         values.append(mPairs[token, pair - token * K])
@@ -763,17 +763,19 @@ def _replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
         group = unit // SLICES
         column = cutlass.min((unit - group * SLICES) * THREADS + tidx, V - 1)
         preloaded.append(_unit_loads(gX, tokens, group, column, VEC, TPB))
+    # Every id the thread routes (a block routes at most REPLICATED_MAX_PAIRS pairs), loaded
+    # before the barrier too, so that their round trip overlaps x's and the barrier's.
+    IDS_PER_THREAD = (REPLICATED_MAX_PAIRS + THREADS - 1) // THREADS
+    experts = _pair_entries(mIds, tidx, THREADS, pairs, K, IDS_PER_THREAD)
     for i in range(tidx, WARPS * WIDTH, THREADS):
         sHist[i] = 0
     if tidx == 0:
         sFlags[1] = 0
     cute.arch.sync_threads()  # the error flag is cleared before any thread raises it
-    for first in range(tidx, pairs, THREADS * IDS_IN_FLIGHT):
-        experts = _pair_entries(mIds, first, THREADS, pairs, K)
-        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
-            pair = first + i * THREADS
-            if pair < pairs:
-                sLocal[pair] = _local_expert(experts[i], sFlags, E, BEGIN, L)
+    for i in cutlass.range_constexpr(IDS_PER_THREAD):
+        pair = tidx + i * THREADS
+        if pair < pairs:
+            sLocal[pair] = _local_expert(experts[i], sFlags, E, BEGIN, L)
     cute.arch.sync_threads()
     # Each warp ranks its steps of 32 pairs into its row of sHist; an exclusive scan over the
     # warps then turns sHist into each warp's base within each expert.

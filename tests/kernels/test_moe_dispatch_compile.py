@@ -172,11 +172,13 @@ def test_ptx_replicated_ranks_without_barrier_or_atomics(zero_padding, tmp_path,
     assert set(widths) <= {("ld", 128), ("st", 128), ("ld", 32), ("st", 32)}, widths
     zero_stores = len(ZERO_STORE.findall(ptx))
     assert (zero_stores >= 1) == zero_padding
-    # x is loaded before routing: the vectors of the block's first PRELOADED_VECTORS units
-    # (a token each here) ahead of the first block barrier, then one per unit in the loop over
-    # the rest; each is stored to the token's 8 rows.
+    # x and the ids are loaded before routing: ahead of the first block barrier, the vectors
+    # of the block's first PRELOADED_VECTORS units (a token each here) and every id a thread
+    # routes (1024 pairs over 32 threads); then one vector per unit in the loop over the
+    # rest, each stored to the token's 8 rows.
     preloaded = md.PRELOADED_VECTORS
-    before_routing = ptx[:ptx.index("bar.sync")]
-    assert len(GLOBAL_ACCESS.findall(before_routing)) == preloaded
+    before_routing = Counter((op, int(lanes or 1) * int(bits)) for op, lanes, bits
+                             in GLOBAL_ACCESS.findall(ptx[:ptx.index("bar.sync")]))
+    assert before_routing == {("ld", 128): preloaded, ("ld", 32): md.REPLICATED_MAX_PAIRS // 32}
     assert widths[("ld", 128)] == preloaded + 1
     assert widths[("st", 128)] == 8 * (preloaded + 1) + zero_stores
