@@ -660,8 +660,9 @@ def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp
 def _same_key_lanes(key: Int32, BITS: cutlass.Constexpr[int]) -> cutlass.Uint32:
     """The lanes of the warp whose key (0 <= key < 2^BITS) equals this lane's: match.any
     built from one ballot per key bit (this lane's bit kept where it is 1, flipped where it is
-    0), about half the time of match.any on the H200 (benchmarks: the rank phase of 512 pairs
-    took 754 cycles against 1334)."""
+    0). On the H200 the rank phase of 512 pairs (DeepSeek-V3, 64 tokens, 8 warps) took 754
+    cycles this way against 1334 with match.any, read with clock64 in an instrumented copy of
+    the kernel that was not kept."""
     same = cutlass.Uint32(0xFFFFFFFF)
     for b in cutlass.range_constexpr(BITS):
         bit = (key >> b) & 1
