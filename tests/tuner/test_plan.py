@@ -68,14 +68,15 @@ def test_predictions_grow_with_tokens():
 def test_decode_sized_points_within_the_absolute_margin_are_kept():
     # moe_combine for deepseek-v3 at 8 tokens: the best prediction is near the launch floor and
     # most others over 2x it; those under 2 us beyond it are still measured (on the H200 the
-    # best-predicted point measured 4.47 us, not 1.04).
+    # best-predicted point, then a 16-way split predicted at 1.04 us, measured 4.47 us).
     combine = get_kernel("moe_combine")
     problem = combine.problems_for_model(PRESETS["deepseek-v3"], "bfloat16")[0].with_tokens(8)
     plan = make_plan(combine, problem, H200, CEILINGS)
     best = plan.kept[0].prediction.predicted_us
     assert best < PRUNE_MARGIN_US
-    assert len(plan.kept) > 1
-    assert all(p.prediction.predicted_us > PRUNE_FACTOR * best for p in plan.kept[1:])
+    beyond_factor = [p for p in plan.kept if p.prediction.predicted_us > PRUNE_FACTOR * best]
+    assert len(beyond_factor) >= 2
+    assert all(p.prediction.predicted_us <= best + PRUNE_MARGIN_US for p in beyond_factor)
     assert all(p.prediction.predicted_us > best + PRUNE_MARGIN_US for p in plan.pruned)
 
 
