@@ -122,8 +122,11 @@ def candidates(kernel: KernelDef, problem: Problem, dispatcher: Dispatcher) -> l
 
 
 def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate],
-                  spec: DeviceSpec, copy_gbps: float) -> list[BenchRow]:
-    """Check, then time, every candidate on the same input sets."""
+                  spec: DeviceSpec, copy_gbps: float,
+                  on_candidate: Callable[[str], None] = lambda message: None) -> list[BenchRow]:
+    """Check, then time, every candidate on the same input sets. on_candidate hears which
+    one starts: a first call may compile or autotune for minutes (torch.compile; liger's
+    Triton kernels autotune over tens of configs per shape)."""
     bytes_moved = kernel.cost(problem, kernel.default_config(problem, spec), spec).bytes_moved
     make_inputs = kernel.bench_inputs or kernel.make_inputs
     device = torch.device("cuda", torch.cuda.current_device())
@@ -141,6 +144,7 @@ def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate
         if candidate.run is None:
             rows.append(BenchRow(problem, candidate.name, None, None, None, None, candidate.note))
             continue
+        on_candidate(f"  tokens={problem.num_tokens}: checking and timing {candidate.name} ...")
         buffers = check_inputs()
         outputs = candidate.run(buffers)
         torch.cuda.synchronize()
@@ -179,8 +183,10 @@ def speedup_over_best_peer(rows: Sequence[BenchRow]) -> float | None:
 
 
 def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[int],
-              db: Database, on_problem: Callable[[list[BenchRow]], None]) -> BenchRun:
-    """Bench every static problem at every token count; store the timed rows, all or none."""
+              db: Database, on_problem: Callable[[list[BenchRow]], None],
+              on_candidate: Callable[[str], None] = lambda message: None) -> BenchRun:
+    """Bench every static problem at every token count; store the timed rows, all or none.
+    on_problem receives each problem's rows, on_candidate bench_problem's progress lines."""
     # torch.compile specialises on every shape benchmarked; let it keep them all.
     torch._dynamo.config.recompile_limit = 256
     fingerprint = DeviceFingerprint.current()
@@ -194,7 +200,7 @@ def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[i
         for n in tokens:
             problem = static.with_tokens(n)
             problem_rows = bench_problem(kernel, problem, candidates(kernel, problem, dispatcher),
-                                         spec, copy_gbps)
+                                         spec, copy_gbps, on_candidate)
             on_problem(problem_rows)
             rows += problem_rows
     record_bench(db, fingerprint, [

@@ -202,7 +202,8 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
     click.echo(f"benchmarking {kernel} for {model} ({len(problems)} problems x {len(tokens)} "
                f"token counts); measuring the copy ceiling first ...", err=True)
     result = run_bench(kdef, problems, tokens, db,
-                       on_problem=lambda rows: click.echo(format_rows(rows) + "\n"))
+                       on_problem=lambda rows: click.echo(format_rows(rows) + "\n"),
+                       on_candidate=lambda line: click.echo(line, err=True))
     click.echo(f"{result.gpu_name}: copy ceiling {result.copy_gbps:.0f} GB/s; empty kernel "
                f"{result.empty_kernel_us:.2f} us per launch in a CUDA graph; rows stored in "
                f"{db.url}")

@@ -65,6 +65,8 @@ def test_bench_cli_prints_the_table_and_writes_the_csv(tmp_path):
                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "cutetune vs best peer" in result.output and "copy ceiling" in result.output
+    # Progress on stderr before each candidate: a peer's first call may autotune for minutes.
+    assert "tokens=8: checking and timing liger rms_norm x2 ..." in result.output
     with open(out) as handle:
         rows = list(csv.DictReader(handle))
     assert {r["implementation"] for r in rows} >= {TUNED_NAME, DEFAULT_NAME, "torch eager",
