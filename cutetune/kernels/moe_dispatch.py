@@ -151,9 +151,12 @@ def _preloaded_units(tokens_per_block: int) -> int:
 
 def _registers_per_thread(problem: MoEProblem, config: MoEDispatchConfig) -> int:
     vector_registers = config.tokens_per_block * config.vector_bits // 32
-    preloaded = _preloaded_units(config.tokens_per_block) if config.policy == REPLICATED else 0
-    return (BASE_REGISTERS + (1 + preloaded) * vector_registers
-            + config.tokens_per_block * problem.top_k)
+    registers = (BASE_REGISTERS + vector_registers + config.tokens_per_block * problem.top_k)
+    if config.policy == REPLICATED:
+        # The x vectors and the ids a thread loads before it routes.
+        registers += (_preloaded_units(config.tokens_per_block) * vector_registers
+                      + math.ceil(REPLICATED_MAX_PAIRS / _threads(config)))
+    return registers
 
 
 def _smem_bytes(problem: MoEProblem, config: MoEDispatchConfig) -> int:

@@ -297,6 +297,9 @@ def test_cost_by_hand_replicated():
     assert c.bytes_moved == 4 * 32 + 4 * 32 + 4 * (2 * 128 + 2) + 4 * 4096 + 32 * 4096
     assert (c.blocks, c.threads_per_block, c.launches, c.grid_barriers) == (32, 32, 1, 0)
     assert c.smem_per_block == 2572 + 8192 + 512
+    # Base, a vector and 8 rows, as the other forms; then 4 preloaded vectors and the 32 ids
+    # each of 32 threads loads before routing (1024 pairs at most).
+    assert c.registers_per_thread == 40 + 4 + 8 + 4 * 4 + 32
 
 
 def test_cost_by_hand_split_with_a_local_range():
