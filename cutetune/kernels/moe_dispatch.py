@@ -149,13 +149,19 @@ def _preloaded_units(tokens_per_block: int) -> int:
     return max(1, PRELOADED_VECTORS // tokens_per_block)
 
 
+def _replicated_ids_per_thread(threads: int) -> int:
+    """Ids a thread of the replicated form loads before it routes: its share of the most
+    pairs a block routes."""
+    return (REPLICATED_MAX_PAIRS + threads - 1) // threads
+
+
 def _registers_per_thread(problem: MoEProblem, config: MoEDispatchConfig) -> int:
     vector_registers = config.tokens_per_block * config.vector_bits // 32
     registers = (BASE_REGISTERS + vector_registers + config.tokens_per_block * problem.top_k)
     if config.policy == REPLICATED:
         # The x vectors and the ids a thread loads before it routes.
         registers += (_preloaded_units(config.tokens_per_block) * vector_registers
-                      + math.ceil(REPLICATED_MAX_PAIRS / _threads(config)))
+                      + _replicated_ids_per_thread(_threads(config)))
     return registers
 
 
@@ -282,7 +288,7 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
 
 
 def _copy_unit_count(problem: MoEProblem, config: MoEDispatchConfig) -> int:
-    return math.ceil(problem.num_tokens / config.tokens_per_block) * _slices(problem, config)
+    return _copy_unit_total(problem.num_tokens, config.tokens_per_block, _slices(problem, config))
 
 
 def expected_padding_rows(problem: MoEProblem) -> float:
@@ -495,6 +501,19 @@ class _StoredRows:
         return self.mRowOf[token, k]
 
 
+def _copy_unit_total(tokens: Int32, TPB: int, SLICES: int) -> Int32:
+    """Copy units of a call: groups of TPB tokens times the slices of a row (the kernels' and
+    the cost's count, from a traced token count or an int)."""
+    return (tokens + (TPB - 1)) // TPB * SLICES
+
+
+def _unit_position(unit: Int32, tidx: Int32, SLICES: int, THREADS: int) -> tuple:
+    """Unit u's token group (or padded segment), u // SLICES, and the thread's vector in the
+    row, (u % SLICES) * THREADS + tidx."""
+    group = unit // SLICES
+    return group, (unit - group * SLICES) * THREADS + tidx
+
+
 def _unit_loads(gX: cute.Tensor, tokens: Int32, group: Int32, column: Int32,
                 VEC: int, TPB: int) -> list:
     """Vector `column` of tokens group * TPB + [0, TPB) of gX ((1, VEC), (rows, V)), in
@@ -542,10 +561,8 @@ def _copy_units(gX: cute.Tensor, row_of, gDisp: cute.Tensor, tokens: Int32, tidx
     divided into vectors: ((1, VEC), (rows, V)). AFTER_ROUTING: this kernel was launched
     early (programmatic dependent launch) behind the routing kernel, so it loads x (which
     routing does not write) and only then waits for routing to finish before reading row_of."""
-    units = (tokens + (TPB - 1)) // TPB * SLICES
-    for unit in range(first_unit, units, unit_stride):
-        group = unit // SLICES
-        column = (unit - group * SLICES) * THREADS + tidx
+    for unit in range(first_unit, _copy_unit_total(tokens, TPB, SLICES), unit_stride):
+        group, column = _unit_position(unit, tidx, SLICES, THREADS)
         if column < V:
             values = _unit_loads(gX, tokens, group, column, VEC, TPB)
             if cutlass.const_expr(AFTER_ROUTING):
@@ -562,8 +579,7 @@ def _zero_padding(gDisp: cute.Tensor, mPadStart: cute.Tensor, mPadEnd: cute.Tens
     zeros = cute.make_rmem_tensor(cute.make_layout((1, VEC)), gDisp.element_type)
     zeros.fill(0)
     for unit in range(first_unit, segments * SLICES, unit_stride):
-        segment = unit // SLICES
-        column = (unit - segment * SLICES) * THREADS + tidx
+        segment, column = _unit_position(unit, tidx, SLICES, THREADS)
         if column < V:
             for row in range(mPadStart[segment], mPadEnd[segment]):
                 cute.autovec_copy(zeros, gDisp[(None, (row, column))])
@@ -755,7 +771,7 @@ def _replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
     sLocal, sRank, sHist = _pair_tensors(WARPS, L)
     tokens = cute.size(mIds, mode=[0])
     pairs = tokens * K
-    units = (tokens + (TPB - 1)) // TPB * SLICES
+    units = _copy_unit_total(tokens, TPB, SLICES)
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
     # x does not depend on routing: the block's first units' vectors are loaded now and land
@@ -764,12 +780,11 @@ def _replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
     preloaded = []
     for i in cutlass.range_constexpr(PRELOADED_UNITS):
         unit = bidx + i * BLOCKS * Int32(bidx + i * BLOCKS < units)
-        group = unit // SLICES
-        column = cutlass.min((unit - group * SLICES) * THREADS + tidx, V - 1)
-        preloaded.append(_unit_loads(gX, tokens, group, column, VEC, TPB))
+        group, column = _unit_position(unit, tidx, SLICES, THREADS)
+        preloaded.append(_unit_loads(gX, tokens, group, cutlass.min(column, V - 1), VEC, TPB))
     # Every id the thread routes (a block routes at most REPLICATED_MAX_PAIRS pairs), loaded
     # before the barrier too, so that their round trip overlaps x's and the barrier's.
-    IDS_PER_THREAD = (REPLICATED_MAX_PAIRS + THREADS - 1) // THREADS
+    IDS_PER_THREAD = _replicated_ids_per_thread(THREADS)
     experts = _pair_entries(mIds, tidx, THREADS, pairs, K, IDS_PER_THREAD)
     for i in range(tidx, WARPS * WIDTH, THREADS):
         sHist[i] = 0
@@ -816,11 +831,11 @@ def _replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
                 pair = group * (TPB * K) + p
                 if pair < pairs:
                     token = pair // K
-                    mRowOf[token, pair - token * K] = row_of(token, pair - token * K)
+                    k = pair - token * K
+                    mRowOf[token, k] = row_of(token, k)
     for i in cutlass.range_constexpr(PRELOADED_UNITS):
         unit = bidx + i * BLOCKS
-        group = unit // SLICES
-        column = (unit - group * SLICES) * THREADS + tidx
+        group, column = _unit_position(unit, tidx, SLICES, THREADS)
         if unit < units and column < V:
             _unit_stores(gDisp, preloaded[i], row_of, tokens, group, column, K, TPB)
     _copy_units(gX, row_of, gDisp, tokens, tidx,
@@ -928,8 +943,7 @@ def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
                      BLOCKS: cutlass.Constexpr[int]):
     V = cute.size(mX, mode=[1]) // VEC
     SLICES = (V + THREADS - 1) // THREADS
-    tokens = cute.size(mX, mode=[0])
-    units = (tokens + (TPB - 1)) // TPB * SLICES
+    units = _copy_unit_total(cute.size(mX, mode=[0]), TPB, SLICES)
     if cutlass.const_expr(POLICY == FUSED):
         _fused_kernel(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, BEGIN, L,
                       PAD, ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
