@@ -404,42 +404,90 @@ def _local_expert(expert: Int32, sFlags: cute.Tensor, E: cutlass.Constexpr[int],
 
 
 @cute.jit
+def _slot_entries(experts: list, sCount: cute.Tensor, sFlags: cute.Tensor, first: Int32,
+                  end: Int32, stride: Int32, E: cutlass.Constexpr[int],
+                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> list:
+    """The slots of pairs first, first + stride, ... (their experts loaded by _pair_entries) in
+    their local experts, from shared-memory atomic counters; -1 for a pair of no local expert
+    or past end."""
+    slots = []
+    for i in cutlass.range_constexpr(len(experts)):
+        slot = Int32(-1)
+        if first + i * stride < end:
+            local = _local_expert(experts[i], sFlags, E, BEGIN, L)
+            if local >= 0:
+                slot = cute.arch.atomic_add(sCount.iterator + local, Int32(1),
+                                            sem="relaxed", scope="cta")
+        slots.append(slot)
+    return slots
+
+
+@cute.jit
+def _store_rows(experts: list, slots: list, sBase: cute.Tensor, mRowOf: cute.Tensor,
+                first: Int32, end: Int32, stride: Int32, K: cutlass.Constexpr[int],
+                BEGIN: cutlass.Constexpr[int]):
+    """row_of of pairs first, first + stride, ... below end: the expert's base + the pair's
+    slot, or -1 where it has no slot."""
+    for i in cutlass.range_constexpr(len(experts)):
+        pair = first + i * stride
+        if pair < end:
+            row = Int32(-1)
+            if slots[i] >= 0:
+                row = slots[i] + sBase[experts[i] - BEGIN]
+            token = pair // K
+            mRowOf[token, pair - token * K] = row
+
+
+@cute.jit
 def _route_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor,
                  sFlags: cute.Tensor, first: Int32, end: Int32, stride: Int32,
                  K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]):
-    """Pairs first, first + stride, ... below end: give each a slot in its local expert (a
-    shared-memory atomic) and store the slot in row_of for now, -1 for other experts."""
+    """Pairs first, first + stride, ... below end, IDS_IN_FLIGHT at a time: give each a slot
+    (_slot_entries) and store the slot in row_of for now."""
     for base in range(first, end, stride * IDS_IN_FLIGHT):
         experts = _pair_entries(mIds, base, stride, end, K)
+        slots = _slot_entries(experts, sCount, sFlags, base, end, stride, E, BEGIN, L)
         for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
             pair = base + i * stride
             if pair < end:
-                local = _local_expert(experts[i], sFlags, E, BEGIN, L)
-                slot = Int32(-1)
-                if local >= 0:
-                    slot = cute.arch.atomic_add(sCount.iterator + local, Int32(1),
-                                                sem="relaxed", scope="cta")
                 token = pair // K
-                mRowOf[token, pair - token * K] = slot
+                mRowOf[token, pair - token * K] = slots[i]
 
 
 @cute.jit
 def _finish_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, first: Int32,
                   end: Int32, stride: Int32, K: cutlass.Constexpr[int],
-                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]):
-    """The same pairs as _route_pairs (the same thread each): row = the expert's base for this
-    block + the slot stored there."""
+                  BEGIN: cutlass.Constexpr[int]):
+    """The same pairs as _route_pairs (the same thread each): row = the expert's base + the
+    slot stored there."""
     for base in range(first, end, stride * IDS_IN_FLIGHT):
         experts = _pair_entries(mIds, base, stride, end, K)
         slots = _pair_entries(mRowOf, base, stride, end, K)
-        for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
-            pair = base + i * stride
-            local = experts[i] - BEGIN
-            # slot >= 0 is defensive: every pair of a local expert got a slot.
-            if pair < end and local >= 0 and local < L and slots[i] >= 0:
-                token = pair // K
-                mRowOf[token, pair - token * K] = slots[i] + sBase[local]
+        _store_rows(experts, slots, sBase, mRowOf, base, end, stride, K, BEGIN)
+
+
+@cute.jit
+def _route_batches(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor,
+                   sFlags: cute.Tensor, experts: list, first: Int32, end: Int32,
+                   stride: Int32, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                   BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> list:
+    """Slots for the thread's pairs first, first + stride, ... below end: the first
+    IDS_IN_FLIGHT, whose experts the caller loaded ahead of its own round trips, kept in
+    registers (returned); the rest stored in row_of (_route_pairs)."""
+    slots = _slot_entries(experts, sCount, sFlags, first, end, stride, E, BEGIN, L)
+    _route_pairs(mIds, mRowOf, sCount, sFlags, first + IDS_IN_FLIGHT * stride, end, stride,
+                 K, E, BEGIN, L)
+    return slots
+
+
+@cute.jit
+def _finish_batches(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor,
+                    experts: list, slots: list, first: Int32, end: Int32, stride: Int32,
+                    K: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int]):
+    """row_of of _route_batches' pairs: the first IDS_IN_FLIGHT from registers, no reload."""
+    _store_rows(experts, slots, sBase, mRowOf, first, end, stride, K, BEGIN)
+    _finish_pairs(mIds, mRowOf, sBase, first + IDS_IN_FLIGHT * stride, end, stride, K, BEGIN)
 
 
 @cute.jit
@@ -641,12 +689,15 @@ def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp
     mPadEnd = _ws_view(mWs, pad_list + 1 + L, L)
     pairs = cute.size(mIds, mode=[0]) * K
     if bidx == 0:
+        # The first ids are loaded before anything waits on memory or on the block.
+        experts = _pair_entries(mIds, tidx, THREADS, pairs, K)
         for e in range(tidx, _scan_width(L), THREADS):
             sCount[e] = 0
         if tidx == 0:
             sFlags[1] = 0
         cute.arch.sync_threads()
-        _route_pairs(mIds, mRowOf, sCount, sFlags, tidx, pairs, THREADS, K, E, BEGIN, L)
+        slots = _route_batches(mIds, mRowOf, sCount, sFlags, experts, tidx, pairs, THREADS, K,
+                               E, BEGIN, L)
         cute.arch.sync_threads()
         if tidx < WARP:
             _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD, ZERO_PAD)
@@ -664,7 +715,7 @@ def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp
             for i in range(tidx, segments, THREADS):
                 mPadStart[i] = sPadStart[i]
                 mPadEnd[i] = sPadEnd[i]
-        _finish_pairs(mIds, mRowOf, sOffsets, tidx, pairs, THREADS, K, BEGIN, L)
+        _finish_batches(mIds, mRowOf, sOffsets, experts, slots, tidx, pairs, THREADS, K, BEGIN)
     grid_barrier(mWs, tidx, bidx, BLOCKS)
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
@@ -859,6 +910,13 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
     # The copy kernel may launch now: it loads x, then waits for this grid to finish.
     cute.arch.griddepcontrol_launch_dependents()
     sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags = _smem_tensors(L)
+    pairs = cute.size(mIds, mode=[0]) * K
+    chunk = (pairs + (BLOCKS - 1)) // BLOCKS
+    begin = bidx * chunk
+    end = cutlass.min(begin + chunk, pairs)
+    # The thread's first ids are loaded first, so that their round trip overlaps the epoch's
+    # (the stores below depend on the epoch, and no load can be moved above them).
+    experts = _pair_entries(mIds, begin + tidx, THREADS, end, K)
     # This call counts into the counter set of its epoch's parity (zeroed by the previous
     # call) and zeroes the other set for the next call. Every block reads the epoch before
     # the barrier; block 0 advances it after.
@@ -875,11 +933,8 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
     if tidx == 0:
         sFlags[1] = 0
     cute.arch.sync_threads()
-    pairs = cute.size(mIds, mode=[0]) * K
-    chunk = (pairs + (BLOCKS - 1)) // BLOCKS
-    begin = bidx * chunk
-    end = cutlass.min(begin + chunk, pairs)
-    _route_pairs(mIds, mRowOf, sCount, sFlags, begin + tidx, end, THREADS, K, E, BEGIN, L)
+    slots = _route_batches(mIds, mRowOf, sCount, sFlags, experts, begin + tidx, end, THREADS, K,
+                           E, BEGIN, L)
     cute.arch.sync_threads()
     for e in range(tidx, L, THREADS):
         count = sCount[e]
@@ -910,7 +965,7 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
                 mError[0] = Int32(1)
             mWs[WS_EPOCH] = epoch + 1
     cute.arch.sync_threads()
-    _finish_pairs(mIds, mRowOf, sBase, begin + tidx, end, THREADS, K, BEGIN, L)
+    _finish_batches(mIds, mRowOf, sBase, experts, slots, begin + tidx, end, THREADS, K, BEGIN)
     if cutlass.const_expr(ZERO_PAD):
         gDisp = cute.zipped_divide(mDisp, (1, VEC))
         _zero_padding(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, BLOCKS, VEC, V, THREADS,

@@ -110,6 +110,8 @@ def test_ptx_fused_barrier_and_128_bit_copies(tokens_per_block, tmp_path, monkey
     assert widths[("st", 128)] == tokens_per_block * 8 + zero_stores
     # The barrier comes before the first copy.
     assert ptx.index("ld.acquire.gpu") < ptx.index("ld.global.v4")
+    # Block 0 loads its threads' first ids before it clears its counters and waits.
+    assert len(GLOBAL_ACCESS.findall(ptx[:ptx.index("bar.sync")])) == md.IDS_IN_FLIGHT
 
 
 def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
@@ -123,6 +125,14 @@ def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
     # after the barrier with gpu-scope loads.
     assert re.search(r"\batom\.global\.add\.[us]32\b", route)
     assert re.search(r"\bld\.relaxed\.gpu\.global\.b32\b", route)
+    # A thread's first IDS_IN_FLIGHT ids are loaded before the epoch word (whose round trip
+    # they overlap) and before the first block barrier; they and their slots stay in
+    # registers until the rows are written, so they are loaded once in all (and the loop
+    # over later batches loads ids and stored slots once each).
+    first_barrier = route[:route.index("bar.sync")]
+    assert (Counter(op for op, _, _ in GLOBAL_ACCESS.findall(first_barrier))["ld"]
+            == md.IDS_IN_FLIGHT + 1)
+    assert first_barrier.index("ld.global") < first_barrier.index("st.global")
     # The routing kernel touches hidden states only to zero padding rows.
     route_widths = _widths(route)
     assert ("ld", 128) not in route_widths
