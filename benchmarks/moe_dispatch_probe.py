@@ -7,9 +7,9 @@ moe_combine's default at the same sizes.
 
     python3 benchmarks/moe_dispatch_probe.py --out decode.csv qwen3-30b-a3b mixtral-8x7b
 
---prefill: the split form's points at 4096 and 32768 tokens beside two ceilings of the same
-size, a copy of the same bytes (half read, half written) and a write of the bytes dispatch
-writes (torch's zero_), since dispatch writes K rows for every row it reads.
+--prefill: the split and split_bulk forms' points at 4096 and 32768 tokens beside two ceilings
+of the same size, a copy of the same bytes (half read, half written) and a write of the bytes
+dispatch writes (torch's zero_), since dispatch writes K rows for every row it reads.
 
     python3 benchmarks/moe_dispatch_probe.py --prefill --out prefill.csv qwen3-30b-a3b
 """
@@ -39,7 +39,8 @@ DECODE_POINTS = ((md.FUSED, 128, 1, 1), (md.FUSED, 32, 1, 1), (md.FUSED, 128, 4,
                  (md.REPLICATED, 128, 1, 1), (md.REPLICATED, 32, 4, 1),
                  (md.REPLICATED, 128, 4, 1), (md.REPLICATED, 128, 8, 1))
 PREFILL_POINTS = ((md.SPLIT, 128, 8, 1), (md.SPLIT, 128, 8, 2), (md.SPLIT, 128, 8, 4),
-                  (md.SPLIT, 128, 4, 2), (md.SPLIT, 32, 8, 2))
+                  (md.SPLIT, 128, 4, 2), (md.SPLIT, 32, 8, 2), (md.SPLIT_BULK, 128, 8, 1),
+                  (md.SPLIT_BULK, 128, 8, 2), (md.SPLIT_BULK, 128, 8, 4))
 
 
 def dispatch_candidates(problem, points, spec, dispatcher) -> list[Candidate]:

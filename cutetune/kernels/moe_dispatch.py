@@ -6,7 +6,7 @@ expert id outside [0, E), which also raises `error`), and `dispatched`, the hidd
 each expert's pairs in a segment padded to a multiple of `pad` (the padding rows zeroed when
 the problem asks for zero_padding).
 
-Three forms, chosen by the config's `policy`; each is one compiled callable on one stream:
+Four forms, chosen by the config's `policy`; each is one compiled callable on one stream:
 
 - fused (decode): one cooperative kernel of `grid_blocks` blocks. Block 0 routes every pair
   (a slot per pair from shared-memory atomic counters, then a warp's scan of the padded counts
@@ -31,6 +31,12 @@ Three forms, chosen by the config's `policy`; each is one compiled callable on o
   and zeroes its share of the padding rows. A second, ordinary kernel over many blocks copies
   the tokens; it is a programmatic dependent launch, let go at the start of routing, so its
   launch and its loads of x overlap routing, and it waits for routing only to read row_of.
+- split_bulk (prefill): split's routing kernel, then a copy kernel that moves whole rows with
+  the bulk-copy engine (cp.async.bulk): each one-warp block loads `tokens_per_block` rows into
+  shared memory (before it waits for routing), then one lane per k stores each row to its k-th
+  row of dispatched. Few instructions move many bytes, where the vector copy issues a load
+  and K stores per 16 bytes per thread; which is faster depends on the row size, so the
+  tuner chooses.
 
 The copy reads each token once and writes it to each of its K rows (a thread loads one vector
 of `tokens_per_block` tokens, then stores each to the rows row_of names), so x is read once
@@ -59,6 +65,14 @@ import cutlass.cute as cute
 import torch
 from cutlass import Int32
 
+# The plain (non-tensor) bulk copies between global and shared memory are exposed only here.
+from cutlass.experimental.primitives.nvvm_wrapper import (
+    cp_async_bulk_global_shared_cta as bulk_store,
+)
+from cutlass.experimental.primitives.nvvm_wrapper import (
+    cp_async_bulk_shared_cluster_global as bulk_load,
+)
+
 from cutetune.dispatch import current_dispatcher
 from cutetune.kernels.block_limits import WARP, block_size_within_device
 from cutetune.kernels.dtypes import (
@@ -82,7 +96,9 @@ from cutetune.kernels.registry import KernelDef, Tensors, register
 from cutetune.spaces.space import Constraint, Param, Space
 from cutetune.tuner.roofline import Cost, resident_blocks_per_sm
 
-FUSED, REPLICATED, SPLIT = "fused", "replicated", "split"
+FUSED, REPLICATED, SPLIT, SPLIT_BULK = "fused", "replicated", "split", "split_bulk"
+# The forms with a separate routing kernel.
+SPLIT_FORMS = (SPLIT, SPLIT_BULK)
 # Block 0 of the fused kernel routes every pair alone (a few pairs per thread per step, twice:
 # slot, then final row) while the other blocks wait at the barrier: bounded so that the wait
 # stays short (256 tokens of top-8); beyond it the split form spreads the routing.
@@ -102,6 +118,9 @@ IDS_IN_FLIGHT = 4
 MAX_LOCAL_EXPERTS = 1024
 # Shared memory a block may use without opting in (48 KiB on every CUDA GPU).
 SMEM_PER_BLOCK = 48 * 1024
+# split_bulk's copy: one warp per block, a lane per k issues that row's store.
+BULK_COPY_THREADS = WARP
+BULK_COPY_GRANULE = 16
 # A register estimate for the resource checks: addressing, loop state and the scan's lanes,
 # plus each in-flight vector (in 32-bit registers) and each token's K row indices.
 BASE_REGISTERS = 40
@@ -177,6 +196,11 @@ def _smem_bytes(problem: MoEProblem, config: MoEDispatchConfig) -> int:
     return routing + 4 * (2 * REPLICATED_MAX_PAIRS + config.warps_per_block * width)
 
 
+def _bulk_smem_bytes(problem: MoEProblem, config: MoEDispatchConfig) -> int:
+    """split_bulk's copy block: its rows and a 64-bit mbarrier per row."""
+    return config.tokens_per_block * (problem.hidden * DTYPE_BYTES[problem.dtype] + 8)
+
+
 def _coop_cost(problem: MoEProblem, config: MoEDispatchConfig) -> Cost:
     """The cooperative kernel's resources, for the residency checks."""
     return Cost(bytes_moved=0, flops=0, blocks=config.grid_blocks,
@@ -193,9 +217,10 @@ def _coop_grid_fits(problem: MoEProblem, config: MoEDispatchConfig, device) -> b
 SPACE = Space(
     config_type=MoEDispatchConfig,
     params=(
-        Param("policy", (FUSED, REPLICATED, SPLIT),
+        Param("policy", (FUSED, REPLICATED, SPLIT, SPLIT_BULK),
               "fused: one cooperative kernel (decode); replicated: one kernel, every block "
-              "routes (decode); split: routing kernel + copy kernel"),
+              "routes (decode); split: routing kernel + copy kernel; split_bulk: routing "
+              "kernel + a copy kernel of whole rows through the bulk-copy engine"),
         # The grid of the fused kernel (block 0 routes, all copy), of the replicated kernel
         # (all route, all copy) or of split's routing kernel (all route). A config constant:
         # the work is grid-stride.
@@ -204,7 +229,8 @@ SPACE = Space(
         Param("warps_per_block", (1, 4, 8), "warps in one thread block"),
         Param("vector_bits", (32, 64, 128), "bits per thread per global access of the copy"),
         Param("tokens_per_block", (1, 2, 4),
-              "tokens whose vectors a thread loads before storing them (ILP of the copy)"),
+              "tokens whose vectors a thread loads before storing them (ILP of the copy); "
+              "split_bulk: the rows a copy block holds in shared memory"),
     ),
     constraints=(
         Constraint(
@@ -249,6 +275,25 @@ SPACE = Space(
             f"the per-expert counters, offsets and segment lists must fit a block's "
             f"{SMEM_PER_BLOCK // 1024} KiB of shared memory",
             lambda p, c, d: _smem_bytes(p, c) <= SMEM_PER_BLOCK,
+        ),
+        Constraint(
+            "bulk_rows_fit_smem",
+            f"split_bulk's copy block holds tokens_per_block whole rows in shared memory: at "
+            f"most {SMEM_PER_BLOCK // 1024} KiB",
+            lambda p, c, d: c.policy != SPLIT_BULK or _bulk_smem_bytes(p, c) <= SMEM_PER_BLOCK,
+        ),
+        Constraint(
+            "bulk_rows_whole_16_bytes",
+            "split_bulk copies whole rows with bulk copies, which move multiples of 16 bytes "
+            "between 16-byte-aligned addresses: the row must be a multiple of 16 bytes",
+            lambda p, c, d: (c.policy != SPLIT_BULK
+                             or p.hidden * DTYPE_BYTES[p.dtype] % BULK_COPY_GRANULE == 0),
+        ),
+        Constraint(
+            "bulk_top_k_within_warp",
+            f"split_bulk's copy stores a token's K rows from the K first lanes of one warp: "
+            f"top_k at most {BULK_COPY_THREADS}",
+            lambda p, c, d: c.policy != SPLIT_BULK or p.top_k <= BULK_COPY_THREADS,
         ),
         block_size_within_device(),
         Constraint(
@@ -318,17 +363,27 @@ def cost(problem: MoEProblem, config: MoEDispatchConfig, device) -> Cost:
     routing = 4 * pairs + 4 * pairs + 4 * (2 * problem.local_experts + 2)
     copy = problem.num_tokens * row + _local_pairs(problem) * row
     padding = math.ceil(expected_padding_rows(problem) * row) if problem.zero_padding else 0
-    one_kernel = config.policy != SPLIT
+    one_kernel = config.policy not in SPLIT_FORMS
+    if one_kernel:
+        blocks, threads, smem = config.grid_blocks, _threads(config), _smem_bytes(problem, config)
+    elif config.policy == SPLIT:
+        blocks, threads, smem = _copy_unit_count(problem, config), _threads(config), 0
+    else:
+        blocks = math.ceil(problem.num_tokens / config.tokens_per_block)
+        threads, smem = BULK_COPY_THREADS, _bulk_smem_bytes(problem, config)
     return Cost(
         bytes_moved=routing + copy + padding,
         flops=0,
-        blocks=config.grid_blocks if one_kernel else _copy_unit_count(problem, config),
-        threads_per_block=_threads(config),
+        blocks=blocks,
+        threads_per_block=threads,
         registers_per_thread=_registers_per_thread(problem, config),
-        smem_per_block=_smem_bytes(problem, config) if one_kernel else 0,
+        smem_per_block=smem,
         launches=1 if one_kernel else 2,
         grid_barriers=0 if config.policy == REPLICATED else 1,
-        bytes_in_flight_per_thread=config.tokens_per_block * config.vector_bits // 8,
+        bytes_in_flight_per_thread=(
+            config.tokens_per_block * config.vector_bits // 8 if config.policy != SPLIT_BULK
+            else config.tokens_per_block * problem.hidden * DTYPE_BYTES[problem.dtype]
+            // BULK_COPY_THREADS),
     )
 
 
@@ -986,6 +1041,52 @@ def _copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
                 bidx, gdim, K, VEC, V, THREADS, TPB, SLICES, True)
 
 
+@cute.kernel
+def _bulk_copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
+                      K: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int]):
+    """Tokens bidx * TPB + [0, TPB), one warp: lane 0 loads each token's row into shared
+    memory with a bulk copy (its own mbarrier), before waiting for routing; then lane k < K
+    stores each row to its k-th row of dispatched with a bulk copy, and the block waits until
+    those stores have read shared memory."""
+    lane, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    HIDDEN = cute.size(mX, mode=[1])
+    ROW_BYTES = HIDDEN * mX.element_type.width // 8
+    smem = cutlass.memory.SmemAllocator()
+    sRows = smem.allocate_tensor(mX.element_type,
+                                 cute.make_layout((TPB, HIDDEN), stride=(HIDDEN, 1)),
+                                 byte_alignment=128)
+    sLoaded = smem.allocate_tensor(cutlass.Int64, cute.make_layout(TPB), byte_alignment=8)
+    tokens = cute.size(mX, mode=[0])
+    first = bidx * TPB
+    if lane == 0:
+        for i in cutlass.range_constexpr(TPB):
+            cute.arch.mbarrier_init(sLoaded.iterator + i, 1)
+        cute.arch.mbarrier_init_fence()
+        for i in cutlass.range_constexpr(TPB):
+            if first + i < tokens:
+                cute.arch.mbarrier_arrive_and_expect_tx(sLoaded.iterator + i, ROW_BYTES)
+                bulk_load(sRows[i, None].iterator, mX[first + i, None].iterator,
+                          sLoaded.iterator + i, ROW_BYTES)
+    # Every lane waits on the mbarriers below: lane 0 must have initialised them.
+    cute.arch.sync_warp()
+    cute.arch.griddepcontrol_wait()
+    rows = []
+    for i in cutlass.range_constexpr(TPB):
+        row = Int32(-1)
+        if lane < K and first + i < tokens:
+            row = mRowOf[first + i, lane]
+        rows.append(row)
+    for i in cutlass.range_constexpr(TPB):
+        if first + i < tokens:
+            cute.arch.mbarrier_wait(sLoaded.iterator + i, 0)
+            if rows[i] >= 0:
+                bulk_store(mDisp[rows[i], None].iterator, sRows[i, None].iterator, ROW_BYTES)
+    cute.arch.cp_async_bulk_commit_group()
+    # Shared memory must outlive the stores' reads of it.
+    cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
 @cute.jit
 def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
                      mDisp: cute.Tensor, mCounts: cute.Tensor, mOffsets: cute.Tensor,
@@ -1018,9 +1119,15 @@ def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
             grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=True)
         # Launched early behind the routing kernel (programmatic dependent launch): its
         # launch, first blocks and x loads overlap routing; it waits before reading row_of.
-        _copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, SLICES).launch(
-            grid=(cutlass.max(units, 1), 1, 1), block=(THREADS, 1, 1), stream=stream,
-            use_pdl=True)
+        if cutlass.const_expr(POLICY == SPLIT):
+            _copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, SLICES).launch(
+                grid=(cutlass.max(units, 1), 1, 1), block=(THREADS, 1, 1), stream=stream,
+                use_pdl=True)
+        else:
+            blocks = (cute.size(mX, mode=[0]) + TPB - 1) // TPB
+            _bulk_copy_kernel(mX, mRowOf, mDisp, K, TPB).launch(
+                grid=(cutlass.max(blocks, 1), 1, 1), block=(BULK_COPY_THREADS, 1, 1),
+                stream=stream, use_pdl=True)
 
 
 # ---------------------------------------------------------------------------------------------

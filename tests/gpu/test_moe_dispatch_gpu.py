@@ -90,7 +90,7 @@ def barrier_low_bits(workspace) -> int:
 def test_every_valid_point_matches_reference(tokens, skewed, zero_padding):
     problem = dataclasses.replace(QWEN.with_tokens(tokens), zero_padding=zero_padding)
     points = md.SPACE.valid_points(problem, spec())
-    assert {c.policy for c in points} == {md.FUSED, md.REPLICATED, md.SPLIT}
+    assert {c.policy for c in points} == {md.FUSED, md.REPLICATED, md.SPLIT, md.SPLIT_BULK}
     workspace = md.new_workspace(problem, DEVICE)
     for i, config in enumerate(points):
         run_and_check(problem, config, inputs(problem, seed=i, skewed=skewed,
@@ -122,7 +122,8 @@ def test_local_expert_range(tokens):
     problem = dataclasses.replace(LOCAL.with_tokens(tokens), zero_padding=True)
     workspace = md.new_workspace(problem, DEVICE)
     configs = [md.MoEDispatchConfig(policy, blocks, 4, 128, 2)
-               for policy in (md.FUSED, md.REPLICATED, md.SPLIT) for blocks in (32, 128)]
+               for policy in (md.FUSED, md.REPLICATED, md.SPLIT, md.SPLIT_BULK)
+               for blocks in (32, 128)]
     for i, config in enumerate(configs + [md.default_config(problem, spec())]):
         tensors = inputs(problem, seed=i, workspace=workspace)
         run_and_check(problem, config, tensors)
@@ -146,6 +147,21 @@ def test_default_config_at_prefill_sizes(tokens, skewed):
     run_and_check(problem, config, inputs(problem, seed=tokens, skewed=skewed))
 
 
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+@pytest.mark.parametrize("tokens", [1000, 4097])
+def test_split_bulk_at_prefill_sizes(tokens, skewed):
+    # Every rows-per-block the space holds, a token count no block size divides, padding
+    # zeroed, and DeepSeek-V3's 7168-wide rows (two per block at most).
+    problem = dataclasses.replace(QWEN.with_tokens(tokens), zero_padding=True)
+    deepseek = moe.MoEProblem(num_tokens=tokens, dtype="bfloat16", hidden=7168, experts=256,
+                              top_k=8, pad=16, expert_begin=0, expert_end=256)
+    cases = [(problem, rows) for rows in (1, 2, 4)] + [(deepseek, 2)]
+    for i, (case, rows) in enumerate(cases):
+        config = md.MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, rows)
+        md.SPACE.check(case, config, spec())
+        run_and_check(case, config, inputs(case, seed=i, skewed=skewed))
+
+
 # ---------------------------------------------------------------------------------------------
 # Expert ids outside [0, E)
 
@@ -153,7 +169,8 @@ BAD_IDS = (-1, QWEN.experts, 2**31 - 1, -(2**31))
 
 
 @pytest.mark.parametrize(("tokens", "policy"), [(7, md.FUSED), (7, md.REPLICATED),
-                                                (7, md.SPLIT), (1000, md.SPLIT)])
+                                                (7, md.SPLIT), (1000, md.SPLIT),
+                                                (1000, md.SPLIT_BULK)])
 def test_ids_outside_the_experts_are_skipped_and_flagged(tokens, policy):
     problem = QWEN.with_tokens(tokens)
     config = md.MoEDispatchConfig(policy, 128, 4, 128, 1)
@@ -190,7 +207,7 @@ def test_public_op_validate_raises_on_bad_ids():
 
 
 @pytest.mark.parametrize(("policy", "tokens"), [(md.FUSED, 7), (md.REPLICATED, 7),
-                                                (md.SPLIT, 300)])
+                                                (md.SPLIT, 300), (md.SPLIT_BULK, 300)])
 def test_graph_replays_twice_and_the_barrier_rearms(policy, tokens):
     problem = dataclasses.replace(QWEN.with_tokens(tokens), zero_padding=True)
     config = md.MoEDispatchConfig(policy, 128, 4, 128, 1)
@@ -218,7 +235,7 @@ def test_graph_replays_twice_and_the_barrier_rearms(policy, tokens):
         check_outputs(md.KERNEL, problem, tensors, expected, label=f"replay {replay}: ")
         assert barrier_low_bits(workspace) == 0
     # The split form advances its epoch once per call (the fused form does not use it).
-    assert int(workspace[md.WS_EPOCH].item()) == epoch + (2 if policy == md.SPLIT else 0)
+    assert int(workspace[md.WS_EPOCH].item()) == epoch + (2 if policy in md.SPLIT_FORMS else 0)
 
 
 def test_public_op_in_a_cuda_graph():

@@ -3,9 +3,10 @@ MoE problem of every preset with routed experts (bf16) and for a synthetic fp16 
 local expert range, pad 1 and a hidden size only 64-bit vectors divide (at 2 tokens, so that
 tokens_per_block 2 is valid too; the PTX tests compile 6); the PTX shows the grid barrier's
 gpu-scope release arrival and acquire spin, the replicated form's barrier-free ranking, zero
-stores only where padding is zeroed, and copies of whole 128-bit vectors.
+stores only where padding is zeroed, copies of whole 128-bit vectors, and split_bulk's rows
+moved by bulk copies through shared memory.
 
-About 110 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
+About 130 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
 spreads them.
 """
 
@@ -41,8 +42,9 @@ def test_sweep_stays_within_its_budget():
     synthetic = KERNEL.space.enumerate(SYNTHETIC, H200).valid
     assert {c.tokens_per_block for c in synthetic} == {1, 2}
     assert {c.vector_bits for c in synthetic} == {64}
+    # 1004 fp16 elements are 2008 bytes, not a whole number of bulk copies.
     assert {c.policy for c in synthetic} == {md.FUSED, md.REPLICATED, md.SPLIT}
-    assert sum(counts) + len(synthetic) <= 110
+    assert sum(counts) + len(synthetic) <= 135
 
 
 @pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
@@ -152,6 +154,29 @@ def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
     (tmp_path / "fused").mkdir()
     assert "griddepcontrol" not in _ptx_entries(QWEN3_30B, MoEDispatchConfig(
         md.FUSED, 128, 8, 128, 4), tmp_path / "fused", monkeypatch)["fused"]
+
+
+def test_ptx_split_bulk_moves_rows_with_bulk_copies(tmp_path, monkeypatch):
+    config = MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, 2)
+    entries = _ptx_entries(QWEN3_30B, config, tmp_path, monkeypatch)
+    assert set(entries) == {"route", "bulk_copy"}
+    route, copy = entries["route"], entries["bulk_copy"]
+    _assert_barrier(route)
+    assert ".reqntid 32, 1, 1" in copy
+    # x never passes through registers: per token one bulk load into shared memory (completing
+    # on an mbarrier) and one bulk store, issued by the lane of its k; 2 tokens a block.
+    assert not GLOBAL_ACCESS.search(copy.replace("ld.global.b32", ""))
+    loads = re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes",
+                       copy)
+    stores = re.findall(r"cp\.async\.bulk\.global\.shared::cta\.bulk_group", copy)
+    assert len(loads) == 2 and len(stores) == 2
+    assert copy.count("mbarrier.init.shared") == 2
+    # The loads of x are issued before the wait for routing, the row indices read after it,
+    # and the block ends only when the stores have read shared memory.
+    wait = copy.index("griddepcontrol.wait")
+    assert copy.index("cp.async.bulk.shared::cluster") < wait < copy.index("ld.global.b32")
+    assert wait < copy.index("cp.async.bulk.global.shared::cta")
+    assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", copy)
 
 
 def test_ptx_64_bit_vectors_and_no_padding_code_for_pad_1(tmp_path, monkeypatch):

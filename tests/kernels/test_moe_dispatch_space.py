@@ -98,7 +98,7 @@ def test_workspace_regions_do_not_overlap():
 
 
 def test_declared_space_is_small():
-    assert len(SPACE.declared_points()) == 3 * 2 * 3 * 3 * 3
+    assert len(SPACE.declared_points()) == 4 * 2 * 3 * 3 * 3
 
 
 @pytest.mark.parametrize("name", MOE_PRESETS)
@@ -108,7 +108,8 @@ def test_preset_points_use_128_bit_vectors(name):
     assert {c.vector_bits for c in enumeration.valid} == {128}
     # One token: no point batches more than one token per thread.
     assert {c.tokens_per_block for c in enumeration.valid} == {1}
-    assert {c.policy for c in enumeration.valid} == {md.FUSED, md.REPLICATED, md.SPLIT}
+    assert {c.policy for c in enumeration.valid} == {md.FUSED, md.REPLICATED, md.SPLIT,
+                                                     md.SPLIT_BULK}
     for rejection in enumeration.rejected:
         assert rejection.constraint in {c.name for c in SPACE.constraints}
 
@@ -134,6 +135,32 @@ def test_tokens_per_block_is_bounded_by_the_tokens():
     assert rejected[MoEDispatchConfig(md.SPLIT, 32, 4, 128, 4)] == \
         "tokens_per_block_within_tokens"
     assert MoEDispatchConfig(md.SPLIT, 32, 4, 128, 2) not in rejected
+
+
+def test_bulk_copy_rows_fit_shared_memory():
+    # DeepSeek-V3's 7168-wide bf16 rows: two (28 KiB) fit 48 KiB, four (56 KiB) do not; the
+    # vector copy holds no rows in shared memory.
+    rejected = rejections(preset_problem("deepseek-v3", 4096))
+    assert rejected[MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, 4)] == "bulk_rows_fit_smem"
+    assert MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, 2) not in rejected
+    assert MoEDispatchConfig(md.SPLIT, 128, 8, 128, 4) not in rejected
+
+
+def test_bulk_copy_rows_are_whole_16_byte_granules():
+    # fp16 1004 is 2008 bytes a row; 1008 is 2016 = 126 x 16.
+    config = MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 64, 1)
+    assert rejections(problem(dtype="float16", hidden=1004))[config] == "bulk_rows_whole_16_bytes"
+    assert dataclasses.replace(config, vector_bits=128) in SPACE.valid_points(
+        problem(dtype="float16", hidden=1008), H200)
+
+
+def test_bulk_copy_stores_from_one_warp():
+    p = problem(num_tokens=64, experts=64, expert_end=64, top_k=33)
+    rejected = rejections(p)
+    assert rejected[MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, 1)] == "bulk_top_k_within_warp"
+    assert MoEDispatchConfig(md.SPLIT, 128, 8, 128, 1) not in rejected
+    assert MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, 1) not in rejections(
+        dataclasses.replace(p, top_k=32))
 
 
 def test_fused_form_is_limited_to_few_pairs():
@@ -315,6 +342,19 @@ def test_cost_by_hand_split_with_a_local_range():
     # The copy kernel's grid: 2048 token pairs x 1 slice (256 vectors, 256 threads).
     assert (c.blocks, c.threads_per_block, c.launches, c.grid_barriers) == (2048, 256, 2, 1)
     assert c.bytes_in_flight_per_thread == 32
+
+
+def test_cost_by_hand_split_bulk():
+    # The same bytes as split; the copy grid is one warp per 4 tokens, each holding 4 rows
+    # (and 4 mbarriers) in shared memory, 4 * 4096 / 32 bytes in flight per thread.
+    p = problem(num_tokens=4096)
+    bulk = cost(p, MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, 4), H200)
+    vector = cost(p, MoEDispatchConfig(md.SPLIT, 128, 8, 128, 4), H200)
+    assert bulk.bytes_moved == vector.bytes_moved
+    assert (bulk.blocks, bulk.threads_per_block, bulk.launches, bulk.grid_barriers) == \
+        (1024, 32, 2, 1)
+    assert bulk.smem_per_block == 4 * (4096 + 8)
+    assert bulk.bytes_in_flight_per_thread == 4 * 4096 // 32
 
 
 def test_expected_padding_rows():
