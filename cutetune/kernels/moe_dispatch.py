@@ -35,8 +35,10 @@ Four forms, chosen by the config's `policy`; each is one compiled callable on on
   the bulk-copy engine (cp.async.bulk): each one-warp block loads `tokens_per_block` rows into
   shared memory (before it waits for routing), then one lane per k stores each row to its k-th
   row of dispatched. Few instructions move many bytes, where the vector copy issues a load
-  and K stores per 16 bytes per thread; which is faster depends on the row size, so the
-  tuner chooses.
+  and K stores per 16 bytes per thread. Which is faster depends on the shape (on the H200 at
+  4096 tokens the bulk copy was 3-8% faster for the top-8 presets and 2% slower for Mixtral's
+  top-2; at 32768 tokens it lost for two of them: BENCHMARKS.md), so the tuner chooses and the
+  heuristic default stays split.
 
 The copy reads each token once and writes it to each of its K rows (a thread loads one vector
 of `tokens_per_block` tokens, then stores each to the rows row_of names), so x is read once
