@@ -198,9 +198,13 @@ def _smem_bytes(problem: MoEProblem, config: MoEDispatchConfig) -> int:
     return routing + 4 * (2 * REPLICATED_MAX_PAIRS + config.warps_per_block * width)
 
 
+def _row_bytes(problem: MoEProblem) -> int:
+    return problem.hidden * DTYPE_BYTES[problem.dtype]
+
+
 def _bulk_smem_bytes(problem: MoEProblem, config: MoEDispatchConfig) -> int:
     """split_bulk's copy block: its rows and a 64-bit mbarrier per row."""
-    return config.tokens_per_block * (problem.hidden * DTYPE_BYTES[problem.dtype] + 8)
+    return config.tokens_per_block * (_row_bytes(problem) + 8)
 
 
 def _coop_cost(problem: MoEProblem, config: MoEDispatchConfig) -> Cost:
@@ -289,7 +293,7 @@ SPACE = Space(
             "split_bulk copies whole rows with bulk copies, which move multiples of 16 bytes "
             "between 16-byte-aligned addresses: the row must be a multiple of 16 bytes",
             lambda p, c, d: (c.policy != SPLIT_BULK
-                             or p.hidden * DTYPE_BYTES[p.dtype] % BULK_COPY_GRANULE == 0),
+                             or _row_bytes(p) % BULK_COPY_GRANULE == 0),
         ),
         Constraint(
             "bulk_top_k_within_warp",
@@ -357,10 +361,9 @@ def cost(problem: MoEProblem, config: MoEDispatchConfig, device) -> Cost:
     once per token (every column of every token, local or not) and each local pair's row
     written once; with zero_padding, the expected padding rows (expected_padding_rows)
     written as zeros (the replicated form's blocks reread the ids from L2).
-    The grid barrier's latency is not bytes: fused and split count one grid barrier (the
-    roofline adds the measured barrier cost), and split adds a second launch."""
-    element = DTYPE_BYTES[problem.dtype]
-    row = problem.hidden * element
+    The grid barrier's latency is not bytes: fused and the split forms count one grid barrier
+    (the roofline adds the measured barrier cost), and the split forms a second launch."""
+    row = _row_bytes(problem)
     pairs = problem.num_tokens * problem.top_k
     routing = 4 * pairs + 4 * pairs + 4 * (2 * problem.local_experts + 2)
     copy = problem.num_tokens * row + _local_pairs(problem) * row
@@ -371,7 +374,7 @@ def cost(problem: MoEProblem, config: MoEDispatchConfig, device) -> Cost:
     elif config.policy == SPLIT:
         blocks, threads, smem = _copy_unit_count(problem, config), _threads(config), 0
     else:
-        blocks = math.ceil(problem.num_tokens / config.tokens_per_block)
+        blocks = _copy_unit_total(problem.num_tokens, config.tokens_per_block, 1)
         threads, smem = BULK_COPY_THREADS, _bulk_smem_bytes(problem, config)
     return Cost(
         bytes_moved=routing + copy + padding,
@@ -384,8 +387,7 @@ def cost(problem: MoEProblem, config: MoEDispatchConfig, device) -> Cost:
         grid_barriers=0 if config.policy == REPLICATED else 1,
         bytes_in_flight_per_thread=(
             config.tokens_per_block * config.vector_bits // 8 if config.policy != SPLIT_BULK
-            else config.tokens_per_block * problem.hidden * DTYPE_BYTES[problem.dtype]
-            // BULK_COPY_THREADS),
+            else config.tokens_per_block * row // BULK_COPY_THREADS),
     )
 
 
@@ -497,54 +499,36 @@ def _store_rows(experts: list, slots: list, sBase: cute.Tensor, mRowOf: cute.Ten
 
 @cute.jit
 def _route_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor,
-                 sFlags: cute.Tensor, first: Int32, end: Int32, stride: Int32,
+                 sFlags: cute.Tensor, experts: list, first: Int32, end: Int32, stride: Int32,
                  K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
-                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]):
-    """Pairs first, first + stride, ... below end, IDS_IN_FLIGHT at a time: give each a slot
-    (_slot_entries) and store the slot in row_of for now."""
-    for base in range(first, end, stride * IDS_IN_FLIGHT):
-        experts = _pair_entries(mIds, base, stride, end, K)
-        slots = _slot_entries(experts, sCount, sFlags, base, end, stride, E, BEGIN, L)
+                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> list:
+    """The thread's pairs first, first + stride, ... below end get a slot (_slot_entries).
+    The first IDS_IN_FLIGHT, whose experts the caller loaded ahead of its own round trips,
+    keep theirs in registers (returned); the rest, IDS_IN_FLIGHT at a time, store theirs in
+    row_of for now."""
+    slots = _slot_entries(experts, sCount, sFlags, first, end, stride, E, BEGIN, L)
+    for base in range(first + IDS_IN_FLIGHT * stride, end, stride * IDS_IN_FLIGHT):
+        later = _slot_entries(_pair_entries(mIds, base, stride, end, K), sCount, sFlags, base,
+                              end, stride, E, BEGIN, L)
         for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
             pair = base + i * stride
             if pair < end:
                 token = pair // K
-                mRowOf[token, pair - token * K] = slots[i]
-
-
-@cute.jit
-def _finish_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, first: Int32,
-                  end: Int32, stride: Int32, K: cutlass.Constexpr[int],
-                  BEGIN: cutlass.Constexpr[int]):
-    """The same pairs as _route_pairs (the same thread each): row = the expert's base + the
-    slot stored there."""
-    for base in range(first, end, stride * IDS_IN_FLIGHT):
-        experts = _pair_entries(mIds, base, stride, end, K)
-        slots = _pair_entries(mRowOf, base, stride, end, K)
-        _store_rows(experts, slots, sBase, mRowOf, base, end, stride, K, BEGIN)
-
-
-@cute.jit
-def _route_batches(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor,
-                   sFlags: cute.Tensor, experts: list, first: Int32, end: Int32,
-                   stride: Int32, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
-                   BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> list:
-    """Slots for the thread's pairs first, first + stride, ... below end: the first
-    IDS_IN_FLIGHT, whose experts the caller loaded ahead of its own round trips, kept in
-    registers (returned); the rest stored in row_of (_route_pairs)."""
-    slots = _slot_entries(experts, sCount, sFlags, first, end, stride, E, BEGIN, L)
-    _route_pairs(mIds, mRowOf, sCount, sFlags, first + IDS_IN_FLIGHT * stride, end, stride,
-                 K, E, BEGIN, L)
+                mRowOf[token, pair - token * K] = later[i]
     return slots
 
 
 @cute.jit
-def _finish_batches(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor,
-                    experts: list, slots: list, first: Int32, end: Int32, stride: Int32,
-                    K: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int]):
-    """row_of of _route_batches' pairs: the first IDS_IN_FLIGHT from registers, no reload."""
+def _finish_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, experts: list,
+                  slots: list, first: Int32, end: Int32, stride: Int32,
+                  K: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int]):
+    """row_of of _route_pairs' pairs (the same thread each): the expert's base + the slot, from
+    registers for the first IDS_IN_FLIGHT, from row_of (with the ids reloaded) for the rest."""
     _store_rows(experts, slots, sBase, mRowOf, first, end, stride, K, BEGIN)
-    _finish_pairs(mIds, mRowOf, sBase, first + IDS_IN_FLIGHT * stride, end, stride, K, BEGIN)
+    for base in range(first + IDS_IN_FLIGHT * stride, end, stride * IDS_IN_FLIGHT):
+        _store_rows(_pair_entries(mIds, base, stride, end, K),
+                    _pair_entries(mRowOf, base, stride, end, K), sBase, mRowOf, base, end,
+                    stride, K, BEGIN)
 
 
 @cute.jit
@@ -753,8 +737,8 @@ def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp
         if tidx == 0:
             sFlags[1] = 0
         cute.arch.sync_threads()
-        slots = _route_batches(mIds, mRowOf, sCount, sFlags, experts, tidx, pairs, THREADS, K,
-                               E, BEGIN, L)
+        slots = _route_pairs(mIds, mRowOf, sCount, sFlags, experts, tidx, pairs, THREADS, K, E,
+                             BEGIN, L)
         cute.arch.sync_threads()
         if tidx < WARP:
             _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD, ZERO_PAD)
@@ -772,7 +756,7 @@ def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp
             for i in range(tidx, segments, THREADS):
                 mPadStart[i] = sPadStart[i]
                 mPadEnd[i] = sPadEnd[i]
-        _finish_batches(mIds, mRowOf, sOffsets, experts, slots, tidx, pairs, THREADS, K, BEGIN)
+        _finish_pairs(mIds, mRowOf, sOffsets, experts, slots, tidx, pairs, THREADS, K, BEGIN)
     grid_barrier(mWs, tidx, bidx, BLOCKS)
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
@@ -990,8 +974,8 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
     if tidx == 0:
         sFlags[1] = 0
     cute.arch.sync_threads()
-    slots = _route_batches(mIds, mRowOf, sCount, sFlags, experts, begin + tidx, end, THREADS, K,
-                           E, BEGIN, L)
+    slots = _route_pairs(mIds, mRowOf, sCount, sFlags, experts, begin + tidx, end, THREADS, K,
+                         E, BEGIN, L)
     cute.arch.sync_threads()
     for e in range(tidx, L, THREADS):
         count = sCount[e]
@@ -1022,7 +1006,7 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
                 mError[0] = Int32(1)
             mWs[WS_EPOCH] = epoch + 1
     cute.arch.sync_threads()
-    _finish_batches(mIds, mRowOf, sBase, experts, slots, begin + tidx, end, THREADS, K, BEGIN)
+    _finish_pairs(mIds, mRowOf, sBase, experts, slots, begin + tidx, end, THREADS, K, BEGIN)
     if cutlass.const_expr(ZERO_PAD):
         gDisp = cute.zipped_divide(mDisp, (1, VEC))
         _zero_padding(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, BLOCKS, VEC, V, THREADS,
@@ -1126,7 +1110,8 @@ def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
                 grid=(cutlass.max(units, 1), 1, 1), block=(THREADS, 1, 1), stream=stream,
                 use_pdl=True)
         else:
-            blocks = (cute.size(mX, mode=[0]) + TPB - 1) // TPB
+            # A bulk unit is TPB whole rows: one slice.
+            blocks = _copy_unit_total(cute.size(mX, mode=[0]), TPB, 1)
             _bulk_copy_kernel(mX, mRowOf, mDisp, K, TPB).launch(
                 grid=(cutlass.max(blocks, 1), 1, 1), block=(BULK_COPY_THREADS, 1, 1),
                 stream=stream, use_pdl=True)

@@ -116,12 +116,19 @@ def test_ptx_fused_barrier_and_128_bit_copies(tokens_per_block, tmp_path, monkey
     assert len(GLOBAL_ACCESS.findall(ptx[:ptx.index("bar.sync")])) == md.IDS_IN_FLIGHT
 
 
-def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
-    config = MoEDispatchConfig(md.SPLIT, 128, 8, 128, 4)
+def _route_and_copy_ptx(config: MoEDispatchConfig, copy_name: str, tmp_path,
+                        monkeypatch) -> tuple[str, str]:
+    """A split form's two kernels: the routing kernel (checked for its grid barrier) and the
+    copy kernel `copy_name`."""
     entries = _ptx_entries(QWEN3_30B, config, tmp_path, monkeypatch)
-    assert set(entries) == {"route", "copy"}
-    route, copy = entries["route"], entries["copy"]
-    _assert_barrier(route)
+    assert set(entries) == {"route", copy_name}
+    _assert_barrier(entries["route"])
+    return entries["route"], entries[copy_name]
+
+
+def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
+    route, copy = _route_and_copy_ptx(MoEDispatchConfig(md.SPLIT, 128, 8, 128, 4), "copy",
+                                      tmp_path, monkeypatch)
     assert re.search(r"\batom\.shared(\.cta)?\.add\.[us]32\b", route)
     # Block counts are added to the global counters with (relaxed) atomics, and read back
     # after the barrier with gpu-scope loads.
@@ -157,11 +164,8 @@ def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
 
 
 def test_ptx_split_bulk_moves_rows_with_bulk_copies(tmp_path, monkeypatch):
-    config = MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, 2)
-    entries = _ptx_entries(QWEN3_30B, config, tmp_path, monkeypatch)
-    assert set(entries) == {"route", "bulk_copy"}
-    route, copy = entries["route"], entries["bulk_copy"]
-    _assert_barrier(route)
+    _, copy = _route_and_copy_ptx(MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, 2),
+                                  "bulk_copy", tmp_path, monkeypatch)
     assert ".reqntid 32, 1, 1" in copy
     # x never passes through registers: per token one bulk load into shared memory (completing
     # on an mbarrier) and one bulk store, issued by the lane of its k; 2 tokens a block.
