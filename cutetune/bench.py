@@ -5,8 +5,9 @@ For each problem the candidates are: cutetune as the dispatcher would serve it o
 torch eager (the kernel's fp32 reference cast to the output dtypes: how a torch user writes
 it), torch.compile of that same function, and the peers the kernel declares. Every candidate's
 outputs are checked against the fp32 reference before it is timed; all are timed the same way
-(CUDA-graph replay over the same rotated input sets); GB/s counts the bytes the kernel must move
-(its roofline cost), and is given as a percentage of the copy ceiling measured in the same run.
+(CUDA-graph replay over the same rotated input sets, every output allocated per call); GB/s
+counts the bytes the kernel must move (its roofline cost), and is given as a percentage of the
+copy ceiling measured in the same run.
 A last row times a plain copy of those same bytes the same way: the ceiling at that size.
 """
 
@@ -32,7 +33,12 @@ from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
 from cutetune.tuner.ceilings import measure_copy_gbps, measure_launch_floor_us, time_copy_of
-from cutetune.tuner.measure import Measurement, input_sets_for, time_in_graph
+from cutetune.tuner.measure import (
+    Measurement,
+    input_sets_for,
+    time_in_graph,
+    with_fresh_outputs,
+)
 from cutetune.tuner.roofline import DeviceSpec, device_spec_for
 from cutetune.tuner.verify import VerificationError, check_outputs
 
@@ -79,8 +85,10 @@ def ours_runner(kernel: KernelDef, problem: Problem, config: Any, dispatcher: Di
     compiled = dispatcher.compiled(kernel, problem, config)
 
     def run(tensors: Tensors) -> Mapping[str, torch.Tensor]:
-        kernel.launch(compiled, tensors)
-        return {name: tensors[name] for name in kernel.outputs}
+        # Outputs allocated per call, as the peers' and torch's are (with_fresh_outputs).
+        written = with_fresh_outputs(tensors, kernel.outputs, kernel.written_in_place)
+        kernel.launch(compiled, written)
+        return {name: written[name] for name in kernel.outputs}
 
     return run
 

@@ -2,13 +2,14 @@
 
 Many launches are captured in one graph so launch gaps shrink to what an engine running graphs
 sees; the graph cycles through enough input sets that a large problem's working set exceeds
-3x the L2 and runs cold-cache, as it does in a model where other layers evict it.
+3x the L2 and runs cold-cache, as it does in a model where other layers evict it. Outputs are
+allocated per call (with_fresh_outputs), as an engine's and every peer's are.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,23 @@ def time_events(fn: Callable[[], None], repeats: int = REPEATS) -> list[float]:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     return times
+
+
+def with_fresh_outputs(tensors: Mapping[str, torch.Tensor], outputs: Sequence[str],
+                       written_in_place: Sequence[str]) -> dict[str, torch.Tensor]:
+    """`tensors` with each of `outputs` not written in place replaced by a new uninitialised
+    tensor of its shape, allocated now.
+
+    Ours is timed this way because every peer, torch itself and an engine allocate outputs per
+    call: in a CUDA graph each replay of such a call writes the same pool block, which stays
+    in L2, while an output kept with its input set is cold. Timing ours with kept outputs
+    favoured every peer: RMSNorm 64 x 4096 bf16 on the H200 took 2.38 us kept, 1.95 us
+    allocated per call, against liger's 2.02 (which allocates)."""
+    fresh = dict(tensors)
+    for name in outputs:
+        if name not in written_in_place:
+            fresh[name] = torch.empty_like(tensors[name])
+    return fresh
 
 
 def time_in_graph(launches: Sequence[Callable[[], None]],

@@ -12,7 +12,13 @@ from cutlass.base_dsl.common import DSLBaseError
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.measure import Measurement, input_sets_for, summarise, time_in_graph
+from cutetune.tuner.measure import (
+    Measurement,
+    input_sets_for,
+    summarise,
+    time_in_graph,
+    with_fresh_outputs,
+)
 from cutetune.tuner.roofline import DeviceSpec
 from cutetune.tuner.study import TrialFailure
 from cutetune.tuner.verify import VerificationError, verify
@@ -63,8 +69,13 @@ class GpuTrialRunner:
         return self._input_sets
 
     def _time(self, compiled) -> Measurement:
-        launch = self.kernel.launch
-        return time_in_graph([lambda t=tensors: launch(compiled, t) for tensors in self._inputs()])
+        kernel = self.kernel
+
+        def run(tensors) -> None:
+            kernel.launch(compiled, with_fresh_outputs(tensors, kernel.outputs,
+                                                       kernel.written_in_place))
+
+        return time_in_graph([lambda t=tensors: run(t) for tensors in self._inputs()])
 
     def _reference_us(self) -> float:
         return self._time(self.compiled(self._reference_config)).median_us

@@ -1,0 +1,43 @@
+"""Output placement for timing, on the CPU (the timing itself needs a GPU)."""
+
+import dataclasses
+
+import torch
+
+from cutetune.bench import ours_runner
+from cutetune.kernels import rmsnorm as rms
+from cutetune.tuner.measure import with_fresh_outputs
+
+
+def test_outputs_not_written_in_place_are_new_tensors_of_the_same_shape():
+    tensors = {"x": torch.ones(3, 4), "out": torch.zeros(3, 4, dtype=torch.bfloat16),
+               "residual": torch.ones(3, 4)}
+    fresh = with_fresh_outputs(tensors, ("out", "residual"), ("residual",))
+    assert fresh["out"] is not tensors["out"]
+    assert (fresh["out"].shape, fresh["out"].dtype) == ((3, 4), torch.bfloat16)
+    # Inputs and in-place outputs stay the caller's; the caller's dict is not changed.
+    assert fresh["x"] is tensors["x"] and fresh["residual"] is tensors["residual"]
+    assert set(fresh) == set(tensors) and (tensors["out"] == 0).all()
+
+
+class _StubDispatcher:
+    def compiled(self, kernel, problem, config):
+        return "compiled"
+
+
+def test_bench_runs_ours_into_outputs_allocated_per_call():
+    problem = rms.RMSNormProblem(num_tokens=2, dtype="bfloat16", out_dtype="bfloat16",
+                                 hidden=256, eps=1e-6, weight_bias=0.0, fused_add=True)
+    launched = []
+
+    def launch(compiled, tensors):
+        tensors["out"].fill_(7.0)
+        launched.append(tensors)
+
+    kernel = dataclasses.replace(rms.KERNEL, launch=launch)
+    run = ours_runner(kernel, problem, rms.default_config, _StubDispatcher())
+    tensors = rms.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
+    first, second = run(tensors), run(tensors)
+    assert first["out"] is launched[0]["out"] and (first["out"] == 7.0).all()
+    assert first["out"] is not tensors["out"] and second["out"] is not first["out"]
+    assert first["residual"] is tensors["residual"]  # fused add: the caller's, in place
