@@ -29,6 +29,10 @@ def table(frame: pd.DataFrame) -> str:
                            sort=False)
     pct = frame.pivot_table(index=["problem", "tokens"], columns="implementation",
                             values="pct_of_copy", sort=False)
+    # A run without a tuned DB has no timed "cutetune tuned" row at all: ours is the default.
+    for name in OURS:
+        us[name] = us.get(name, pd.Series(float("nan"), index=us.index))
+        pct[name] = pct.get(name, pd.Series(float("nan"), index=pct.index))
     implementations = [c for c in frame["implementation"].unique() if c in us.columns]
     peers = [c for c in implementations if c not in (*OURS, COPY)]
     ours = us["cutetune tuned"].fillna(us["cutetune default"])
