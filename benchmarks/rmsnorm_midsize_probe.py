@@ -1,4 +1,5 @@
-"""Why liger's RMSNorm beats ours at 64-512 rows (H=4096, bf16): the same points timed side by
+"""Why liger's RMSNorm beat ours at 64-512 rows (H=4096, bf16; found later: ours was timed
+writing cold outputs, see BENCHMARKS.md "Issue 3, fifth run"): the same points timed side by
 side the way `cutetune bench` times them, then each launched eagerly on one L2-warm input set
 so Nsight Compute can read the counters of single launches; --graph-nodes DIR captures ours
 (the heuristic default) and each peer at 64 rows in a CUDA graph and prints the graph's nodes
