@@ -32,52 +32,27 @@ CONFIGS = [md.MoEDispatchConfig(md.SPLIT, 128, 8, 128, 1),
 
 
 @cute.jit
-def _routing_alone(mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, stream: cuda.CUstream,
-                   K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
-                   L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
-                   VEC: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                   GRID: cutlass.Constexpr[int], V: cutlass.Constexpr[int]):
-    slices = (V + THREADS - 1) // THREADS
-    md._route_kernel(mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, 0, L, PAD,
-                     False, VEC, V, THREADS, slices, GRID).launch(
-        grid=(GRID, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=True)
-
-
-@cute.jit
-def _copy_alone(mX, mRowOf, mDisp, stream: cuda.CUstream, K: cutlass.Constexpr[int],
-                VEC: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                TPB: cutlass.Constexpr[int], BULK: cutlass.Constexpr[bool]):
-    tokens = cute.size(mX, mode=[0])
-    if cutlass.const_expr(BULK):
-        md._bulk_copy_kernel(mX, mRowOf, mDisp, K, TPB).launch(
-            grid=((tokens + TPB - 1) // TPB, 1, 1), block=(md.BULK_COPY_THREADS, 1, 1),
-            stream=stream)
-    else:
-        vectors = cute.size(mX, mode=[1]) // VEC
-        slices = (vectors + THREADS - 1) // THREADS
-        units = (tokens + (TPB - 1)) // TPB * slices
-        md._copy_kernel(mX, mRowOf, mDisp, K, VEC, vectors, THREADS, TPB, slices).launch(
-            grid=(units, 1, 1), block=(THREADS, 1, 1), stream=stream)
-
-
-@cute.jit
-def _op_variant(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, stream: cuda.CUstream,
-                K: cutlass.Constexpr[int], E: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
-                PAD: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
-                THREADS: cutlass.Constexpr[int], GRID: cutlass.Constexpr[int],
-                TPB: cutlass.Constexpr[int], BULK: cutlass.Constexpr[bool],
-                COOP: cutlass.Constexpr[bool], PDL: cutlass.Constexpr[bool]):
+def _parts(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, stream: cuda.CUstream,
+           K: cutlass.Constexpr[int], E: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
+           PAD: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
+           THREADS: cutlass.Constexpr[int], GRID: cutlass.Constexpr[int],
+           TPB: cutlass.Constexpr[int], BULK: cutlass.Constexpr[bool],
+           ROUTE: cutlass.Constexpr[bool], COOP: cutlass.Constexpr[bool],
+           COPY: cutlass.Constexpr[bool], PDL: cutlass.Constexpr[bool]):
+    """The routing kernel (ROUTE; cooperative or not), then the copy kernel (COPY; the bulk one
+    with BULK; a programmatic dependent launch or not), each launched as the op launches it."""
     V = cute.size(mX, mode=[1]) // VEC
     slices = (V + THREADS - 1) // THREADS
     tokens = cute.size(mX, mode=[0])
-    md._route_kernel(mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, 0, L, PAD,
-                     False, VEC, V, THREADS, slices, GRID).launch(
-        grid=(GRID, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=COOP)
-    if cutlass.const_expr(BULK):
+    if cutlass.const_expr(ROUTE):
+        md._route_kernel(mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, 0, L, PAD,
+                         False, VEC, V, THREADS, slices, GRID).launch(
+            grid=(GRID, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=COOP)
+    if cutlass.const_expr(COPY and BULK):
         md._bulk_copy_kernel(mX, mRowOf, mDisp, K, TPB).launch(
             grid=((tokens + TPB - 1) // TPB, 1, 1), block=(md.BULK_COPY_THREADS, 1, 1),
             stream=stream, use_pdl=PDL)
-    else:
+    if cutlass.const_expr(COPY and not BULK):
         units = (tokens + (TPB - 1)) // TPB * slices
         md._copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, slices).launch(
             grid=(units, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=PDL)
@@ -102,23 +77,19 @@ def compile_parts(problem: md.MoEProblem, config: md.MoEDispatchConfig):
 
     L = problem.local_experts
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    threads = config.warps_per_block * 32
-    bulk = config.policy == md.SPLIT_BULK
-    routing = cute.compile(_routing_alone, pairs(), pairs(), hidden_rows(rows), ints(L),
-                           ints(L + 1), ints(1), ints(md.workspace_words(L)), stream,
-                           problem.top_k, problem.experts, L, problem.pad, vec, threads,
-                           config.grid_blocks, problem.hidden // vec, options="--enable-tvm-ffi")
-    copy = cute.compile(_copy_alone, hidden_rows(tokens), pairs(), hidden_rows(rows), stream,
-                        problem.top_k, vec, threads, config.tokens_per_block, bulk,
-                        options="--enable-tvm-ffi")
-    variants = {}
-    for coop in (True, False):
-        for pdl in (True, False):
-            variants[(coop, pdl)] = cute.compile(
-                _op_variant, hidden_rows(tokens), pairs(), pairs(), hidden_rows(rows), ints(L),
-                ints(L + 1), ints(1), ints(md.workspace_words(L)), stream, problem.top_k,
-                problem.experts, L, problem.pad, vec, threads, config.grid_blocks,
-                config.tokens_per_block, bulk, coop, pdl, options="--enable-tvm-ffi")
+
+    def parts(route: bool, coop: bool, copy: bool, pdl: bool):
+        return cute.compile(
+            _parts, hidden_rows(tokens), pairs(), pairs(), hidden_rows(rows), ints(L),
+            ints(L + 1), ints(1), ints(md.workspace_words(L)), stream, problem.top_k,
+            problem.experts, L, problem.pad, vec, config.warps_per_block * 32,
+            config.grid_blocks, config.tokens_per_block, config.policy == md.SPLIT_BULK, route,
+            coop, copy, pdl, options="--enable-tvm-ffi")
+
+    routing = parts(route=True, coop=True, copy=False, pdl=False)
+    copy = parts(route=False, coop=False, copy=True, pdl=False)
+    variants = {(coop, pdl): parts(route=True, coop=coop, copy=True, pdl=pdl)
+                for coop in (True, False) for pdl in (True, False)}
     return routing, copy, variants
 
 
@@ -155,10 +126,9 @@ def main() -> None:
             md.launch(op, t)
         torch.cuda.synchronize()
         op_us = time_in_graph([lambda t=t, op=op: md.launch(op, t) for t in sets]).median_us
-        routing_us = time_in_graph([lambda t=t, r=routing: r(*op_args(t)[1:])
+        routing_us = time_in_graph([lambda t=t, r=routing: r(*op_args(t))
                                     for t in sets]).median_us
-        copy_us = time_in_graph([lambda t=t, c=copy: c(t["x"], t["row_of"], t["dispatched"])
-                                 for t in sets]).median_us
+        copy_us = time_in_graph([lambda t=t, c=copy: c(*op_args(t)) for t in sets]).median_us
         variant_us = {
             f"coop={int(coop)} pdl={int(pdl)}":
                 time_in_graph([lambda t=t, v=v: v(*op_args(t)) for t in sets]).median_us
