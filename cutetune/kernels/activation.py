@@ -14,6 +14,9 @@ takes THREADS * VECTORS_PER_THREAD consecutive numbers, thread `tid` the numbers
 tid + THREADS, ... so each load instruction of a warp is coalesced. A block may straddle rows,
 so any I that the vector divides works, and only the last block has a tail, guarded per
 vector. The token count and both row strides are dynamic, so one compile serves every call.
+
+The config's cache_hints (cache_hints.py) chooses plain or streaming (evict-first) loads of x and
+stores of out; the tuner picks per shape.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 from cutlass import Float32, Int32, Int64
 
 from cutetune.dispatch import current_dispatcher
+from cutetune.kernels import cache_hints
 from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -119,6 +123,8 @@ class ActivationConfig:
     vector_bits: int
     vectors_per_thread: int
     warps_per_block: int
+    # Winners stored before this knob existed were measured with plain accesses.
+    cache_hints: str = cache_hints.NORMAL
 
 
 def _vector_elements(problem: GatedProblem, config: ActivationConfig) -> int:
@@ -150,6 +156,7 @@ SPACE = Space(
         # what 1 warp with 2 vectors per thread holds; 8 warps already fill an SM with 8
         # blocks, so 16 and 32 only coarsen the tail (and the compile sweep).
         Param("warps_per_block", (1, 4, 8), "warps in one thread block"),
+        cache_hints.CACHE_HINTS_PARAM,
     ),
     constraints=(
         Constraint(
@@ -227,7 +234,8 @@ def _activation(g, ACTIVATION: str):
 @cute.kernel
 def _act_and_mul_kernel(mX: cute.Tensor, mO: cute.Tensor, VEC: cutlass.Constexpr[int],
                         VECTORS_PER_THREAD: cutlass.Constexpr[int],
-                        THREADS: cutlass.Constexpr[int], ACTIVATION: cutlass.Constexpr[str]):
+                        THREADS: cutlass.Constexpr[int], ACTIVATION: cutlass.Constexpr[str],
+                        HINTS: cutlass.Constexpr[str]):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     tokens = cute.size(mO, mode=[0])
@@ -245,26 +253,27 @@ def _act_and_mul_kernel(mX: cute.Tensor, mO: cute.Tensor, VEC: cutlass.Constexpr
         row = row0 + at // vectors_per_row
         col = at % vectors_per_row
         tXgX = cute.zipped_divide(mX[cutlass.min(row, tokens - 1), None], (VEC,))
-        gates.append(tXgX[(None, col)].load())
-        ups.append(tXgX[(None, col + vectors_per_row)].load())
+        gates.append(cache_hints.load(tXgX[(None, col)], HINTS))
+        ups.append(cache_hints.load(tXgX[(None, col + vectors_per_row)], HINTS))
         rows.append(row)
         cols.append(col)
     for v in cutlass.range_constexpr(VECTORS_PER_THREAD):
         y = _activation(gates[v].to(Float32), ACTIVATION) * ups[v].to(Float32)
         if rows[v] < tokens:
             tOgO = cute.zipped_divide(mO[rows[v], None], (VEC,))
-            tOgO[(None, cols[v])].store(y.to(mO.element_type))
+            cache_hints.store(tOgO[(None, cols[v])], y.to(mO.element_type), HINTS)
 
 
 @cute.jit
 def _act_and_mul_launch(mX: cute.Tensor, mO: cute.Tensor, stream: cuda.CUstream,
                         VEC: cutlass.Constexpr[int], VECTORS_PER_THREAD: cutlass.Constexpr[int],
-                        WARPS: cutlass.Constexpr[int], ACTIVATION: cutlass.Constexpr[str]):
+                        WARPS: cutlass.Constexpr[int], ACTIVATION: cutlass.Constexpr[str],
+                        HINTS: cutlass.Constexpr[str]):
     threads = WARPS * WARP
     per_block = threads * VECTORS_PER_THREAD
     vectors = Int64(cute.size(mO, mode=[0])) * (cute.size(mO, mode=[1]) // VEC)
     blocks = Int32((vectors + per_block - 1) // per_block)
-    _act_and_mul_kernel(mX, mO, VEC, VECTORS_PER_THREAD, threads, ACTIVATION).launch(
+    _act_and_mul_kernel(mX, mO, VEC, VECTORS_PER_THREAD, threads, ACTIVATION, HINTS).launch(
         grid=(blocks, 1, 1), block=(threads, 1, 1), stream=stream)
 
 
@@ -286,7 +295,7 @@ def compile_kernel(problem: GatedProblem, config: ActivationConfig, options: str
         rows(2 * problem.intermediate), rows(problem.intermediate),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
         vec, config.vectors_per_thread, config.warps_per_block, problem.activation,
-        options=" ".join(("--enable-tvm-ffi", options)).strip(),
+        config.cache_hints, options=" ".join(("--enable-tvm-ffi", options)).strip(),
     )
 
 

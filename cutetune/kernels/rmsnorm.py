@@ -20,6 +20,9 @@ Work split: the THREADS threads of a row own vectors lane, lane + THREADS, ... o
 load instruction of a warp is coalesced. When the row's vectors do not divide evenly among the
 threads, the last vector slot is predicated: its load is clamped to the row's last vector (every
 address stays inside the row) and its contribution and store are dropped.
+
+The config's cache_hints (cache_hints.py) chooses plain or streaming (evict-first) accesses to x,
+residual and out; the weight, which every row reads again, always keeps plain loads.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 from cutlass import Float32
 
 from cutetune.dispatch import current_dispatcher
+from cutetune.kernels import cache_hints
 from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -94,6 +98,8 @@ class RMSNormConfig:
     form: str
     vector_bits: int
     warps_per_block: int
+    # Winners stored before this knob existed were measured with plain accesses.
+    cache_hints: str = cache_hints.NORMAL
 
 
 def _widest_bytes(problem: RMSNormProblem) -> int:
@@ -142,6 +148,7 @@ SPACE = Space(
         Param("warps_per_block", (1, 2, 4, 8, 16, 32),
               "warps in one thread block: a row's warps (block_per_row) or its rows "
               "(warp_per_row)"),
+        cache_hints.CACHE_HINTS_PARAM,
     ),
     constraints=(
         Constraint(
@@ -249,10 +256,11 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
                    row, lane, warp, VEC: cutlass.Constexpr[int],
                    THREADS: cutlass.Constexpr[int], WARPS: cutlass.Constexpr[int],
                    FUSED_ADD: cutlass.Constexpr[bool], EPS: cutlass.Constexpr[float],
-                   WEIGHT_BIAS: cutlass.Constexpr[float]):
+                   WEIGHT_BIAS: cutlass.Constexpr[float], HINTS: cutlass.Constexpr[str]):
     """Normalise row `row` by its THREADS threads (`lane` in [0, THREADS)). WARPS > 1: the
     row's threads span WARPS warps (`warp` is this thread's) and meet at one block barrier,
-    so every thread of the block must call this."""
+    so every thread of the block must call this. HINTS apply to x, residual and out; the
+    weight, which every row reads again, keeps plain loads."""
     hidden = cute.size(mW)
     vectors = hidden // VEC
     vectors_per_thread = (vectors + THREADS - 1) // THREADS
@@ -273,20 +281,20 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
             slot = cutlass.min(slot, vectors - 1)
         slots.append(slot)
         tWrW.append(tWgW[(None, slot)].load().to(Float32))
-    tXrX = [tXgX[(None, slot)].load() for slot in slots]
+    tXrX = [cache_hints.load(tXgX[(None, slot)], HINTS) for slot in slots]
     if cutlass.const_expr(FUSED_ADD):
         # Every load is issued before the first residual store: the compiler may not move a
         # load above a store that could alias it, so interleaving them would cost a memory
         # round trip per vector.
-        tRrR = [tRgR[(None, slot)].load() for slot in slots]
+        tRrR = [cache_hints.load(tRgR[(None, slot)], HINTS) for slot in slots]
         for v in cutlass.range_constexpr(vectors_per_thread):
             # vLLM's contract: the sum is rounded to the input dtype, stored, and normalised.
             tXrX[v] = (tXrX[v].to(Float32) + tRrR[v].to(Float32)).to(mX.element_type)
             if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
                 if last_valid:
-                    tRgR[(None, slots[v])].store(tXrX[v])
+                    cache_hints.store(tRgR[(None, slots[v])], tXrX[v], HINTS)
             else:
-                tRgR[(None, slots[v])].store(tXrX[v])
+                cache_hints.store(tRgR[(None, slots[v])], tXrX[v], HINTS)
     # ptxas sinks a load whose value is needed only after the reduction (the weight) down to
     # its use, so a call would wait for two memory round trips (seen in the SASS of
     # block_per_row, 128-bit, 8 warps, hidden 4096: the weight loads came after the warp's
@@ -330,29 +338,30 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
         y = (w * (tXrX[v] * inv_rms)).to(mO.element_type)
         if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
             if last_valid:
-                tOgO[(None, slots[v])].store(y)
+                cache_hints.store(tOgO[(None, slots[v])], y, HINTS)
         else:
-            tOgO[(None, slots[v])].store(y)
+            cache_hints.store(tOgO[(None, slots[v])], y, HINTS)
 
 
 @cute.kernel
 def _rmsnorm_kernel(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor,
                     VEC: cutlass.Constexpr[int], BLOCK_ROWS: cutlass.Constexpr[bool],
                     WARPS: cutlass.Constexpr[int], FUSED_ADD: cutlass.Constexpr[bool],
-                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
+                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float],
+                    HINTS: cutlass.Constexpr[str]):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     warp = tidx // WARP
     if cutlass.const_expr(BLOCK_ROWS):
         # The grid has exactly one block per row: no tail to guard.
         _normalise_row(mX, mR, mW, mO, bidx, tidx, warp, VEC, WARPS * WARP, WARPS, FUSED_ADD,
-                       EPS, WEIGHT_BIAS)
+                       EPS, WEIGHT_BIAS, HINTS)
     else:
         row = bidx * WARPS + warp
         # Whole warps drop out of the last block: the shuffles stay warp-uniform.
         if row < cute.size(mX, mode=[0]):
             _normalise_row(mX, mR, mW, mO, row, tidx % WARP, warp, VEC, WARP, 1, FUSED_ADD,
-                           EPS, WEIGHT_BIAS)
+                           EPS, WEIGHT_BIAS, HINTS)
 
 
 @cute.jit
@@ -360,7 +369,7 @@ def _rmsnorm_launch(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.
                     stream: cuda.CUstream, VEC: cutlass.Constexpr[int],
                     BLOCK_ROWS: cutlass.Constexpr[bool], WARPS: cutlass.Constexpr[int],
                     FUSED_ADD: cutlass.Constexpr[bool], EPS: cutlass.Constexpr[float],
-                    WEIGHT_BIAS: cutlass.Constexpr[float]):
+                    WEIGHT_BIAS: cutlass.Constexpr[float], HINTS: cutlass.Constexpr[str]):
     """mR is the residual (updated in place) when FUSED_ADD, else unused: the plain form
     takes any tensor of x's shape there (the op passes x) so both forms share one call
     signature."""
@@ -368,7 +377,7 @@ def _rmsnorm_launch(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.
     rows_per_block = 1 if BLOCK_ROWS else WARPS
     blocks = (rows + rows_per_block - 1) // rows_per_block
     _rmsnorm_kernel(mX, mR, mW, mO, VEC, BLOCK_ROWS, WARPS, FUSED_ADD, EPS,
-                    WEIGHT_BIAS).launch(grid=(blocks, 1, 1), block=(WARPS * WARP, 1, 1),
+                    WEIGHT_BIAS, HINTS).launch(grid=(blocks, 1, 1), block=(WARPS * WARP, 1, 1),
                                         stream=stream)
 
 
@@ -394,7 +403,7 @@ def compile_kernel(problem: RMSNormProblem, config: RMSNormConfig, options: str 
         rows_tensor(problem.out_dtype),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
         vec, config.form == BLOCK_PER_ROW, config.warps_per_block, problem.fused_add,
-        float(problem.eps), float(problem.weight_bias),
+        float(problem.eps), float(problem.weight_bias), config.cache_hints,
         options=" ".join(("--enable-tvm-ffi", options)).strip(),
     )
 

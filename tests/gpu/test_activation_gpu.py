@@ -65,8 +65,9 @@ def test_every_valid_point_matches_reference(problem):
         verify(kernel, problem, kernel.compile(problem, config), CUDA, seed=i)
 
 
-@pytest.mark.parametrize("config", [ActivationConfig(128, 1, 1), ActivationConfig(128, 4, 8)],
-                         ids=["1x1warp", "4x8warps"])
+@pytest.mark.parametrize("config", [ActivationConfig(128, 1, 1), ActivationConfig(128, 4, 8),
+                                    ActivationConfig(128, 4, 8, "streaming")],
+                         ids=["1x1warp", "4x8warps", "4x8warps-streaming"])
 @pytest.mark.parametrize("tokens", [1, 2, 37, 1000, 4097])
 def test_token_count_is_dynamic(config, tokens):
     problem = _silu("bfloat16", 14336, tokens=1)

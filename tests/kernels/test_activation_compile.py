@@ -1,13 +1,13 @@
 """The CI compile sweep of the gated activations: every valid point compiles for sm_90a on the
 CPU for every MLP width of the public presets (silu_and_mul in bf16, the dtype those models ship
 in) and for synthetic problems that add fp16, fp32, both GELU forms, and widths that only
-64-bit or 32-bit vectors divide; the PTX shows the configured vector width and the fast-math
-instructions.
+64-bit or 32-bit vectors divide; the PTX shows the configured vector width, the cache hints and
+the fast-math instructions.
 
 No preset uses GELU (gelu_and_mul does not apply to them); the synthetic GELU problems compile
-both forms at every point. About 330 compiles (every vector that divides the width, 1, 2 or 4
-vectors per thread, three block sizes) at 0.3-0.4 s each: one test id per problem, so
-`pytest -n 2` spreads them.
+both forms at every point. About 660 compiles (every vector that divides the width, 1, 2 or 4
+vectors per thread, three block sizes, plain or streaming accesses) at 0.3-0.4 s each: one test
+id per problem, so `pytest -n 2` spreads them.
 """
 
 import re
@@ -92,37 +92,42 @@ def _problem(kind: str, dtype: str, width: int) -> GatedProblem:
 
 
 PTX_CASES = [
-    # kind, dtype, intermediate, vector_bits, vectors_per_thread, warps_per_block
-    ("silu", "bfloat16", 14336, 128, 1, 8),
-    ("silu", "bfloat16", 14336, 128, 4, 4),
-    ("silu", "bfloat16", 1004, 64, 2, 1),  # 1004 = 251 x 4: 64-bit vectors at most
-    ("silu", "bfloat16", 1002, 32, 4, 1),  # 1002 = 501 x 2: 32-bit vectors only
-    ("silu", "float32", 14336, 128, 2, 4),
-    ("gelu-tanh", "bfloat16", 14336, 128, 2, 8),
-    ("gelu-none", "float16", 14336, 128, 1, 4),
-    ("gelu-none", "float32", 1002, 64, 2, 1),
+    # kind, dtype, intermediate, vector_bits, vectors_per_thread, warps_per_block, cache_hints
+    ("silu", "bfloat16", 14336, 128, 1, 8, "normal"),
+    ("silu", "bfloat16", 14336, 128, 1, 8, "streaming"),
+    ("silu", "bfloat16", 14336, 128, 4, 4, "normal"),
+    ("silu", "bfloat16", 1004, 64, 2, 1, "streaming"),  # 1004 = 251 x 4: 64-bit at most
+    ("silu", "bfloat16", 1002, 32, 4, 1, "normal"),  # 1002 = 501 x 2: 32-bit vectors only
+    ("silu", "float32", 14336, 128, 2, 4, "streaming"),
+    ("gelu-tanh", "bfloat16", 14336, 128, 2, 8, "normal"),
+    ("gelu-none", "float16", 14336, 128, 1, 4, "streaming"),
+    ("gelu-none", "float32", 1002, 64, 2, 1, "normal"),
 ]
 
 
-@pytest.mark.parametrize(("kind", "dtype", "width", "vector_bits", "per_thread", "warps"),
-                         PTX_CASES,
-                         ids=[f"{k}-{d}-I{i}-v{v}-x{n}-w{w}" for k, d, i, v, n, w in PTX_CASES])
-def test_ptx_vector_width_and_fast_math(kind, dtype, width, vector_bits, per_thread, warps,
-                                        tmp_path, monkeypatch):
-    config = ActivationConfig(vector_bits, per_thread, warps)
+@pytest.mark.parametrize(("kind", "dtype", "width", "vector_bits", "per_thread", "warps",
+                          "hints"), PTX_CASES,
+                         ids=[f"{k}-{d}-I{i}-v{v}-x{n}-w{w}-{h}"
+                              for k, d, i, v, n, w, h in PTX_CASES])
+def test_ptx_vector_width_hints_and_fast_math(kind, dtype, width, vector_bits, per_thread, warps,
+                                              hints, tmp_path, monkeypatch):
+    config = ActivationConfig(vector_bits, per_thread, warps, hints)
     problem = _problem(kind, dtype, width)
     ptx = ptx_of(_kernel(problem), problem, config, H200, tmp_path, monkeypatch)
 
     accesses = GLOBAL_ACCESS.findall(ptx)
     assert len(accesses) == ptx.count("ld.global") + ptx.count("st.global") > 0
+    # Streaming: every global access carries .cs (cache streaming); plain: none does.
+    streaming = len(re.findall(r"\b(ld|st)\.global\.cs\.", ptx))
+    assert streaming == (len(accesses) if hints == "streaming" else 0)
     widths = Counter((op, int(lanes or 1) * int(bits)) for op, lanes, bits in accesses)
     # Every global load and store is exactly one vector of the configured width: nothing
     # split into narrower accesses, nothing wider than the config allows. Per vector: one
     # load of gate, one of up, one store of out.
     assert widths == {("ld", vector_bits): 2 * per_thread, ("st", vector_bits): per_thread}
     if vector_bits == 128:
-        assert re.search(r"\bld\.global(\.nc)?\.v4\.[bf]32\b", ptx)
-        assert re.search(r"\bst\.global\.v4\.[bf]32\b", ptx)
+        assert re.search(r"\bld\.global(\.nc|\.cs)?\.v4\.[bf]32\b", ptx)
+        assert re.search(r"\bst\.global(\.cs)?\.v4\.[bf]32\b", ptx)
     else:
         # No 128-bit access anywhere (v4 of 32-bit lanes or v2 of 64-bit lanes).
         assert not re.search(r"(ld|st)\.global(\.\w+)*\.(v4\.[bfsu]32|v2\.[bfsu]64)", ptx)

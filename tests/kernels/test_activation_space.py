@@ -101,11 +101,13 @@ def test_valid_points_are_every_vector_that_divides_the_width(dtype, width):
     # win (the comment at MIN_BITS_PER_THREAD says what was measured).
     p = silu(dtype=dtype, intermediate=width)
     enumeration = SPACE.enumerate(p, H200)
-    assert enumeration.declared == 27
+    assert enumeration.declared == 54
     dividing = [bits for bits in (128, 64, 32) if width % (bits // 8 // ELEMENT_BYTES[dtype]) == 0]
     assert dividing[0] == _widest(dtype, width)
     assert {c.vector_bits for c in enumeration.valid} == set(dividing)
-    assert len(enumeration.valid) == 9 * len(dividing)
+    assert len(enumeration.valid) == 18 * len(dividing)
+    # Each point comes with plain and with streaming accesses.
+    assert {c.cache_hints for c in enumeration.valid} == {"normal", "streaming"}
     for config in enumeration.valid:
         assert config.warps_per_block * 32 <= H200.max_threads_per_block
     assert {r.constraint for r in enumeration.rejected} <= {"intermediate_splits_into_vectors"}
@@ -113,7 +115,7 @@ def test_valid_points_are_every_vector_that_divides_the_width(dtype, width):
 
 def test_vectors_that_do_not_divide_the_width_are_rejected_by_name():
     # bf16 I=14336 takes every vector width.
-    assert len(SPACE.enumerate(silu(), H200).valid) == 27
+    assert len(SPACE.enumerate(silu(), H200).valid) == 54
     # bf16 I=1004 (251 x 4): 64-bit and 32-bit vectors, even one 32-bit vector per thread.
     enumeration = SPACE.enumerate(silu(intermediate=1004), H200)
     rejected = {r.config: r.constraint for r in enumeration.rejected}
@@ -125,9 +127,10 @@ def test_vectors_that_do_not_divide_the_width_are_rejected_by_name():
 def test_a_width_only_32_bit_vectors_divide():
     # bf16 I=1002: 501 pairs, not a whole number of 64- or 128-bit vectors.
     enumeration = SPACE.enumerate(silu(intermediate=1002), H200)
-    assert enumeration.valid == tuple(ActivationConfig(32, n, w)
-                                      for n in (1, 2, 4) for w in (1, 4, 8))
-    assert enumeration.rejections_by_constraint() == {"intermediate_splits_into_vectors": 18}
+    assert enumeration.valid == tuple(ActivationConfig(32, n, w, hints)
+                                      for n in (1, 2, 4) for w in (1, 4, 8)
+                                      for hints in ("normal", "streaming"))
+    assert enumeration.rejections_by_constraint() == {"intermediate_splits_into_vectors": 36}
     assert default_config(silu(intermediate=1002), H200) == ActivationConfig(32, 4, 1)
     # In fp32 a 32-bit vector is one element: every width works.
     assert SPACE.enumerate(silu(dtype="float32", intermediate=1001), H200).valid
@@ -137,7 +140,7 @@ def test_a_width_only_32_bit_vectors_divide():
 def test_a_width_no_vector_divides_is_rejected_by_name(dtype):
     p = silu(dtype=dtype, intermediate=1001)
     with pytest.raises(EmptySpaceError,
-                       match="intermediate_splits_into_vectors removed 27"):
+                       match="intermediate_splits_into_vectors removed 54"):
         SPACE.valid_points(p, H200)
     with pytest.raises(EmptySpaceError, match="intermediate_splits_into_vectors"):
         default_config(p, H200)
@@ -288,8 +291,9 @@ def test_not_applicable_without_an_mlp_width(kernel, act):
 def test_preset_problems_have_valid_points_and_128_bit_defaults():
     for model in PRESETS.values():
         for p in SILU_KERNEL.problems_for_model(model, "bfloat16"):
-            assert len(SPACE.valid_points(p, H200)) == 27
-            assert SILU_KERNEL.default_config(p, H200).vector_bits == 128
+            assert len(SPACE.valid_points(p, H200)) == 54
+            default = SILU_KERNEL.default_config(p, H200)
+            assert default.vector_bits == 128 and default.cache_hints == "normal"
 
 
 def test_liger_peers_say_when_they_cannot_serve():

@@ -3,9 +3,10 @@ for every problem of every public preset (in bf16, the dtype those models ship i
 two presets share compiles once) and for synthetic problems covering the other dtypes, an
 output dtype different from the input's, Gemma-style weight bias, hidden sizes that are not
 powers of two and both ends of the hidden range; and the PTX of a few points shows the access
-width, the shuffle tree and the single barrier the config asks for.
+width, the shuffle tree, the single barrier and the cache hints the config asks for.
 
-About 370 compiles at 0.3-1 s each: one test id per problem, so `pytest -n 2` spreads them.
+About 740 compiles (every point with plain and with streaming accesses) at 0.3-1 s each: one
+test id per problem, so `pytest -n 2` spreads them.
 """
 
 import re
@@ -138,6 +139,19 @@ def test_ptx_access_widths_shuffles_and_barrier(dtype, out_dtype, hidden, fused,
     barriers = re.findall(r"\bbar(?:rier)?\.(?:sync|cta\.sync)\b", ptx)
     assert len(barriers) == (1 if block_warps > 1 else 0)
     assert ("st.shared" in ptx) == (block_warps > 1)
+
+
+def test_ptx_streaming_hints_on_rows_not_on_the_weight(tmp_path, monkeypatch):
+    problem = RMSNormProblem(num_tokens=1, dtype="bfloat16", out_dtype="bfloat16",
+                             hidden=4096, eps=1e-6, weight_bias=0.0, fused_add=True)
+    config = RMSNormConfig(BLOCK_PER_ROW, 128, 4, "streaming")
+    ptx = ptx_of(KERNEL, problem, config, H200, tmp_path, monkeypatch)
+    # 4 slots a thread: x and the residual loaded with .cs, the weight (read again by every
+    # row) with plain loads; the residual and out stored with .cs.
+    assert len(re.findall(r"\bld\.global\.cs\.v4\.", ptx)) == 8
+    assert len(re.findall(r"\bld\.global(\.nc)?\.v4\.", ptx)) == 4
+    assert len(re.findall(r"\bst\.global\.cs\.v4\.", ptx)) == 8
+    assert not re.search(r"\bst\.global\.v4\.", ptx)
 
 
 def test_ptx_128_bit_config_uses_v4_accesses(tmp_path, monkeypatch):

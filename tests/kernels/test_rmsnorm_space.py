@@ -83,10 +83,10 @@ def test_odd_hidden_is_rejected_everywhere_with_the_reason(dtype, fused_add):
     p = problem(dtype=dtype, out_dtype=dtype, hidden=2881, fused_add=fused_add)
     enumeration = SPACE.enumerate(p, H200)
     assert not enumeration.valid
-    assert enumeration.rejections_by_constraint() == {"hidden_splits_into_vectors": 36}
+    assert enumeration.rejections_by_constraint() == {"hidden_splits_into_vectors": 72}
     reason = enumeration.rejected[0].reason
     assert "hidden must be a multiple of the vector" in reason
-    with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors removed 36"):
+    with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors removed 72"):
         SPACE.valid_points(p, H200)
     with pytest.raises(EmptySpaceError, match="hidden=2881"):
         default_config(p, H200)
@@ -109,6 +109,9 @@ def test_hidden_2880_is_valid_with_a_predicated_last_vector():
     assert RMSNormConfig(BLOCK_PER_ROW, 128, 4) in valid
     assert RMSNormConfig(BLOCK_PER_ROW, 128, 8) in valid  # 2 slots, the second for 104
     assert {c.vector_bits for c in valid} == {32, 64, 128}
+    # Every point comes with plain and with streaming accesses.
+    assert RMSNormConfig(BLOCK_PER_ROW, 128, 4, "streaming") in valid
+    assert {c.cache_hints for c in valid} == {"normal", "streaming"}
 
 
 def test_no_idle_threads():
@@ -160,7 +163,7 @@ def test_every_valid_point_is_sound(dtype, out_dtype, hidden):
     for fused_add in (False, True):
         p = problem(dtype=dtype, out_dtype=out_dtype, hidden=hidden, fused_add=fused_add)
         enumeration = SPACE.enumerate(p, H200)
-        assert enumeration.declared == 36
+        assert enumeration.declared == 72
         assert enumeration.valid, p.describe()
         widest = max(ELEMENT_BYTES[dtype], ELEMENT_BYTES[out_dtype])
         for config in enumeration.valid:
