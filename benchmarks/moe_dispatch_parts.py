@@ -17,10 +17,9 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Int32
 
 from cutetune.kernels import moe_dispatch as md
-from cutetune.kernels.dtypes import CUTLASS_DTYPES, DTYPE_BYTES, vector_elements
+from cutetune.kernels.dtypes import DTYPE_BYTES, vector_elements
 from cutetune.spaces.models import PRESETS
 
 CONFIGS = [md.MoEDispatchConfig(md.SPLIT, 128, 8, 128, 1),
@@ -60,28 +59,13 @@ def _parts(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, stream: cuda
 
 def compile_parts(problem: md.MoEProblem, config: md.MoEDispatchConfig):
     vec = vector_elements(problem.dtype, 128)
-    dtype = CUTLASS_DTYPES[problem.dtype]
-    tokens, rows = cute.sym_int(), cute.sym_int()
-
-    def hidden_rows(count):
-        return cute.runtime.make_fake_tensor(dtype, (count, problem.hidden),
-                                             (cute.sym_int64(divisibility=vec), 1),
-                                             assumed_align=16)
-
-    def pairs():
-        return cute.runtime.make_fake_tensor(Int32, (tokens, problem.top_k),
-                                             (problem.top_k, 1), assumed_align=4)
-
-    def ints(size):
-        return cute.runtime.make_fake_tensor(Int32, (size,), (1,), assumed_align=4)
-
+    fake = md.FakeArguments(problem, vec)
     L = problem.local_experts
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
 
     def parts(route: bool, coop: bool, copy: bool, pdl: bool):
         return cute.compile(
-            _parts, hidden_rows(tokens), pairs(), pairs(), hidden_rows(rows), ints(L),
-            ints(L + 1), ints(1), ints(md.workspace_words(L)), stream, problem.top_k,
+            _parts, *fake.op_tensors(), stream, problem.top_k,
             problem.experts, L, problem.pad, vec, config.warps_per_block * 32,
             config.grid_blocks, config.tokens_per_block, config.policy == md.SPLIT_BULK, route,
             coop, copy, pdl, options="--enable-tvm-ffi")

@@ -27,10 +27,10 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass import Int32, Int64
+from cutlass import Int64
 
 from cutetune.kernels import moe_dispatch as md
-from cutetune.kernels.dtypes import CUTLASS_DTYPES, vector_elements
+from cutetune.kernels.dtypes import vector_elements
 from cutetune.spaces.models import PRESETS
 
 WARPS, GRID, TPB = 8, 128, 1  # split 128x8w t1, Mixtral's best split point at 4096 tokens
@@ -135,30 +135,14 @@ def _timeline(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, mT,
 def compile_timelines(problem: md.MoEProblem) -> tuple[dict, dict]:
     """The three timelines by name, and the delayed copies by name."""
     vec = vector_elements(problem.dtype, 128)
-    dtype = CUTLASS_DTYPES[problem.dtype]
-    tokens, rows, stamps = cute.sym_int(), cute.sym_int(), cute.sym_int()
-
-    def hidden_rows(count):
-        return cute.runtime.make_fake_tensor(dtype, (count, problem.hidden),
-                                             (cute.sym_int64(divisibility=vec), 1),
-                                             assumed_align=16)
-
-    def pairs():
-        return cute.runtime.make_fake_tensor(Int32, (tokens, problem.top_k),
-                                             (problem.top_k, 1), assumed_align=4)
-
-    def ints(size):
-        return cute.runtime.make_fake_tensor(Int32, (size,), (1,), assumed_align=4)
-
+    fake = md.FakeArguments(problem, vec)
     L = problem.local_experts
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    timer = cute.runtime.make_fake_tensor(Int64, (stamps,), (1,), assumed_align=8)
+    timer = cute.runtime.make_fake_tensor(Int64, (cute.sym_int(),), (1,), assumed_align=8)
     delayed = {f"copy, stores held {d} ns": cute.compile(
-        _delayed_copy, hidden_rows(tokens), pairs(), hidden_rows(rows), timer, stream,
-        problem.top_k, vec, d, options="--enable-tvm-ffi") for d in DELAYS_NS}
-    return {name: cute.compile(_timeline, hidden_rows(tokens), pairs(), pairs(),
-                               hidden_rows(rows), ints(L), ints(L + 1), ints(1),
-                               ints(md.workspace_words(L)), timer, stream, problem.top_k,
+        _delayed_copy, fake.hidden_rows(fake.tokens), fake.pairs(), fake.hidden_rows(fake.rows),
+        timer, stream, problem.top_k, vec, d, options="--enable-tvm-ffi") for d in DELAYS_NS}
+    return {name: cute.compile(_timeline, *fake.op_tensors(), timer, stream, problem.top_k,
                                problem.experts, L, problem.pad, vec, route, copy,
                                options="--enable-tvm-ffi")
             for name, route, copy in (("op", True, True), ("routing alone", True, False),

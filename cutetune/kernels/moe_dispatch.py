@@ -59,7 +59,7 @@ Concurrent calls must not share a workspace (the public op keeps one per device 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -1182,35 +1182,51 @@ class CompiledDispatch:
         self.fn(x, topk_ids, row_of, dispatched, counts, offsets, error, workspace)
 
 
+@dataclass(frozen=True, eq=False)
+class FakeArguments:
+    """Compile-time stand-ins for dispatch's tensors, in the order the op passes them: the token
+    count and the dispatched buffer's rows are symbolic, so a compile serves every call. Also
+    used by the probes in benchmarks/ that compile pieces of the op."""
+
+    problem: MoEProblem
+    vec: int  # elements per vector of x and dispatched
+    tokens: object = field(default_factory=cute.sym_int)
+    rows: object = field(default_factory=cute.sym_int)
+
+    def hidden_rows(self, count):
+        # A 64-bit row stride keeps row * hidden from overflowing 32 bits in big buffers.
+        return cute.runtime.make_fake_tensor(CUTLASS_DTYPES[self.problem.dtype],
+                                             (count, self.problem.hidden),
+                                             (cute.sym_int64(divisibility=self.vec), 1),
+                                             assumed_align=16)
+
+    def pairs(self):
+        # Row-major, as torch holds (tokens, top_k); a compact fake tensor would be
+        # column-major (CuTe's default mode order).
+        return cute.runtime.make_fake_tensor(cutlass.Int32, (self.tokens, self.problem.top_k),
+                                             (self.problem.top_k, 1), assumed_align=4)
+
+    @staticmethod
+    def ints(size: int):
+        return cute.runtime.make_fake_tensor(cutlass.Int32, (size,), (1,), assumed_align=4)
+
+    def op_tensors(self) -> tuple:
+        """x, topk_ids, row_of, dispatched, counts, offsets, error, workspace."""
+        experts = self.problem.local_experts
+        return (self.hidden_rows(self.tokens), self.pairs(), self.pairs(),
+                self.hidden_rows(self.rows), self.ints(experts), self.ints(experts + 1),
+                self.ints(1), self.ints(workspace_words(experts)))
+
+
 def compile_kernel(problem: MoEProblem, config: MoEDispatchConfig,
                    options: str = "") -> CompiledDispatch:
     """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the token
     count (and the dispatched buffer's rows) are symbolic, so the result serves every call."""
-    dtype = CUTLASS_DTYPES[problem.dtype]
     vec = vector_elements(problem.dtype, config.vector_bits)
-    tokens = cute.sym_int()
-    rows = cute.sym_int()
     L = problem.local_experts
-
-    def hidden_rows(count):
-        # A 64-bit row stride keeps row * hidden from overflowing 32 bits in big buffers.
-        return cute.runtime.make_fake_tensor(dtype, (count, problem.hidden),
-                                             (cute.sym_int64(divisibility=vec), 1),
-                                             assumed_align=16)
-
-    def pairs():
-        # Row-major, as torch holds (tokens, top_k); a compact fake tensor would be
-        # column-major (CuTe's default mode order).
-        return cute.runtime.make_fake_tensor(cutlass.Int32, (tokens, problem.top_k),
-                                             (problem.top_k, 1), assumed_align=4)
-
-    def ints(size: int):
-        return cute.runtime.make_fake_tensor(cutlass.Int32, (size,), (1,), assumed_align=4)
-
     fn = cute.compile(
         _dispatch_launch,
-        hidden_rows(tokens), pairs(), pairs(),
-        hidden_rows(rows), ints(L), ints(L + 1), ints(1), ints(workspace_words(L)),
+        *FakeArguments(problem, vec).op_tensors(),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
         config.policy, problem.top_k, problem.experts, problem.expert_begin, L,
         problem.pad, problem.zero_padding and problem.pad > 1, vec, _threads(config),
