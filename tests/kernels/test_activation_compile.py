@@ -7,7 +7,7 @@ the fast-math instructions.
 No preset uses GELU (gelu_and_mul does not apply to them); the synthetic GELU problems compile
 both forms at every point. About 660 compiles (every vector that divides the width, 1, 2 or 4
 vectors per thread, three block sizes, plain or streaming accesses) at 0.3-0.4 s each: one test
-id per problem, so `pytest -n 2` spreads them.
+id per problem and cache hint, so `pytest -n 2` spreads them.
 """
 
 import re
@@ -24,6 +24,7 @@ from cutetune.kernels.activation import (
     GeluAndMulProblem,
     SiluAndMulProblem,
 )
+from cutetune.kernels.cache_hints import CACHE_HINTS
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import DEVICE_SPECS
 
@@ -70,10 +71,13 @@ def test_sweep_covers_every_preset():
     assert len(SILU_PRESETS) == 9
 
 
+# One test id per problem and cache-hint half of the space, so that `pytest -n 2` balances.
+@pytest.mark.parametrize("hints", CACHE_HINTS)
 @pytest.mark.parametrize("problem", SILU_PRESETS + SYNTHETIC)
-def test_every_valid_point_compiles(problem):
-    valid = _kernel(problem).space.enumerate(problem, H200).valid
-    assert valid, f"no valid point for {problem.describe()}"
+def test_every_valid_point_compiles(problem, hints):
+    valid = [c for c in _kernel(problem).space.enumerate(problem, H200).valid
+             if c.cache_hints == hints]
+    assert valid, f"no valid {hints} point for {problem.describe()}"
     assert_points_compile(_kernel(problem), problem, valid)
 
 

@@ -6,7 +6,7 @@ powers of two and both ends of the hidden range; and the PTX of a few points sho
 width, the shuffle tree, the single barrier and the cache hints the config asks for.
 
 About 740 compiles (every point with plain and with streaming accesses) at 0.3-1 s each: one
-test id per problem, so `pytest -n 2` spreads them.
+test id per problem and cache hint, so `pytest -n 2` spreads them.
 """
 
 import re
@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 
+from cutetune.kernels.cache_hints import CACHE_HINTS
 from cutetune.kernels.rmsnorm import (
     BLOCK_PER_ROW,
     KERNEL,
@@ -73,10 +74,12 @@ def test_sweep_covers_every_preset_problem():
     assert len(PRESET_PARAMS) == 16
 
 
+# One test id per problem and cache-hint half of the space, so that `pytest -n 2` balances.
+@pytest.mark.parametrize("hints", CACHE_HINTS)
 @pytest.mark.parametrize("problem", PRESET_PARAMS + SYNTHETIC_PARAMS)
-def test_every_valid_point_compiles(problem):
-    valid = KERNEL.space.enumerate(problem, H200).valid
-    assert valid, f"no valid point for {problem.describe()}"
+def test_every_valid_point_compiles(problem, hints):
+    valid = [c for c in KERNEL.space.enumerate(problem, H200).valid if c.cache_hints == hints]
+    assert valid, f"no valid {hints} point for {problem.describe()}"
     assert_points_compile(KERNEL, problem, valid)
 
 
