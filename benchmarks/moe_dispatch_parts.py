@@ -49,10 +49,10 @@ def _parts(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, stream: cuda
             grid=(GRID, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=COOP)
     if cutlass.const_expr(COPY and BULK):
         md._bulk_copy_kernel(mX, mRowOf, mDisp, K, TPB).launch(
-            grid=((tokens + TPB - 1) // TPB, 1, 1), block=(md.BULK_COPY_THREADS, 1, 1),
+            grid=(md._copy_unit_total(tokens, TPB, 1), 1, 1), block=(md.BULK_COPY_THREADS, 1, 1),
             stream=stream, use_pdl=PDL)
     if cutlass.const_expr(COPY and not BULK):
-        units = (tokens + (TPB - 1)) // TPB * slices
+        units = md._copy_unit_total(tokens, TPB, slices)
         md._copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, slices).launch(
             grid=(units, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=PDL)
 

@@ -45,67 +45,47 @@ def _stamp_kernel(mT: cute.Tensor, SLOT: cutlass.Constexpr[int]):
 
 
 @cute.kernel
-def _timed_copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
+def _probe_copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
                        mT: cute.Tensor, K: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
                        V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                       SLICES: cutlass.Constexpr[int], AFTER_ROUTING: cutlass.Constexpr[bool]):
-    """Split's copy kernel (grid = one unit per block), with block bidx's stamps at
-    mT[2 + 3 bidx + (0, 1, 2)]."""
+                       SLICES: cutlass.Constexpr[int], AFTER_ROUTING: cutlass.Constexpr[bool],
+                       DELAY_NS: cutlass.Constexpr[int]):
+    """Split's copy kernel (grid = one unit per block), waiting for routing when AFTER_ROUTING.
+    DELAY_NS < 0: block bidx stamps mT[2 + 3 bidx + (0, 1, 2)] at its start, when its wait
+    releases and at its end. DELAY_NS >= 0: no stamps; the stores wait until %globaltimer passes
+    mT[0] + DELAY_NS, as if routing inside the kernel finished then."""
+    stamped = DELAY_NS < 0
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
-    start = cute.arch.globaltimer()
+    if cutlass.const_expr(stamped):
+        start = cute.arch.globaltimer()
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
     tokens = cute.size(mRowOf, mode=[0])
     group, column = md._unit_position(bidx, tidx, SLICES, THREADS)
-    released = start
+    if cutlass.const_expr(stamped):
+        released = start
     if column < V:
         values = md._unit_loads(gX, tokens, group, column, VEC, TPB)
         if cutlass.const_expr(AFTER_ROUTING):
             cute.arch.griddepcontrol_wait()
-        released = cute.arch.globaltimer()
+        if cutlass.const_expr(stamped):
+            released = cute.arch.globaltimer()
+        else:
+            until = mT[0] + DELAY_NS
+            while cute.arch.globaltimer() < until:
+                pass
         md._unit_stores(gDisp, values, md._StoredRows(mRowOf), tokens, group, column, K, TPB)
-    cute.arch.sync_threads()
-    if tidx == 0:
-        mT[2 + STAMPS_PER_BLOCK * bidx] = start
-        mT[2 + STAMPS_PER_BLOCK * bidx + 1] = released
-        mT[2 + STAMPS_PER_BLOCK * bidx + 2] = cute.arch.globaltimer()
-
-
-@cute.kernel
-def _delayed_copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
-                         mT: cute.Tensor, K: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
-                         V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                         SLICES: cutlass.Constexpr[int], DELAY_NS: cutlass.Constexpr[int]):
-    """Split's copy kernel (one unit per block) whose stores wait until %globaltimer passes
-    mT[0] + DELAY_NS, as if routing inside the kernel finished then."""
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    gX = cute.zipped_divide(mX, (1, VEC))
-    gDisp = cute.zipped_divide(mDisp, (1, VEC))
-    tokens = cute.size(mRowOf, mode=[0])
-    group, column = md._unit_position(bidx, tidx, SLICES, THREADS)
-    if column < V:
-        values = md._unit_loads(gX, tokens, group, column, VEC, TPB)
-        until = mT[0] + DELAY_NS
-        while cute.arch.globaltimer() < until:
-            pass
-        md._unit_stores(gDisp, values, md._StoredRows(mRowOf), tokens, group, column, K, TPB)
-
-
-@cute.jit
-def _delayed_copy(mX, mRowOf, mDisp, mT, stream: cuda.CUstream, K: cutlass.Constexpr[int],
-                  VEC: cutlass.Constexpr[int], DELAY_NS: cutlass.Constexpr[int]):
-    THREADS = WARPS * 32
-    V = cute.size(mX, mode=[1]) // VEC
-    SLICES = (V + THREADS - 1) // THREADS
-    units = md._copy_unit_total(cute.size(mX, mode=[0]), TPB, SLICES)
-    _stamp_kernel(mT, 0).launch(grid=(1, 1, 1), block=(32, 1, 1), stream=stream)
-    _delayed_copy_kernel(mX, mRowOf, mDisp, mT, K, VEC, V, THREADS, SLICES, DELAY_NS).launch(
-        grid=(units, 1, 1), block=(THREADS, 1, 1), stream=stream)
+    if cutlass.const_expr(stamped):
+        cute.arch.sync_threads()
+        if tidx == 0:
+            mT[2 + STAMPS_PER_BLOCK * bidx] = start
+            mT[2 + STAMPS_PER_BLOCK * bidx + 1] = released
+            mT[2 + STAMPS_PER_BLOCK * bidx + 2] = cute.arch.globaltimer()
 
 
 DELAYS_NS = (0, 500, 1000, 1500, 2000, 3000)
+STAMPED = -1  # DELAY_NS of the stamped copy
 
 
 @cute.jit
@@ -113,9 +93,10 @@ def _timeline(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, mT,
               stream: cuda.CUstream, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
               L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
               VEC: cutlass.Constexpr[int], ROUTE: cutlass.Constexpr[bool],
-              COPY: cutlass.Constexpr[bool]):
-    """Stamp into mT[0]; then routing (ROUTE) and the stamped copy (COPY; behind routing as a
-    programmatic dependent launch when both); with routing alone, a stamp into mT[1] after it."""
+              COPY: cutlass.Constexpr[bool], DELAY_NS: cutlass.Constexpr[int]):
+    """Stamp into mT[0]; then routing (ROUTE) and the copy (COPY; behind routing as a
+    programmatic dependent launch when both; stamped, or holding its stores, by DELAY_NS);
+    with routing alone, a stamp into mT[1] after it."""
     THREADS = WARPS * 32
     V = cute.size(mX, mode=[1]) // VEC
     SLICES = (V + THREADS - 1) // THREADS
@@ -126,8 +107,9 @@ def _timeline(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, mT,
                          False, VEC, V, THREADS, SLICES, GRID).launch(
             grid=(GRID, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=True)
     if cutlass.const_expr(COPY):
-        _timed_copy_kernel(mX, mRowOf, mDisp, mT, K, VEC, V, THREADS, SLICES, ROUTE).launch(
-            grid=(units, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=ROUTE)
+        _probe_copy_kernel(mX, mRowOf, mDisp, mT, K, VEC, V, THREADS, SLICES, ROUTE,
+                           DELAY_NS).launch(grid=(units, 1, 1), block=(THREADS, 1, 1),
+                                            stream=stream, use_pdl=ROUTE)
     else:
         _stamp_kernel(mT, 1).launch(grid=(1, 1, 1), block=(32, 1, 1), stream=stream)
 
@@ -139,14 +121,22 @@ def compile_timelines(problem: md.MoEProblem) -> tuple[dict, dict]:
     L = problem.local_experts
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     timer = cute.runtime.make_fake_tensor(Int64, (cute.sym_int(),), (1,), assumed_align=8)
-    delayed = {f"copy, stores held {d} ns": cute.compile(
-        _delayed_copy, fake.hidden_rows(fake.tokens), fake.pairs(), fake.hidden_rows(fake.rows),
-        timer, stream, problem.top_k, vec, d, options="--enable-tvm-ffi") for d in DELAYS_NS}
-    return {name: cute.compile(_timeline, *fake.op_tensors(), timer, stream, problem.top_k,
-                               problem.experts, L, problem.pad, vec, route, copy,
-                               options="--enable-tvm-ffi")
+
+    def timeline(route: bool, copy: bool, delay_ns: int):
+        return cute.compile(_timeline, *fake.op_tensors(), timer, stream, problem.top_k,
+                            problem.experts, L, problem.pad, vec, route, copy, delay_ns,
+                            options="--enable-tvm-ffi")
+
+    delayed = {f"copy, stores held {d} ns": timeline(False, True, d) for d in DELAYS_NS}
+    return {name: timeline(route, copy, STAMPED)
             for name, route, copy in (("op", True, True), ("routing alone", True, False),
                                       ("copy alone", False, True))}, delayed
+
+
+def _run(compiled, t, stamps: torch.Tensor) -> None:
+    """One compiled timeline on input set t, stamping into `stamps`."""
+    compiled(t["x"], t["topk_ids"], t["row_of"], t["dispatched"], t["counts"], t["offsets"],
+             t["error"], t["workspace"], stamps)
 
 
 def _summary(stamps: torch.Tensor, blocks: int) -> dict[str, float]:
@@ -188,17 +178,14 @@ def main() -> None:
               for _ in sets]
     step = None
     for name, timeline in timelines.items():
-        def run(t, s, timeline=timeline):
-            timeline(t["x"], t["topk_ids"], t["row_of"], t["dispatched"], t["counts"],
-                     t["offsets"], t["error"], t["workspace"], s)
         for t, s in zip(sets, stamps, strict=True):
-            run(t, s)
+            _run(timeline, t, s)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
             for t, s in zip(sets, stamps, strict=True):
-                run(t, s)
+                _run(timeline, t, s)
         samples = []
         for _ in range(20):
             graph.replay()
@@ -215,8 +202,7 @@ def main() -> None:
     op_us = time_in_graph([lambda t=t: md.launch(op, t) for t in sets]).median_us
     print(f"op (split {GRID}x{WARPS}w t{TPB}) {op_us:.2f} us")
     for name, copy in delayed.items():
-        held_us = time_in_graph([lambda t=t, s=s, copy=copy: copy(t["x"], t["row_of"],
-                                                                   t["dispatched"], s)
+        held_us = time_in_graph([lambda t=t, s=s, copy=copy: _run(copy, t, s)
                                  for t, s in zip(sets, stamps, strict=True)]).median_us
         print(f"{name} (after a stamp kernel) {held_us:.2f} us", flush=True)
 

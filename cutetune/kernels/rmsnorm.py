@@ -376,9 +376,8 @@ def _rmsnorm_launch(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.
     rows = cute.size(mX, mode=[0])
     rows_per_block = 1 if BLOCK_ROWS else WARPS
     blocks = (rows + rows_per_block - 1) // rows_per_block
-    _rmsnorm_kernel(mX, mR, mW, mO, VEC, BLOCK_ROWS, WARPS, FUSED_ADD, EPS,
-                    WEIGHT_BIAS, HINTS).launch(grid=(blocks, 1, 1), block=(WARPS * WARP, 1, 1),
-                                        stream=stream)
+    _rmsnorm_kernel(mX, mR, mW, mO, VEC, BLOCK_ROWS, WARPS, FUSED_ADD, EPS, WEIGHT_BIAS,
+                    HINTS).launch(grid=(blocks, 1, 1), block=(WARPS * WARP, 1, 1), stream=stream)
 
 
 def compile_kernel(problem: RMSNormProblem, config: RMSNormConfig, options: str = ""):
