@@ -34,9 +34,10 @@ from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
 from cutetune.tuner.ceilings import measure_copy_gbps, measure_launch_floor_us, time_copy_of
 from cutetune.tuner.measure import (
+    INTERLEAVED_ROUNDS,
     Measurement,
     input_sets_for,
-    time_in_graph,
+    time_interleaved,
     with_fresh_outputs,
 )
 from cutetune.tuner.roofline import DeviceSpec, device_spec_for
@@ -132,9 +133,10 @@ def candidates(kernel: KernelDef, problem: Problem, dispatcher: Dispatcher) -> l
 def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate],
                   spec: DeviceSpec, copy_gbps: float,
                   on_candidate: Callable[[str], None] = lambda message: None) -> list[BenchRow]:
-    """Check, then time, every candidate on the same input sets. on_candidate hears which
-    one starts: a first call may compile or autotune for minutes (torch.compile; liger's
-    Triton kernels autotune over tens of configs per shape)."""
+    """Check every candidate, then time those that agree with the reference on the same input
+    sets, in interleaved rounds (time_interleaved). on_candidate hears which one is checked:
+    a first call may compile or autotune for minutes (torch.compile; liger's Triton kernels
+    autotune over tens of configs per shape)."""
     bytes_moved = kernel.cost(problem, kernel.default_config(problem, spec), spec).bytes_moved
     make_inputs = kernel.bench_inputs or kernel.make_inputs
     device = torch.device("cuda", torch.cuda.current_device())
@@ -147,12 +149,13 @@ def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate
     sets = [make_inputs(problem, device, generator)
             for _ in range(input_sets_for(bytes_moved, spec.l2_bytes))]
     expected = kernel.reference(check_inputs(), problem)
-    rows = []
+    rows: list[BenchRow | None] = []
+    to_time: list[tuple[int, Candidate]] = []  # (row, candidate) of those that agreed
     for candidate in found:
         if candidate.run is None:
             rows.append(BenchRow(problem, candidate.name, None, None, None, None, candidate.note))
             continue
-        on_candidate(f"  tokens={problem.num_tokens}: checking and timing {candidate.name} ...")
+        on_candidate(f"  tokens={problem.num_tokens}: checking {candidate.name} ...")
         buffers = check_inputs()
         outputs = candidate.run(buffers)
         torch.cuda.synchronize()
@@ -164,9 +167,15 @@ def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate
             rows.append(BenchRow(problem, candidate.name, None, None, None, None,
                                  f"not timed, disagrees with the reference: {err}"))
             continue
-        timed = time_in_graph([lambda t=t, run=candidate.run: run(t) for t in sets])
-        rows.append(_timed_row(problem, candidate.name, timed, bytes_moved, copy_gbps,
-                               candidate.note))
+        to_time.append((len(rows), candidate))
+        rows.append(None)
+    on_candidate(f"  tokens={problem.num_tokens}: timing {len(to_time)} candidates in "
+                 f"{INTERLEAVED_ROUNDS} interleaved rounds ...")
+    timings = time_interleaved([[lambda t=t, run=candidate.run: run(t) for t in sets]
+                                for _, candidate in to_time])
+    for (row, candidate), timed in zip(to_time, timings, strict=True):
+        rows[row] = _timed_row(problem, candidate.name, timed, bytes_moved, copy_gbps,
+                               candidate.note)
     rows.append(_timed_row(problem, COPY_NAME, time_copy_of(bytes_moved, spec.l2_bytes),
                            bytes_moved, copy_gbps, "half read, half written: the size-matched "
                            "ceiling"))

@@ -16,6 +16,8 @@ import torch
 
 # Repeats of the whole graph; the median and IQR are over these.
 REPEATS = 25
+# time_interleaved's rounds: every graph is replayed REPEATS // ROUNDS times per round.
+INTERLEAVED_ROUNDS = 5
 WARMUP_REPLAYS = 3
 # Aim for graphs of about this long so event resolution (~0.5 us) stays negligible.
 TARGET_GRAPH_US = 2000.0
@@ -80,11 +82,14 @@ def with_fresh_outputs(tensors: Mapping[str, torch.Tensor], outputs: Sequence[st
     return fresh
 
 
-def time_in_graph(launches: Sequence[Callable[[], None]],
-                  repeats: int = REPEATS) -> Measurement:
-    """Per-launch time of calls captured round-robin into one CUDA graph.
+@dataclass(frozen=True)
+class _CapturedGraph:
+    graph: torch.cuda.CUDAGraph
+    calls: int  # launches per replay
 
-    `launches` are closures, one per input set; each must run on torch's current stream."""
+
+def _capture(launches: Sequence[Callable[[], None]]) -> _CapturedGraph:
+    """Calls captured round-robin into one CUDA graph of about TARGET_GRAPH_US, warmed up."""
     for launch in launches:  # compile-time, module-load and allocator work stay out of capture
         launch()
     torch.cuda.synchronize()
@@ -103,5 +108,33 @@ def time_in_graph(launches: Sequence[Callable[[], None]],
     for _ in range(WARMUP_REPLAYS):
         graph.replay()
     torch.cuda.synchronize()
-    times = time_events(graph.replay, repeats)
-    return summarise([t / count for t in times])
+    return _CapturedGraph(graph, count)
+
+
+def _per_call_us(captured: _CapturedGraph, repeats: int) -> list[float]:
+    return [t / captured.calls for t in time_events(captured.graph.replay, repeats)]
+
+
+def time_in_graph(launches: Sequence[Callable[[], None]],
+                  repeats: int = REPEATS) -> Measurement:
+    """Per-launch time of calls captured round-robin into one CUDA graph.
+
+    `launches` are closures, one per input set; each must run on torch's current stream."""
+    return summarise(_per_call_us(_capture(launches), repeats))
+
+
+def time_interleaved(launch_sets: Sequence[Sequence[Callable[[], None]]],
+                     rounds: int = INTERLEAVED_ROUNDS,
+                     repeats: int = REPEATS) -> list[Measurement]:
+    """time_in_graph of each of `launch_sets`, but with every graph captured first and then
+    replayed in `rounds` rounds, each replaying every graph in turn, so that a slow spell of
+    the GPU falls on all of them alike. At decode sizes a point read up to 0.2 us slower at
+    one moment than at another on the H200 (silu_and_mul I = 6144 at 8 tokens: 1.25 us in
+    the tuner, 1.47 in a bench that timed each candidate in one block, 1.25-1.27 in six
+    interleaved rounds: BENCHMARKS.md, sixth run)."""
+    captured = [_capture(launches) for launches in launch_sets]
+    per_call: list[list[float]] = [[] for _ in captured]
+    for _ in range(rounds):
+        for graph, times in zip(captured, per_call, strict=True):
+            times += _per_call_us(graph, max(1, repeats // rounds))
+    return [summarise(times) for times in per_call]

@@ -17,6 +17,7 @@ from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_nam
 from cutetune.results_db import Database
 from cutetune.results_db.schema import BenchRow
 from cutetune.spaces.models import PRESETS
+from cutetune.tuner.measure import INTERLEAVED_ROUNDS
 
 pytestmark = pytest.mark.gpu
 
@@ -66,8 +67,11 @@ def test_bench_cli_prints_the_table_and_writes_the_csv(tmp_path):
     assert result.exit_code == 0, result.output
     assert "cutetune vs best peer" in result.output and "copy ceiling" in result.output
     # Progress on stderr before each candidate: a peer's first call may autotune for minutes.
-    assert "tokens=8: checking and timing liger rms_norm x2 ..." in result.output
+    assert "tokens=8: checking liger rms_norm x2 ..." in result.output
     with open(out) as handle:
         rows = list(csv.DictReader(handle))
     assert {r["implementation"] for r in rows} >= {TUNED_NAME, DEFAULT_NAME, "torch eager",
                                                    "quack rmsnorm x2", "liger rms_norm x2"}
+    timed = {r["implementation"] for r in rows if r["us"]}
+    assert (f"tokens=8: timing {len(timed) - 1} candidates in {INTERLEAVED_ROUNDS} interleaved "
+            "rounds ...") in result.output  # all but the copy ceiling

@@ -1,11 +1,14 @@
-"""Output placement for timing, on the CPU (the timing itself needs a GPU)."""
+"""Output placement and the order of interleaved timing, on the CPU (the timing itself needs a
+GPU)."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import torch
 
 from cutetune.bench import ours_runner
 from cutetune.kernels import rmsnorm as rms
+from cutetune.tuner import measure
 from cutetune.tuner.measure import with_fresh_outputs
 
 
@@ -41,3 +44,28 @@ def test_bench_runs_ours_into_outputs_allocated_per_call():
     assert first["out"] is launched[0]["out"] and (first["out"] == 7.0).all()
     assert first["out"] is not tensors["out"] and second["out"] is not first["out"]
     assert first["residual"] is tensors["residual"]  # fused add: the caller's, in place
+
+
+def test_time_interleaved_replays_every_graph_in_turn_each_round(monkeypatch):
+    # The graphs stand in as names; each replay "takes" a time that depends on the round, as a
+    # slow spell of the GPU would: interleaving gives every set the same spells.
+    captured, replayed = [], []
+
+    def capture(launches):
+        captured.append(launches)
+        return measure._CapturedGraph(graph=SimpleNamespace(replay=launches[0]), calls=2)
+
+    def time_events(fn, repeats):
+        replayed.append((fn(), repeats))
+        slow_spell = 10.0 if len(replayed) > 4 else 0.0
+        return [fn_time + slow_spell for fn_time in [4.0] * repeats]
+
+    monkeypatch.setattr(measure, "_capture", capture)
+    monkeypatch.setattr(measure, "time_events", time_events)
+    a, b = [lambda: "a"], [lambda: "b"]
+    first, second = measure.time_interleaved([a, b], rounds=3, repeats=6)
+    assert captured == [a, b]  # every graph captured once, before any is timed
+    assert replayed == [("a", 2), ("b", 2)] * 3
+    # Per call: graph time over its 2 calls; both sets saw 4 fast and 2 slow replays.
+    assert first == second
+    assert (first.median_us, first.repeats) == (2.0, 6)
