@@ -15,15 +15,14 @@ from cutetune.spaces.space import config_to_json
 from cutetune.tuner.measure import (
     Measurement,
     input_sets_for,
-    summarise,
     time_in_graph,
+    time_interleaved,
     with_fresh_outputs,
 )
 from cutetune.tuner.roofline import DeviceSpec
 from cutetune.tuner.study import TrialFailure
 from cutetune.tuner.verify import VerificationError, verify
 
-REMEASURE_ROUNDS = 3
 # A decode-sized point takes about a microsecond, and the GPU's state moves such a time by up to
 # 0.2 us from one moment to the next at the same SM clock (BENCHMARKS.md, the decode probe):
 # more than such points differ. Below this time each trial is timed between two timings of a
@@ -68,14 +67,18 @@ class GpuTrialRunner:
                                 for _ in range(input_sets_for(working_set, self.spec.l2_bytes))]
         return self._input_sets
 
-    def _time(self, compiled) -> Measurement:
+    def _launches(self, compiled) -> list:
+        """One launch per input set, each on fresh outputs, as `cutetune bench` launches."""
         kernel = self.kernel
 
         def run(tensors) -> None:
             kernel.launch(compiled, with_fresh_outputs(tensors, kernel.outputs,
                                                        kernel.written_in_place))
 
-        return time_in_graph([lambda t=tensors: run(t) for tensors in self._inputs()])
+        return [lambda t=tensors: run(t) for tensors in self._inputs()]
+
+    def _time(self, compiled) -> Measurement:
+        return time_in_graph(self._launches(compiled))
 
     def _reference_us(self) -> float:
         return self._time(self.compiled(self._reference_config)).median_us
@@ -99,11 +102,10 @@ class GpuTrialRunner:
             raise TrialFailure(f"launch failed: {_first_line(err)}") from err
 
     def remeasure(self, configs: Sequence[Any]) -> list[Measurement]:
-        rounds: list[list[float]] = [[] for _ in configs]
-        for _ in range(REMEASURE_ROUNDS):
-            for i, config in enumerate(configs):
-                rounds[i].append(self._time(self.compiled(config)).median_us)
-        return [summarise(r) for r in rounds]
+        """The finalists timed side by side as `cutetune bench` times its candidates (every
+        graph captured, then replayed in interleaved rounds), so that the tuner picks its
+        winner by the measurement the bench will report."""
+        return time_interleaved([self._launches(self.compiled(c)) for c in configs])
 
 
 def drift_corrected(measured: Measurement, reference_now_us: float,

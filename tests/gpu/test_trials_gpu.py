@@ -1,0 +1,29 @@
+"""The GPU trial runner's finalist re-measurement: the finalists side by side, in order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cutetune.kernels import qk_norm as qk
+from cutetune.spaces.models import load_model
+from cutetune.tuner.measure import INTERLEAVED_ROUNDS, REPEATS
+from cutetune.tuner.roofline import device_spec_for
+from cutetune.tuner.trials import GpuTrialRunner
+
+pytestmark = pytest.mark.gpu
+
+
+def test_remeasure_gives_each_finalist_its_own_time_in_order():
+    spec = device_spec_for(torch.cuda.get_device_name())
+    problem = qk.problems_for_model(load_model("qwen3-0.6b"), "bfloat16")[0].with_tokens(4096)
+    default = qk.default_config(problem, spec)
+    other = next(c for c in qk.SPACE.valid_points(problem, spec) if c != default)
+    runner = GpuTrialRunner(qk.KERNEL, problem, spec)
+    alone = [runner.measure(c).median_us for c in (default, other)]
+    first, second, again = runner.remeasure([default, other, default])
+    repeats = INTERLEAVED_ROUNDS * (REPEATS // INTERLEAVED_ROUNDS)
+    assert first.repeats == second.repeats == again.repeats == repeats
+    assert abs(first.median_us - again.median_us) < 0.1 * alone[0]
+    for measured, own in zip((first, second), alone, strict=True):
+        assert abs(measured.median_us - own) < 0.15 * own + 0.3
