@@ -8,27 +8,53 @@ silu_and_mul, timed as `cutetune bench` times: rotated inputs, outputs allocated
 I = 6144 at 512 tokens, 5.62 us streaming against 5.82 plain (64-bit vectors, 4 warps); I =
 14336 at 4096 tokens, 82.44 against 82.82 (128-bit, 8 warps). Streaming loads with plain stores
 were slower at the larger size (86.42 us), so the knob sets both together.
+
+"evict_last_loads" loads with ld.global.L1::evict_last.L2::cache_hint under an L2 evict_last
+policy (the createpolicy.fractional value of fraction 1.0, as CUTLASS's CacheHintSm90 spells
+it) and stores plainly, as Inductor's Triton kernel loads a row on its first pass. In the
+tuner's search of fused-add RMSNorm at 32768 tokens on the H200 it made the points 1-4% faster
+than plain or streaming accesses (hidden 4096, 128-bit vectors, 16 warps: 254.8 us against
+264.4 plain; hidden 8192, 64-bit, 32 warps: 502.8 against 521.7; only the slow 32-warp points
+of hidden 4096 were level), which drew the fused add level with torch.compile there
+(BENCHMARKS.md, ninth run). A kernel offers it where that was measured (cache_hints_param).
 """
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
+from cutlass.base_dsl.array import L1EvictKind
+from cutlass.experimental.primitives.nvvm_wrapper import load_ext
 
 from cutetune.spaces.space import Param
 
-NORMAL, STREAMING = "normal", "streaming"
+NORMAL, STREAMING, EVICT_LAST_LOADS = "normal", "streaming", "evict_last_loads"
 CACHE_HINTS = (NORMAL, STREAMING)
 
-CACHE_HINTS_PARAM = Param(
-    "cache_hints", CACHE_HINTS,
-    "normal: plain global loads and stores; streaming: ld.global.cs / st.global.cs, each "
-    "line allocated evict-first (read-once inputs, write-once outputs)")
+_DESCRIPTIONS = {
+    NORMAL: "plain global loads and stores",
+    STREAMING: "ld.global.cs / st.global.cs, each line allocated evict-first (read-once "
+               "inputs, write-once outputs)",
+    EVICT_LAST_LOADS: "loads under L1 and L2 evict_last policies, plain stores",
+}
+# createpolicy.fractional.L2::evict_last.b64 with fraction 1.0.
+L2_EVICT_LAST_POLICY = 0x14F0000000000000
+
+
+def cache_hints_param(values: tuple[str, ...]) -> Param:
+    return Param("cache_hints", values,
+                 "; ".join(f"{value}: {_DESCRIPTIONS[value]}" for value in values))
+
+
+CACHE_HINTS_PARAM = cache_hints_param(CACHE_HINTS)
 
 
 def load(src: cute.Tensor, hints: str):
     """src (one vector of global memory) loaded into registers with the given hints."""
     if hints == NORMAL:
         return src.load()
+    if hints == EVICT_LAST_LOADS:
+        return _load_evict_last(src)
     atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), src.element_type,
                                num_bits_per_copy=cute.size(src) * src.element_type.width,
                                load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING)
@@ -37,10 +63,30 @@ def load(src: cute.Tensor, hints: str):
     return registers.load()
 
 
+def _load_evict_last(src: cute.Tensor):
+    """One ld.global.L1::evict_last.L2::cache_hint of the vector's 32-bit words (the copy atoms
+    take no L2 policy), reinterpreted as the vector's elements. A kernel offering this hint
+    keeps its vectors whole words by a constraint of its space: a vector of one 16-bit element
+    would need a 16-bit load, which no GPU test has run."""
+    bits = cute.size(src) * src.element_type.width
+    if bits % 32:
+        raise ValueError(f"evict_last_loads loads whole 32-bit words: a {bits}-bit vector is "
+                         "not one")
+    words = bits // 32
+    loaded = load_ext(cute.recast_ptr(src.iterator, dtype=cutlass.Int32), dtype=cutlass.Int32,
+                      count=words if words > 1 else None,
+                      l2_cache_hint=cutlass.Int64(L2_EVICT_LAST_POLICY), evict=L1EvictKind.LAST)
+    registers = cute.make_rmem_tensor_like(src)
+    as_words = cute.recast_tensor(registers, cutlass.Int32)
+    for i in range(words):
+        as_words[i] = loaded[i] if words > 1 else loaded
+    return registers.load()
+
+
 def store(dst: cute.Tensor, value, hints: str) -> None:
     """value (a register vector of dst's element type) stored to dst (one vector of global
     memory) with the given hints."""
-    if hints == NORMAL:
+    if hints != STREAMING:
         dst.store(value)
         return
     atom = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), dst.element_type,

@@ -22,7 +22,10 @@ threads, the last vector slot is predicated: its load is clamped to the row's la
 address stays inside the row) and its contribution and store are dropped.
 
 The config's cache_hints (cache_hints.py) chooses plain or streaming (evict-first) accesses to x,
-residual and out; the weight, which every row reads again, always keeps plain loads.
+residual and out, or loads of x and residual under L1 and L2 evict_last policies with plain
+stores (what lets the fused add at 32768 tokens draw level with torch.compile's Inductor
+kernel on the H200: BENCHMARKS.md, ninth run); the weight, which every row reads again, always
+keeps plain loads.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ MAX_ELEMENTS_PER_THREAD = 64
 MAX_VECTORS_PER_THREAD = 16
 # The narrowest access: one 32-bit word.
 MIN_VECTOR_BITS = 32
+CACHE_HINTS = (*cache_hints.CACHE_HINTS, cache_hints.EVICT_LAST_LOADS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +152,7 @@ SPACE = Space(
         Param("warps_per_block", (1, 2, 4, 8, 16, 32),
               "warps in one thread block: a row's warps (block_per_row) or its rows "
               "(warp_per_row)"),
-        cache_hints.CACHE_HINTS_PARAM,
+        cache_hints.cache_hints_param(CACHE_HINTS),
     ),
     constraints=(
         Constraint(
@@ -183,6 +187,13 @@ SPACE = Space(
             "vectors_per_thread_unrollable",
             f"a thread may make at most {MAX_VECTORS_PER_THREAD} vector accesses per tensor",
             lambda p, c, d: _vectors_per_thread(p, c) <= MAX_VECTORS_PER_THREAD,
+        ),
+        Constraint(
+            "evict_last_loads_whole_words",
+            "evict_last_loads loads 32-bit words: each load of x must be at least one word (not "
+            "a single 16-bit element, as bf16 rows with an fp32 output at 32-bit vectors have)",
+            lambda p, c, d: (c.cache_hints != cache_hints.EVICT_LAST_LOADS
+                             or _vector_elements(p, c) * DTYPE_BYTES[p.dtype] >= 4),
         ),
         block_size_within_device(),
         block_fits_register_file(_registers_per_thread),

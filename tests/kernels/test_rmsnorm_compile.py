@@ -5,8 +5,8 @@ output dtype different from the input's, Gemma-style weight bias, hidden sizes t
 powers of two and both ends of the hidden range; and the PTX of a few points shows the access
 width, the shuffle tree, the single barrier and the cache hints the config asks for.
 
-About 740 compiles (every point with plain and with streaming accesses) at 0.3-1 s each: one
-test id per problem and cache hint, so `pytest -n 2` spreads them.
+About 1110 compiles (every point with each of the three cache hints) at 0.3-1 s each: one test
+id per problem and cache hint, so `pytest -n 2` spreads them.
 """
 
 import re
@@ -15,9 +15,10 @@ from collections import Counter
 import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 
-from cutetune.kernels.cache_hints import CACHE_HINTS
+from cutetune.kernels.cache_hints import L2_EVICT_LAST_POLICY
 from cutetune.kernels.rmsnorm import (
     BLOCK_PER_ROW,
+    CACHE_HINTS,
     KERNEL,
     WARP_PER_ROW,
     RMSNormConfig,
@@ -155,6 +156,22 @@ def test_ptx_streaming_hints_on_rows_not_on_the_weight(tmp_path, monkeypatch):
     assert len(re.findall(r"\bld\.global(\.nc)?\.v4\.", ptx)) == 4
     assert len(re.findall(r"\bst\.global\.cs\.v4\.", ptx)) == 8
     assert not re.search(r"\bst\.global\.v4\.", ptx)
+
+
+def test_ptx_evict_last_loads_on_rows_not_on_the_weight(tmp_path, monkeypatch):
+    problem = RMSNormProblem(num_tokens=1, dtype="bfloat16", out_dtype="bfloat16",
+                             hidden=4096, eps=1e-6, weight_bias=0.0, fused_add=True)
+    config = RMSNormConfig(BLOCK_PER_ROW, 128, 4, "evict_last_loads")
+    ptx = ptx_of(KERNEL, problem, config, H200, tmp_path, monkeypatch)
+    # 4 slots a thread: x and the residual loaded under L1 and L2 evict_last policies (the
+    # policy register holds the L2 evict_last constant); the weight and every store plain.
+    hinted = re.findall(r"\bld\.global\.L1::evict_last\.L2::cache_hint\.v4\.b32 .*, (%rd\d+);",
+                        ptx)
+    assert len(hinted) == 8
+    assert len(re.findall(r"\bld\.global(\.nc)?\.v4\.", ptx)) == 4
+    assert len(re.findall(r"\bst\.global\.v4\.", ptx)) == 8
+    for policy in set(hinted):
+        assert re.search(rf"mov\.b64\s+{re.escape(policy)}, {L2_EVICT_LAST_POLICY};", ptx)
 
 
 def test_ptx_128_bit_config_uses_v4_accesses(tmp_path, monkeypatch):

@@ -76,6 +76,10 @@ def test_problem_key_is_static_part_only():
 # Constraints
 
 
+# Every point of the space: 2 forms x 3 vector widths x 6 warp counts x 3 cache hints.
+DECLARED = 2 * 3 * 6 * 3
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fused_add", [False, True])
 def test_odd_hidden_is_rejected_everywhere_with_the_reason(dtype, fused_add):
@@ -83,10 +87,10 @@ def test_odd_hidden_is_rejected_everywhere_with_the_reason(dtype, fused_add):
     p = problem(dtype=dtype, out_dtype=dtype, hidden=2881, fused_add=fused_add)
     enumeration = SPACE.enumerate(p, H200)
     assert not enumeration.valid
-    assert enumeration.rejections_by_constraint() == {"hidden_splits_into_vectors": 72}
+    assert enumeration.rejections_by_constraint() == {"hidden_splits_into_vectors": DECLARED}
     reason = enumeration.rejected[0].reason
     assert "hidden must be a multiple of the vector" in reason
-    with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors removed 72"):
+    with pytest.raises(EmptySpaceError, match=f"hidden_splits_into_vectors removed {DECLARED}"):
         SPACE.valid_points(p, H200)
     with pytest.raises(EmptySpaceError, match="hidden=2881"):
         default_config(p, H200)
@@ -109,9 +113,21 @@ def test_hidden_2880_is_valid_with_a_predicated_last_vector():
     assert RMSNormConfig(BLOCK_PER_ROW, 128, 4) in valid
     assert RMSNormConfig(BLOCK_PER_ROW, 128, 8) in valid  # 2 slots, the second for 104
     assert {c.vector_bits for c in valid} == {32, 64, 128}
-    # Every point comes with plain and with streaming accesses.
+    # Every point comes with plain and streaming accesses and with evict_last loads.
     assert RMSNormConfig(BLOCK_PER_ROW, 128, 4, "streaming") in valid
-    assert {c.cache_hints for c in valid} == {"normal", "streaming"}
+    assert RMSNormConfig(BLOCK_PER_ROW, 128, 4, "evict_last_loads") in valid
+    assert {c.cache_hints for c in valid} == {"normal", "streaming", "evict_last_loads"}
+
+
+def test_evict_last_loads_needs_whole_words():
+    # bf16 in, fp32 out, 32-bit vectors: one bf16 element per load of x, not a 32-bit word.
+    p = problem(out_dtype="float32")
+    rejected = rejected_by(p)
+    assert rejected[RMSNormConfig(BLOCK_PER_ROW, 32, 8, "evict_last_loads")] == (
+        "evict_last_loads_whole_words")
+    valid = SPACE.enumerate(p, H200).valid
+    assert RMSNormConfig(BLOCK_PER_ROW, 32, 8, "normal") in valid
+    assert RMSNormConfig(BLOCK_PER_ROW, 64, 8, "evict_last_loads") in valid
 
 
 def test_no_idle_threads():
@@ -163,7 +179,7 @@ def test_every_valid_point_is_sound(dtype, out_dtype, hidden):
     for fused_add in (False, True):
         p = problem(dtype=dtype, out_dtype=out_dtype, hidden=hidden, fused_add=fused_add)
         enumeration = SPACE.enumerate(p, H200)
-        assert enumeration.declared == 72
+        assert enumeration.declared == DECLARED
         assert enumeration.valid, p.describe()
         widest = max(ELEMENT_BYTES[dtype], ELEMENT_BYTES[out_dtype])
         for config in enumeration.valid:
