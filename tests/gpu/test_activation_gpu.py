@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from every_point import assert_every_point
 
 from cutetune.kernels import activation as act
 from cutetune.kernels.activation import (
@@ -61,8 +62,8 @@ def test_every_valid_point_matches_reference(problem):
     kernel = _kernel(problem)
     points = kernel.space.enumerate(problem, H200).valid
     assert points
-    for i, config in enumerate(points):
-        verify(kernel, problem, kernel.compile(problem, config), CUDA, seed=i)
+    assert_every_point(points, lambda i, config: verify(
+        kernel, problem, kernel.compile(problem, config), CUDA, seed=i), problem.describe())
 
 
 @pytest.mark.parametrize("config", [ActivationConfig(128, 1, 1), ActivationConfig(128, 4, 8),
@@ -89,13 +90,17 @@ def test_padded_rows_are_read_and_written_in_place(problem):
     out_buffer = torch.full((tokens, width + 3 * pad), 7.0, device=CUDA, dtype=dtype)
     tensors = {"x": x_buffer[:, : 2 * width], "out": out_buffer[:, pad: pad + width]}
     expected = kernel.reference(tensors, problem)
-    for config in kernel.space.enumerate(problem, H200).valid:
+
+    def check(_, config):
         tensors["out"].fill_(float("nan"))
         kernel.launch(kernel.compile(problem, config), tensors)
         torch.cuda.synchronize()
         check_outputs(kernel, problem, tensors, expected)
         assert torch.all(out_buffer[:, :pad] == 7.0) and torch.all(
-            out_buffer[:, pad + width:] == 7.0), config
+            out_buffer[:, pad + width:] == 7.0), "wrote into the row padding"
+
+    assert_every_point(kernel.space.enumerate(problem, H200).valid, check,
+                       f"{problem.describe()} with padded rows")
 
 
 def test_vector_indices_past_2_to_the_31():

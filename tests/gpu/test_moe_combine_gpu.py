@@ -9,6 +9,7 @@ import functools
 
 import pytest
 import torch
+from every_point import assert_every_point
 
 from cutetune.kernels import moe_combine as mc
 from cutetune.kernels import moe_common
@@ -76,15 +77,18 @@ def _check(compiled, problem: MoEProblem, tensors, label: str = "") -> None:
 def test_every_valid_point_matches_reference(problem):
     points = KERNEL.space.enumerate(problem, H200).valid
     assert points
-    for i, config in enumerate(points):
+
+    def check(i, config):
         compiled = _compiled(problem, config)
         for tokens in TOKENS:
             sized = problem.with_tokens(tokens)
-            label = f"{config} tokens={tokens} "
             # make_inputs' uniform routing through the tuner's verifier, then skewed routing
             # with NaN in every row no pair refers to.
             verify(KERNEL, sized, compiled, CUDA, seed=1000 * i + tokens)
-            _check(compiled, sized, _inputs(sized, seed=tokens, skewed=True), label)
+            _check(compiled, sized, _inputs(sized, seed=tokens, skewed=True),
+                   f"tokens={tokens} ")
+
+    assert_every_point(points, check, problem.describe())
 
 
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.describe())
@@ -101,13 +105,16 @@ def test_local_expert_range_skips_other_experts_pairs(skewed):
     skewed routing the hot experts 0-3 are remote, and some tokens have no local pair at
     all: their row must come out zero)."""
     problem = _problem(hidden=2048, experts=128, top_k=8, begin=32, end=64)
-    for config in KERNEL.space.enumerate(problem, H200).valid:
+
+    def check(_, config):
         compiled = _compiled(problem, config)
         for tokens in (1, 7, 64, 1000):
             sized = problem.with_tokens(tokens)
             tensors = _inputs(sized, seed=tokens, skewed=skewed)
             assert bool((tensors["row_of"] < 0).any())
-            _check(compiled, sized, tensors, f"{config} tokens={tokens} ")
+            _check(compiled, sized, tensors, f"tokens={tokens} ")
+
+    assert_every_point(KERNEL.space.enumerate(problem, H200).valid, check, problem.describe())
 
 
 def _corrupt(tensors: dict[str, torch.Tensor], capacity: int) -> torch.Tensor:
@@ -127,7 +134,8 @@ def test_rows_outside_the_capacity_are_skipped_without_a_fault(problem):
     """Every third pair points past the capacity (just past it, far past it, at 2^31 - 1) or
     below -1. expert_out is a view into a larger buffer whose rows past the capacity are NaN,
     so a kernel that reads row `capacity` fails instead of faulting."""
-    for config in KERNEL.space.enumerate(problem, H200).valid:
+
+    def check(_, config):
         compiled = _compiled(problem, config)
         for tokens in (1, 64, 1000):
             sized = problem.with_tokens(tokens)
@@ -141,8 +149,11 @@ def test_rows_outside_the_capacity_are_skipped_without_a_fault(problem):
                                                     tensors["topk_weights"])
             KERNEL.launch(compiled, tensors)
             torch.cuda.synchronize()
-            compare(f"{config} tokens={tokens} out", tensors["out"], expected,
+            compare(f"tokens={tokens} out", tensors["out"], expected,
                     *FLOAT_TOLERANCE[sized.dtype])
+
+    assert_every_point(KERNEL.space.enumerate(problem, H200).valid, check,
+                       f"{problem.describe()} with rows outside the capacity")
 
 
 def _identity_case(problem: MoEProblem, seed: int):
@@ -161,14 +172,18 @@ def _identity_case(problem: MoEProblem, seed: int):
 def test_combine_of_identity_experts_is_the_weighted_token(problem):
     sized = problem.with_tokens(37)
     dispatched, weights, expected = _identity_case(sized, seed=37)
-    for config in KERNEL.space.enumerate(sized, H200).valid:
+
+    def check(_, config):
         tensors = {"expert_out": dispatched["dispatched"], "row_of": dispatched["row_of"],
                    "topk_weights": weights,
                    "out": torch.full_like(expected, float("nan"),
                                           dtype=dispatched["dispatched"].dtype)}
         KERNEL.launch(_compiled(sized, config), tensors)
         torch.cuda.synchronize()
-        compare(f"{config} out", tensors["out"], expected, *FLOAT_TOLERANCE[sized.dtype])
+        compare("out", tensors["out"], expected, *FLOAT_TOLERANCE[sized.dtype])
+
+    assert_every_point(KERNEL.space.enumerate(sized, H200).valid, check,
+                       f"{sized.describe()} with identity experts")
 
 
 def test_row_offsets_past_2_to_the_31_elements():

@@ -14,6 +14,7 @@ import functools
 
 import pytest
 import torch
+from every_point import assert_every_point
 
 from cutetune.kernels import moe_common as moe
 from cutetune.kernels import moe_dispatch as md
@@ -92,9 +93,9 @@ def test_every_valid_point_matches_reference(tokens, skewed, zero_padding):
     points = md.SPACE.valid_points(problem, spec())
     assert {c.policy for c in points} == {md.FUSED, md.REPLICATED, md.SPLIT, md.SPLIT_BULK}
     workspace = md.new_workspace(problem, DEVICE)
-    for i, config in enumerate(points):
-        run_and_check(problem, config, inputs(problem, seed=i, skewed=skewed,
-                                              workspace=workspace))
+    assert_every_point(points, lambda i, config: run_and_check(
+        problem, config, inputs(problem, seed=i, skewed=skewed, workspace=workspace)),
+        problem.describe())
     assert barrier_low_bits(workspace) == 0
 
 
@@ -103,8 +104,8 @@ def test_every_valid_point_of_a_synthetic_problem():
     points = md.SPACE.valid_points(problem, spec())
     assert {c.vector_bits for c in points} == {64}
     workspace = md.new_workspace(problem, DEVICE)
-    for i, config in enumerate(points):
-        run_and_check(problem, config, inputs(problem, seed=i, workspace=workspace))
+    assert_every_point(points, lambda i, config: run_and_check(
+        problem, config, inputs(problem, seed=i, workspace=workspace)), problem.describe())
 
 
 @pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])

@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from every_point import assert_every_point
 
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.dtypes import TORCH_DTYPES
@@ -30,9 +31,9 @@ def test_every_valid_point_matches_reference(dtype, head_dim):
     problem = _problem(dtype, head_dim, weight_bias=1.0 if head_dim == 128 else 0.0)
     points = qk.SPACE.enumerate(problem, H200).valid
     assert points
-    for i, config in enumerate(points):
-        verify(qk.KERNEL, problem, qk.KERNEL.compile(problem, config), torch.device("cuda"),
-               seed=i)
+    assert_every_point(points, lambda i, config: verify(
+        qk.KERNEL, problem, qk.KERNEL.compile(problem, config), torch.device("cuda"), seed=i),
+        problem.describe())
 
 
 @pytest.mark.parametrize("tokens", [1, 2, 1000, 4097])

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from every_point import assert_every_point
 
 from cutetune.kernels import rmsnorm as rn
 from cutetune.kernels.dtypes import FLOAT_TOLERANCE
@@ -49,11 +50,9 @@ def test_every_valid_point_matches_reference(dtype, out_dtype, hidden, fused_add
     problem = _problem(dtype, out_dtype, hidden, fused_add, weight_bias)
     points = rn.SPACE.enumerate(problem, H200).valid
     assert points
-    for i, config in enumerate(points):
-        try:
-            verify(rn.KERNEL, problem, rn.KERNEL.compile(problem, config), CUDA, seed=i)
-        except Exception as err:
-            raise AssertionError(f"{config}: {err}") from err
+    assert_every_point(points, lambda i, config: verify(
+        rn.KERNEL, problem, rn.KERNEL.compile(problem, config), CUDA, seed=i),
+        problem.describe())
 
 
 @pytest.mark.parametrize(("hidden", "fused_add"), [(1024, False), (4096, True), (2880, True)])
@@ -89,20 +88,20 @@ def _strided_inputs(problem: rn.RMSNormProblem, generator: torch.Generator):
 ])
 def test_every_valid_point_handles_strided_rows(dtype, out_dtype, hidden, fused_add):
     problem = _problem(dtype, out_dtype, hidden, fused_add)
-    for i, config in enumerate(rn.SPACE.enumerate(problem, H200).valid):
+
+    def check(i, config):
         generator = torch.Generator(CUDA).manual_seed(i)
         tensors, buffers = _strided_inputs(problem, generator)
         expected = rn.reference(tensors, problem)
         tensors["out"].fill_(float("nan"))
         rn.KERNEL.launch(rn.KERNEL.compile(problem, config), tensors)
         torch.cuda.synchronize()
-        try:
-            check_outputs(rn.KERNEL, problem, tensors, expected)
-        except Exception as err:
-            raise AssertionError(f"{config}: {err}") from err
+        check_outputs(rn.KERNEL, problem, tensors, expected)
         for name, buffer in buffers.items():
-            pads = buffer[:, hidden:]
-            assert torch.all(pads == 7.0), f"{config} wrote into the row padding of {name}"
+            assert torch.all(buffer[:, hidden:] == 7.0), f"wrote into the row padding of {name}"
+
+    assert_every_point(rn.SPACE.enumerate(problem, H200).valid, check,
+                       f"{problem.describe()} with strided rows")
 
 
 def test_plain_form_leaves_the_residual_alone():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from cutetune.spaces.space import config_to_json
+from every_point import assert_every_point
 
 # A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
 # count (absent: 1), 3 the bits per lane of the vector.
@@ -13,19 +13,13 @@ GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu
 
 
 def assert_points_compile(kernel, problem, configs) -> None:
-    """Compile every point; collect each failure rather than stopping at the first, so one CI
-    run lists them all, then fail."""
-    failures = []
-    for config in configs:
-        try:
-            compiled = kernel.compile(problem, config)
-        except Exception as err:  # any compile error fails the test, listed with its config
-            failures.append(f"{config_to_json(config)}: {type(err).__name__}: {err}")
-            continue
-        if not callable(compiled):
-            failures.append(f"{config_to_json(config)}: compiled result is not callable")
-    assert not failures, (f"{len(failures)} of {len(configs)} points of {problem.describe()} "
-                          "failed to compile:\n" + "\n".join(failures))
+    """Compile every point for sm_90a; fail listing every point that did not compile."""
+
+    def compiles(_, config) -> None:
+        if not callable(kernel.compile(problem, config)):
+            raise TypeError("compiled result is not callable")
+
+    assert_every_point(configs, compiles, f"{problem.describe()} (compiling)")
 
 
 def ptx_of(kernel, problem, config, device, tmp_path, monkeypatch) -> str:
