@@ -25,7 +25,8 @@ The config's cache_hints (cache_hints.py) chooses plain or streaming (evict-firs
 residual and out, or loads of x and residual under L1 and L2 evict_last policies with plain
 stores (what lets the fused add at 32768 tokens draw level with torch.compile's Inductor
 kernel on the H200: BENCHMARKS.md, ninth run); the weight, which every row reads again, always
-keeps plain loads.
+keeps plain loads. The tuner picks per shape; the heuristic default picks by the bytes the call
+moves against the L2 (default_cache_hints).
 """
 
 from __future__ import annotations
@@ -205,12 +206,43 @@ SPACE = Space(
 TARGET_VECTORS_PER_THREAD = 4
 
 
+# The heuristic default's cache hints. The default point of every preset width (bf16, plain
+# and fused add, 1 to 32768 tokens) timed under each hint as `cutetune bench` times it on the
+# H200 (BENCHMARKS.md, tenth run: benchmarks/rmsnorm_default_hints_probe.py):
+# - calls that move at most twice the L2: streaming was 2-10% faster than plain accesses at 64
+#   to 4096 tokens, and level (within 0.03 us) at 1 and 8;
+# - rows of 8 KiB or more in calls that move at least 8x the L2: evict_last_loads was 0.4-4.2%
+#   faster (32768 tokens); with smaller rows it was 0.5-1.5% slower there;
+# - in between, plain accesses were within 1.8% of the best hint.
+STREAMING_MAX_L2_MULTIPLE = 2
+EVICT_LAST_MIN_L2_MULTIPLE = 8
+EVICT_LAST_MIN_ROW_BYTES = 8192
+
+
+def _bytes_moved(problem: RMSNormProblem) -> int:
+    in_bytes, out_bytes = DTYPE_BYTES[problem.dtype], DTYPE_BYTES[problem.out_dtype]
+    # x read, out written; the fused add also reads and writes the residual; the weight once.
+    per_element = in_bytes + out_bytes + (2 * in_bytes if problem.fused_add else 0)
+    return problem.num_tokens * problem.hidden * per_element + problem.hidden * in_bytes
+
+
+def default_cache_hints(problem: RMSNormProblem, device) -> str:
+    moved = _bytes_moved(problem)
+    if moved <= STREAMING_MAX_L2_MULTIPLE * device.l2_bytes:
+        return cache_hints.STREAMING
+    if (moved >= EVICT_LAST_MIN_L2_MULTIPLE * device.l2_bytes
+            and problem.hidden * DTYPE_BYTES[problem.dtype] >= EVICT_LAST_MIN_ROW_BYTES):
+        return cache_hints.EVICT_LAST_LOADS
+    return cache_hints.NORMAL
+
+
 def default_config(problem: RMSNormProblem, device) -> RMSNormConfig:
     """The seed heuristic (SEED.md): the widest access that divides the row (128-bit where it
     can). A row that fits one warp at a few vectors per lane gets warp_per_row, one warp per
     block while the rows fit one per SM, else 8 rows per block; a larger row gets a block of
-    enough warps that each thread loads about four vectors. Falls back to the nearest valid
-    point, and raises EmptySpaceError naming the constraints when there is none."""
+    enough warps that each thread loads about four vectors. Cache hints by the bytes the call
+    moves (default_cache_hints). Falls back to the nearest valid point, and raises
+    EmptySpaceError naming the constraints when there is none."""
     enumeration = SPACE.enumerate(problem, device)
     enumeration.raise_if_empty(problem.describe())
     valid = enumeration.valid
@@ -222,13 +254,15 @@ def default_config(problem: RMSNormProblem, device) -> RMSNormConfig:
     else:
         form = BLOCK_PER_ROW
         warps = 1 << max(0, math.ceil(math.log2(vectors / (WARP * TARGET_VECTORS_PER_THREAD))))
-    preferred = RMSNormConfig(form, bits, warps)
+    hints = default_cache_hints(problem, device)
+    preferred = RMSNormConfig(form, bits, warps, hints)
     if preferred in valid:
         return preferred
 
     def distance(c: RMSNormConfig) -> tuple:
         return (c.vector_bits != bits, c.form != form,
-                abs(math.log2(c.warps_per_block) - math.log2(warps)), -c.warps_per_block)
+                abs(math.log2(c.warps_per_block) - math.log2(warps)), -c.warps_per_block,
+                c.cache_hints != hints)
 
     return min(valid, key=distance)
 
@@ -239,12 +273,10 @@ def _blocks(problem: RMSNormProblem, config: RMSNormConfig) -> int:
 
 def cost(problem: RMSNormProblem, config: RMSNormConfig, device) -> Cost:
     elements = problem.num_tokens * problem.hidden
-    in_bytes, out_bytes = DTYPE_BYTES[problem.dtype], DTYPE_BYTES[problem.out_dtype]
-    # x read, out written; the fused add also reads and writes the residual; the weight once.
-    per_element = in_bytes + out_bytes + (2 * in_bytes if problem.fused_add else 0)
+    in_bytes = DTYPE_BYTES[problem.dtype]
     threads = config.warps_per_block * WARP
     return Cost(
-        bytes_moved=elements * per_element + problem.hidden * in_bytes,
+        bytes_moved=_bytes_moved(problem),
         # Square, accumulate, scale by rsqrt, scale by the weight (and the add): per element.
         flops=(5 if problem.fused_add else 4) * elements,
         blocks=_blocks(problem, config),

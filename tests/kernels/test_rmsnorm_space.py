@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from cutetune.kernels.cache_hints import EVICT_LAST_LOADS, NORMAL, STREAMING
 from cutetune.kernels.registry import PeerUnavailable, get_kernel
 from cutetune.kernels.rmsnorm import (
     BLOCK_PER_ROW,
@@ -14,6 +15,7 @@ from cutetune.kernels.rmsnorm import (
     RMSNormConfig,
     RMSNormProblem,
     cost,
+    default_cache_hints,
     default_config,
     problems_for_model,
 )
@@ -234,18 +236,46 @@ def test_default_config_is_a_valid_point(dtype, hidden):
 @pytest.mark.parametrize(("hidden", "tokens", "expected"), [
     # Rows of at most 4 x 128-bit vectors per lane: a warp per row; one warp per block while
     # the rows fit one per SM (132), else 8 rows per block.
-    (512, 1, RMSNormConfig(WARP_PER_ROW, 128, 1)),
-    (1024, 132, RMSNormConfig(WARP_PER_ROW, 128, 1)),
-    (1024, 133, RMSNormConfig(WARP_PER_ROW, 128, 8)),
+    (512, 1, RMSNormConfig(WARP_PER_ROW, 128, 1, STREAMING)),
+    (1024, 132, RMSNormConfig(WARP_PER_ROW, 128, 1, STREAMING)),
+    (1024, 133, RMSNormConfig(WARP_PER_ROW, 128, 8, STREAMING)),
     # Larger rows: a block with about 4 vectors per thread.
-    (2048, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 2)),
-    (2880, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 4)),  # 360 vectors: 2.8 per thread
-    (4096, 4096, RMSNormConfig(BLOCK_PER_ROW, 128, 4)),
-    (7168, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 8)),
-    (16384, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 16)),
+    (2048, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 2, STREAMING)),
+    (2880, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),  # 360 vectors: 2.8 per thread
+    (4096, 4096, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),
+    (7168, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 8, STREAMING)),
+    (16384, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 16, STREAMING)),
 ])
 def test_default_config_choice(hidden, tokens, expected):
     assert default_config(problem(hidden=hidden, num_tokens=tokens), H200) == expected
+
+
+# H200.l2_bytes is 60 MiB: streaming up to 120 MiB moved, evict_last_loads from 480 MiB with
+# rows of 8 KiB or more.
+@pytest.mark.parametrize(("dtype", "hidden", "fused_add", "tokens", "expected"), [
+    ("bfloat16", 4096, False, 1, STREAMING),
+    ("bfloat16", 4096, False, 7679, STREAMING),  # 7679 * 4096 * 4 + 8192 bytes <= 120 MiB
+    ("bfloat16", 4096, False, 7680, NORMAL),
+    ("bfloat16", 4096, False, 30719, NORMAL),  # just under 480 MiB
+    ("bfloat16", 4096, False, 30720, EVICT_LAST_LOADS),
+    ("bfloat16", 4096, True, 32768, EVICT_LAST_LOADS),
+    ("bfloat16", 2048, True, 32768, NORMAL),  # 4 KiB rows: evict_last_loads was slower
+    ("float32", 2048, True, 32768, EVICT_LAST_LOADS),  # 8 KiB rows
+    ("bfloat16", 512, False, 2**20, NORMAL),
+])
+def test_default_cache_hints_by_bytes_moved(dtype, hidden, fused_add, tokens, expected):
+    p = problem(dtype=dtype, out_dtype=dtype, hidden=hidden, fused_add=fused_add,
+                num_tokens=tokens)
+    assert default_config(p, H200).cache_hints == expected
+
+
+def test_default_keeps_the_point_when_its_hint_is_invalid():
+    # bf16 rows with an fp32 output at 32-bit vectors load single 16-bit elements, which
+    # evict_last_loads does not: the default keeps the point with another hint.
+    p = problem(hidden=4097, out_dtype="float32", num_tokens=65536)
+    assert default_cache_hints(p, H200) == EVICT_LAST_LOADS
+    config = default_config(p, H200)
+    assert (config.vector_bits, config.cache_hints) == (32, NORMAL)
 
 
 def test_default_config_narrows_the_vector_when_128_bits_do_not_divide():
