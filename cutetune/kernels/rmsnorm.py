@@ -209,11 +209,12 @@ TARGET_VECTORS_PER_THREAD = 4
 # The heuristic default's cache hints. The default point of every preset width (bf16, plain
 # and fused add, 1 to 32768 tokens) timed under each hint as `cutetune bench` times it on the
 # H200 (BENCHMARKS.md, tenth run: benchmarks/rmsnorm_default_hints_probe.py):
-# - calls that move at most twice the L2: streaming was 2-10% faster than plain accesses at 64
-#   to 4096 tokens, and level (within 0.03 us) at 1 and 8;
-# - rows of 8 KiB or more in calls that move at least 8x the L2: evict_last_loads was 0.4-4.2%
-#   faster (32768 tokens); with smaller rows it was 0.5-1.5% slower there;
-# - in between, plain accesses were within 1.8% of the best hint.
+# - calls that move at most twice the L2: streaming was up to 11% faster than plain accesses
+#   at 64 to 4096 tokens and at most 0.05 us slower; at 1 and 8 tokens every hint is within
+#   0.03 us;
+# - rows of 8 KiB or more in calls that move at least 8x the L2: evict_last_loads was 0.2-4.6%
+#   faster than plain (32768 tokens); with smaller rows it was up to 2.3% slower there;
+# - in between, plain accesses were within 0.9% of the best hint.
 STREAMING_MAX_L2_MULTIPLE = 2
 EVICT_LAST_MIN_L2_MULTIPLE = 8
 EVICT_LAST_MIN_ROW_BYTES = 8192
