@@ -49,6 +49,13 @@ def cache_hints_param(values: tuple[str, ...]) -> Param:
 CACHE_HINTS_PARAM = cache_hints_param(CACHE_HINTS)
 
 
+def loads_with(hints: str, load_bits: int) -> bool:
+    """Whether `hints` can load a vector of load_bits: evict_last_loads loads whole 32-bit
+    words (a single 16-bit element would need a 16-bit load, which no GPU test has run). A
+    kernel offering that hint rejects the other points by a constraint of its space."""
+    return hints != EVICT_LAST_LOADS or load_bits % 32 == 0
+
+
 def load(src: cute.Tensor, hints: str):
     """src (one vector of global memory) loaded into registers with the given hints."""
     if hints == NORMAL:
@@ -65,11 +72,9 @@ def load(src: cute.Tensor, hints: str):
 
 def _load_evict_last(src: cute.Tensor):
     """One ld.global.L1::evict_last.L2::cache_hint of the vector's 32-bit words (the copy atoms
-    take no L2 policy), reinterpreted as the vector's elements. A kernel offering this hint
-    keeps its vectors whole words by a constraint of its space: a vector of one 16-bit element
-    would need a 16-bit load, which no GPU test has run."""
+    take no L2 policy), reinterpreted as the vector's elements (see loads_with)."""
     bits = cute.size(src) * src.element_type.width
-    if bits % 32:
+    if not loads_with(EVICT_LAST_LOADS, bits):
         raise ValueError(f"evict_last_loads loads whole 32-bit words: a {bits}-bit vector is "
                          "not one")
     words = bits // 32

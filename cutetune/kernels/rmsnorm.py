@@ -193,8 +193,8 @@ SPACE = Space(
             "evict_last_loads_whole_words",
             "evict_last_loads loads 32-bit words: each load of x must be at least one word (not "
             "a single 16-bit element, as bf16 rows with an fp32 output at 32-bit vectors have)",
-            lambda p, c, d: (c.cache_hints != cache_hints.EVICT_LAST_LOADS
-                             or _vector_elements(p, c) * DTYPE_BYTES[p.dtype] >= 4),
+            lambda p, c, d: cache_hints.loads_with(
+                c.cache_hints, _vector_elements(p, c) * 8 * DTYPE_BYTES[p.dtype]),
         ),
         block_size_within_device(),
         block_fits_register_file(_registers_per_thread),
