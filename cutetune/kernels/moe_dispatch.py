@@ -937,19 +937,17 @@ def _replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
                       SLICES)
 
 
-@cute.kernel
-def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
-                  mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
-                  mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+@cute.jit
+def _route_chunks(mIds: cute.Tensor, mRowOf: cute.Tensor, mCounts: cute.Tensor,
+                  mOffsets: cute.Tensor, mError: cute.Tensor, mWs: cute.Tensor, tidx: Int32,
+                  bidx: Int32, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
                   BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
                   PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
-                  VEC: cutlass.Constexpr[int],
-                  V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                  SLICES: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
-    tidx, _, _ = cute.arch.thread_idx()
-    bidx, _, _ = cute.arch.block_idx()
-    # The copy kernel may launch now: it loads x, then waits for this grid to finish.
-    cute.arch.griddepcontrol_launch_dependents()
+                  THREADS: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+    """split's routing, by blocks 0 .. BLOCKS - 1 (all resident: they meet at a grid barrier),
+    block `bidx` taking the bidx-th contiguous chunk of the pairs: counts, offsets, error and
+    every pair's row_of written when it returns. Returns the block's padded-segment list
+    (sPadStart, sPadEnd, with their count in sFlags[0]) for the zeroing."""
     sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags = _smem_tensors(L)
     pairs = cute.size(mIds, mode=[0]) * K
     chunk = (pairs + (BLOCKS - 1)) // BLOCKS
@@ -1007,6 +1005,25 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
             mWs[WS_EPOCH] = epoch + 1
     cute.arch.sync_threads()
     _finish_pairs(mIds, mRowOf, sBase, experts, slots, begin + tidx, end, THREADS, K, BEGIN)
+    return sPadStart, sPadEnd, sFlags
+
+
+@cute.kernel
+def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
+                  mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
+                  mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
+                  PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
+                  VEC: cutlass.Constexpr[int],
+                  V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                  SLICES: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    # The copy kernel may launch now: it loads x, then waits for this grid to finish.
+    cute.arch.griddepcontrol_launch_dependents()
+    sPadStart, sPadEnd, sFlags = _route_chunks(mIds, mRowOf, mCounts, mOffsets, mError, mWs,
+                                               tidx, bidx, K, E, BEGIN, L, PAD, ZERO_PAD,
+                                               THREADS, BLOCKS)
     if cutlass.const_expr(ZERO_PAD):
         gDisp = cute.zipped_divide(mDisp, (1, VEC))
         _zero_padding(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, BLOCKS, VEC, V, THREADS,
