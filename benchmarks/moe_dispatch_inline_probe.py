@@ -27,6 +27,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Int32
+from moe_dispatch_parts import cold_input_sets, op_args
 
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.dtypes import vector_elements
@@ -121,19 +122,13 @@ def main() -> None:
         print("compiled", len(inline) + len(splits))
         return
     from cutetune.tuner.ceilings import measure_copy_gbps, time_copy_of
-    from cutetune.tuner.measure import input_sets_for, time_interleaved
-    from cutetune.tuner.roofline import device_spec_for
+    from cutetune.tuner.measure import time_interleaved
 
-    spec = device_spec_for(torch.cuda.get_device_name())
-    nbytes = md.cost(problem, SPLITS[0], spec).bytes_moved
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    sets = [md.make_inputs(problem, "cuda", generator)
-            for _ in range(input_sets_for(nbytes, spec.l2_bytes))]
+    spec, nbytes, sets = cold_input_sets(problem, SPLITS[0])
     sync = torch.zeros(SYNC_WORDS, dtype=torch.int32, device="cuda")
 
     def args(t):
-        return (t["x"], t["topk_ids"], t["row_of"], t["dispatched"], t["counts"], t["offsets"],
-                t["error"], t["workspace"], sync)
+        return (*op_args(t), sync)
 
     for fn in inline.values():
         for t in sets:

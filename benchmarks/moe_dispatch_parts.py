@@ -77,6 +77,25 @@ def compile_parts(problem: md.MoEProblem, config: md.MoEDispatchConfig):
     return routing, copy, variants
 
 
+def cold_input_sets(problem: md.MoEProblem, config: md.MoEDispatchConfig):
+    """The visible GPU's spec, the bytes a call of `config` moves, and input sets (seed 0)
+    enough that a rotation over them exceeds 3x the L2, as `cutetune bench` rotates them."""
+    from cutetune.tuner.measure import input_sets_for
+    from cutetune.tuner.roofline import device_spec_for
+
+    spec = device_spec_for(torch.cuda.get_device_name())
+    nbytes = md.cost(problem, config, spec).bytes_moved
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    return spec, nbytes, [md.make_inputs(problem, "cuda", generator)
+                          for _ in range(input_sets_for(nbytes, spec.l2_bytes))]
+
+
+def op_args(t) -> tuple:
+    """An input set's tensors in the order the op and its parts take them."""
+    return (t["x"], t["topk_ids"], t["row_of"], t["dispatched"], t["counts"], t["offsets"],
+            t["error"], t["workspace"])
+
+
 def main() -> None:
     model, tokens = sys.argv[1], int(sys.argv[2])
     (static,) = md.KERNEL.problems_for_model(PRESETS[model], "bfloat16")
@@ -86,24 +105,15 @@ def main() -> None:
         print("compiled", len(compiled))
         return
     from cutetune.tuner.ceilings import time_copy_of
-    from cutetune.tuner.measure import input_sets_for, time_in_graph
-    from cutetune.tuner.roofline import device_spec_for
+    from cutetune.tuner.measure import time_in_graph
 
-    spec = device_spec_for(torch.cuda.get_device_name())
-    nbytes = md.cost(problem, CONFIGS[0], spec).bytes_moved
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    sets = [md.make_inputs(problem, "cuda", generator)
-            for _ in range(input_sets_for(nbytes, spec.l2_bytes))]
+    spec, nbytes, sets = cold_input_sets(problem, CONFIGS[0])
     written = problem.num_tokens * problem.top_k * problem.hidden * DTYPE_BYTES[problem.dtype]
     writes = [torch.empty(written // 4, dtype=torch.int32, device="cuda") for _ in range(2)]
     print(f"{model}, {tokens} tokens, {len(sets)} input sets, {nbytes / 1e6:.1f} MB:")
     print(f"  copy of the same bytes      {time_copy_of(nbytes, spec.l2_bytes).median_us:8.2f} us")
     write_us = time_in_graph([lambda b=b: b.zero_() for b in writes]).median_us
     print(f"  write of the written bytes  {write_us:8.2f} us")
-
-    def op_args(t):
-        return (t["x"], t["topk_ids"], t["row_of"], t["dispatched"], t["counts"], t["offsets"],
-                t["error"], t["workspace"])
 
     for c, (op, routing, copy, variants) in compiled.items():
         for t in sets:

@@ -28,6 +28,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Int64
+from moe_dispatch_parts import cold_input_sets, op_args
 
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.dtypes import vector_elements
@@ -135,8 +136,7 @@ def compile_timelines(problem: md.MoEProblem) -> tuple[dict, dict]:
 
 def _run(compiled, t, stamps: torch.Tensor) -> None:
     """One compiled timeline on input set t, stamping into `stamps`."""
-    compiled(t["x"], t["topk_ids"], t["row_of"], t["dispatched"], t["counts"], t["offsets"],
-             t["error"], t["workspace"], stamps)
+    compiled(*op_args(t), stamps)
 
 
 def _summary(stamps: torch.Tensor, blocks: int) -> dict[str, float]:
@@ -160,15 +160,10 @@ def main() -> None:
     if "--compile-only" in sys.argv:
         print("compiled", len(timelines) + len(delayed))
         return
-    from cutetune.tuner.measure import input_sets_for, time_in_graph
-    from cutetune.tuner.roofline import device_spec_for
+    from cutetune.tuner.measure import time_in_graph
 
-    spec = device_spec_for(torch.cuda.get_device_name())
     config = md.MoEDispatchConfig(md.SPLIT, GRID, WARPS, 128, TPB)
-    nbytes = md.cost(problem, config, spec).bytes_moved
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    sets = [md.make_inputs(problem, "cuda", generator)
-            for _ in range(input_sets_for(nbytes, spec.l2_bytes))]
+    _, _, sets = cold_input_sets(problem, config)
     op = md.compile_kernel(problem, config)
     for t in sets:  # row_of for the copy alone
         md.launch(op, t)
