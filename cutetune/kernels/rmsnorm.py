@@ -204,6 +204,15 @@ SPACE = Space(
 # The seed heuristic's target: vectors each thread of a block_per_row row loads before the
 # reduction (4 x 16 bytes in flight per thread at 128 bits).
 TARGET_VECTORS_PER_THREAD = 4
+# Up to DECODE_MAX_TOKENS rows a call is a memory round trip or two deep, and the fewer vectors
+# each thread loads and reduces, the sooner it ends. About 2 vectors per thread (the warps
+# rounded to the nearest power of two) against the seed's 4, on the H200 at 1 to 128 tokens
+# (BENCHMARKS.md, thirteenth run: benchmarks/rmsnorm_default_warps_probe.py): twice the warps at
+# hidden 1536, 2048, 4096, 7168 and 8192, 0.01-0.11 us faster on 47 of those 50 rows (plain and
+# fused), level on one, 0.01 and 0.04 us slower on two (fused 7168 and 8192 at 128 tokens); at
+# 5120 the rounding keeps the seed's 8 warps (16 were slower on all 10 rows).
+DECODE_MAX_TOKENS = 128
+DECODE_VECTORS_PER_THREAD = 2
 
 
 # The heuristic default's cache hints. The default point of every preset width (bf16, plain
@@ -241,7 +250,8 @@ def default_config(problem: RMSNormProblem, device) -> RMSNormConfig:
     """The seed heuristic (SEED.md): the widest access that divides the row (128-bit where it
     can). A row that fits one warp at a few vectors per lane gets warp_per_row, one warp per
     block while the rows fit one per SM, else 8 rows per block; a larger row gets a block of
-    enough warps that each thread loads about four vectors. Cache hints by the bytes the call
+    enough warps that each thread loads about four vectors, or about two in calls of at most
+    DECODE_MAX_TOKENS rows. Cache hints by the bytes the call
     moves (default_cache_hints). Falls back to the nearest valid point, and raises
     EmptySpaceError naming the constraints when there is none."""
     enumeration = SPACE.enumerate(problem, device)
@@ -252,6 +262,9 @@ def default_config(problem: RMSNormProblem, device) -> RMSNormConfig:
     if vectors <= WARP * TARGET_VECTORS_PER_THREAD:
         form = WARP_PER_ROW
         warps = 1 if problem.num_tokens <= device.sm_count else 8
+    elif problem.num_tokens <= DECODE_MAX_TOKENS:
+        form = BLOCK_PER_ROW
+        warps = 1 << max(0, round(math.log2(vectors / (WARP * DECODE_VECTORS_PER_THREAD))))
     else:
         form = BLOCK_PER_ROW
         warps = 1 << max(0, math.ceil(math.log2(vectors / (WARP * TARGET_VECTORS_PER_THREAD))))

@@ -239,12 +239,19 @@ def test_default_config_is_a_valid_point(dtype, hidden):
     (512, 1, RMSNormConfig(WARP_PER_ROW, 128, 1, STREAMING)),
     (1024, 132, RMSNormConfig(WARP_PER_ROW, 128, 1, STREAMING)),
     (1024, 133, RMSNormConfig(WARP_PER_ROW, 128, 8, STREAMING)),
-    # Larger rows: a block with about 4 vectors per thread.
-    (2048, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 2, STREAMING)),
-    (2880, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),  # 360 vectors: 2.8 per thread
+    # Larger rows, above DECODE_MAX_TOKENS (128) rows: a block with about 4 vectors per
+    # thread, the warps rounded up to a power of two.
+    (2048, 129, RMSNormConfig(BLOCK_PER_ROW, 128, 2, STREAMING)),
     (4096, 4096, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),
-    (7168, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 8, STREAMING)),
-    (16384, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 16, STREAMING)),
+    (7168, 129, RMSNormConfig(BLOCK_PER_ROW, 128, 8, STREAMING)),  # 896 vectors: 3.5 each
+    (16384, 129, RMSNormConfig(BLOCK_PER_ROW, 128, 16, STREAMING)),
+    # Up to 128 rows: about 2 vectors per thread, the warps rounded to the nearest power of two.
+    (2048, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),
+    (2048, 128, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),
+    (2880, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),  # 360 vectors: 2.8 each
+    (5120, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 8, STREAMING)),  # 640 vectors: 2.5, not 1.25
+    (7168, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 16, STREAMING)),  # 896 vectors: 1.75 each
+    (16384, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 32, STREAMING)),
 ])
 def test_default_config_choice(hidden, tokens, expected):
     assert default_config(problem(hidden=hidden, num_tokens=tokens), H200) == expected
