@@ -251,9 +251,9 @@ def default_config(problem: RMSNormProblem, device) -> RMSNormConfig:
     can). A row that fits one warp at a few vectors per lane gets warp_per_row, one warp per
     block while the rows fit one per SM, else 8 rows per block; a larger row gets a block of
     enough warps that each thread loads about four vectors, or about two in calls of at most
-    DECODE_MAX_TOKENS rows. Cache hints by the bytes the call
-    moves (default_cache_hints). Falls back to the nearest valid point, and raises
-    EmptySpaceError naming the constraints when there is none."""
+    DECODE_MAX_TOKENS rows. Cache hints by the bytes the call moves (default_cache_hints).
+    Falls back to the nearest valid point, and raises EmptySpaceError naming the constraints
+    when there is none."""
     enumeration = SPACE.enumerate(problem, device)
     enumeration.raise_if_empty(problem.describe())
     valid = enumeration.valid
