@@ -31,24 +31,30 @@ def candidates(problem: rms.RMSNormProblem, dispatcher: Dispatcher) -> list[Cand
             for hints in rms.CACHE_HINTS]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", default="1,8,64,512,4096,32768")
+def preset_problems(description: str, tokens: str) -> list[rms.RMSNormProblem]:
+    """The bf16 problems, plain and fused add, of each width and token count that --hidden
+    (default: the preset widths) and --tokens (default: `tokens`) name, in that order; the
+    command line is parsed here, before anything runs on the GPU."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--tokens", default=tokens)
     parser.add_argument("--hidden", default=",".join(map(str, HIDDEN)))
     args = parser.parse_args()
-    tokens = [int(t) for t in args.tokens.split(",")]
+    return [rms.RMSNormProblem(num_tokens=count, dtype="bfloat16", out_dtype="bfloat16",
+                               hidden=hidden, eps=1e-6, weight_bias=0.0, fused_add=fused_add)
+            for hidden in (int(h) for h in args.hidden.split(","))
+            for fused_add in (False, True)
+            for count in (int(t) for t in args.tokens.split(","))]
+
+
+def main() -> None:
+    problems = preset_problems(__doc__.splitlines()[0], "1,8,64,512,4096,32768")
     copy_gbps = measure_copy_gbps()
     dispatcher = Dispatcher(SPEC)
     print(f"copy ceiling {copy_gbps:.0f} GB/s", flush=True)
-    for hidden in (int(h) for h in args.hidden.split(",")):
-        for fused_add in (False, True):
-            for count in tokens:
-                problem = rms.RMSNormProblem(num_tokens=count, dtype="bfloat16",
-                                             out_dtype="bfloat16", hidden=hidden, eps=1e-6,
-                                             weight_bias=0.0, fused_add=fused_add)
-                rows = bench_problem(rms.KERNEL, problem, candidates(problem, dispatcher), SPEC,
-                                     copy_gbps)
-                print(format_rows(rows), flush=True)
+    for problem in problems:
+        rows = bench_problem(rms.KERNEL, problem, candidates(problem, dispatcher), SPEC,
+                             copy_gbps)
+        print(format_rows(rows), flush=True)
 
 
 if __name__ == "__main__":

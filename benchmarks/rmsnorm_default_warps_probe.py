@@ -9,18 +9,14 @@ times candidates (interleaved rounds, rotated inputs, outputs allocated per call
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+
+from rmsnorm_default_hints_probe import SPEC, preset_problems
 
 from cutetune.bench import Candidate, bench_problem, ours_runner
 from cutetune.dispatch import Dispatcher
 from cutetune.kernels import rmsnorm as rms
 from cutetune.tuner.ceilings import measure_copy_gbps
-from cutetune.tuner.roofline import DEVICE_SPECS
-
-SPEC = DEVICE_SPECS["H200"]
-# The preset widths (Qwen3, Llama-3.1-70B, DeepSeek-V3 and its 1536/512 norms).
-HIDDEN = (512, 1536, 2048, 4096, 5120, 7168, 8192)
 
 
 def block_sizes(problem: rms.RMSNormProblem) -> list[rms.RMSNormConfig]:
@@ -36,26 +32,18 @@ def block_sizes(problem: rms.RMSNormProblem) -> list[rms.RMSNormConfig]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", default="1,8,16,64,128")
-    parser.add_argument("--hidden", default=",".join(map(str, HIDDEN)))
-    args = parser.parse_args()
+    problems = preset_problems(__doc__.splitlines()[0], "1,8,16,64,128")
     copy_gbps = measure_copy_gbps()
     dispatcher = Dispatcher(SPEC)
     print(f"copy ceiling {copy_gbps:.0f} GB/s; us per call, the default first", flush=True)
-    for hidden in (int(h) for h in args.hidden.split(",")):
-        for fused_add in (False, True):
-            for tokens in (int(t) for t in args.tokens.split(",")):
-                problem = rms.RMSNormProblem(num_tokens=tokens, dtype="bfloat16",
-                                             out_dtype="bfloat16", hidden=hidden, eps=1e-6,
-                                             weight_bias=0.0, fused_add=fused_add)
-                found = [Candidate(f"{point.form} {point.warps_per_block}w", ours_runner(
-                    rms.KERNEL, problem, point, dispatcher), "") for point in block_sizes(problem)]
-                rows = bench_problem(rms.KERNEL, problem, found, SPEC, copy_gbps)
-                cells = ", ".join(f"{row.implementation} {row.median_us:.2f}" for row in rows
-                                  if row.median_us is not None)
-                print(f"hidden {hidden} fused_add={fused_add} tokens {tokens}: {cells}",
-                      flush=True)
+    for problem in problems:
+        found = [Candidate(f"{point.form} {point.warps_per_block}w", ours_runner(
+            rms.KERNEL, problem, point, dispatcher), "") for point in block_sizes(problem)]
+        rows = bench_problem(rms.KERNEL, problem, found, SPEC, copy_gbps)
+        cells = ", ".join(f"{row.implementation} {row.median_us:.2f}" for row in rows
+                          if row.median_us is not None)
+        print(f"hidden {problem.hidden} fused_add={problem.fused_add} tokens "
+              f"{problem.num_tokens}: {cells}", flush=True)
 
 
 if __name__ == "__main__":

@@ -262,12 +262,12 @@ def default_config(problem: RMSNormProblem, device) -> RMSNormConfig:
     if vectors <= WARP * TARGET_VECTORS_PER_THREAD:
         form = WARP_PER_ROW
         warps = 1 if problem.num_tokens <= device.sm_count else 8
-    elif problem.num_tokens <= DECODE_MAX_TOKENS:
-        form = BLOCK_PER_ROW
-        warps = 1 << max(0, round(math.log2(vectors / (WARP * DECODE_VECTORS_PER_THREAD))))
     else:
         form = BLOCK_PER_ROW
-        warps = 1 << max(0, math.ceil(math.log2(vectors / (WARP * TARGET_VECTORS_PER_THREAD))))
+        decode = problem.num_tokens <= DECODE_MAX_TOKENS
+        per_thread = DECODE_VECTORS_PER_THREAD if decode else TARGET_VECTORS_PER_THREAD
+        exponent = math.log2(vectors / (WARP * per_thread))
+        warps = 1 << max(0, round(exponent) if decode else math.ceil(exponent))
     hints = default_cache_hints(problem, device)
     preferred = RMSNormConfig(form, bits, warps, hints)
     if preferred in valid:
