@@ -7,7 +7,10 @@ depends on the shape, so it is a point of the space, not a constant. On the H200
 silu_and_mul, timed as `cutetune bench` times: rotated inputs, outputs allocated per call):
 I = 6144 at 512 tokens, 5.62 us streaming against 5.82 plain (64-bit vectors, 4 warps); I =
 14336 at 4096 tokens, 82.44 against 82.82 (128-bit, 8 warps). Streaming loads with plain stores
-were slower at the larger size (86.42 us), so the knob sets both together.
+were slower at the larger size (86.42 us), so the knob sets both together. moe_dispatch's split
+copy (one load of a token, K stores) measured the same way: Mixtral-8x7B at 4096 tokens,
+28.78-28.89 us streaming against 29.40-29.73 plain at its best routing grid (BENCHMARKS.md,
+issue 4, eighth run); in a scratch run streaming loads or stores alone were slower than plain.
 
 "evict_last_loads" loads with ld.global.L1::evict_last.L2::cache_hint under an L2 evict_last
 policy (the createpolicy.fractional value of fraction 1.0, as CUTLASS's CacheHintSm90 spells
@@ -62,9 +65,7 @@ def load(src: cute.Tensor, hints: str):
         return src.load()
     if hints == EVICT_LAST_LOADS:
         return _load_evict_last(src)
-    atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), src.element_type,
-                               num_bits_per_copy=cute.size(src) * src.element_type.width,
-                               load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING)
+    atom = _streaming_load_atom(src)
     registers = cute.make_rmem_tensor_like(src)
     cute.copy(atom, src, registers)
     return registers.load()
@@ -94,9 +95,52 @@ def store(dst: cute.Tensor, value, hints: str) -> None:
     if hints != STREAMING:
         dst.store(value)
         return
-    atom = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), dst.element_type,
-                               num_bits_per_copy=cute.size(dst) * dst.element_type.width,
-                               store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
+    atom = _streaming_store_atom(dst)
     registers = cute.make_rmem_tensor_like(dst)
     registers.store(value)
     cute.copy(atom, registers, dst)
+
+
+def load_into(src: cute.Tensor, fragment: cute.Tensor, hints: str) -> None:
+    """src (one vector of global memory) copied into `fragment` (registers of as many elements,
+    in any shape), with normal or streaming hints: for kernels that keep register fragments
+    rather than values (a value stored under two branches trips the tracer)."""
+    if hints == NORMAL:
+        cute.autovec_copy(src, fragment)
+        return
+    _require_streaming(hints)
+    # The copy atom wants the source's shape.
+    registers = cute.make_tensor(fragment.iterator, cute.make_layout(cute.shape(src)))
+    atom = _streaming_load_atom(src)
+    cute.copy(atom, src, registers)
+
+
+def store_from(fragment: cute.Tensor, dst: cute.Tensor, hints: str) -> None:
+    """`fragment` (registers, as load_into fills them) stored to dst (one vector of global
+    memory) with normal or streaming hints."""
+    if hints == NORMAL:
+        cute.autovec_copy(fragment, dst)
+        return
+    _require_streaming(hints)
+    registers = cute.make_tensor(fragment.iterator, cute.make_layout(cute.shape(dst)))
+    atom = _streaming_store_atom(dst)
+    cute.copy(atom, registers, dst)
+
+
+def _streaming_load_atom(src: cute.Tensor):
+    return cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), src.element_type,
+                               num_bits_per_copy=cute.size(src) * src.element_type.width,
+                               load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING)
+
+
+def _streaming_store_atom(dst: cute.Tensor):
+    return cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), dst.element_type,
+                               num_bits_per_copy=cute.size(dst) * dst.element_type.width,
+                               store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
+
+
+def _require_streaming(hints: str) -> None:
+    if hints != STREAMING:
+        raise ValueError(f"register fragments are copied with {NORMAL!r} or {STREAMING!r} "
+                         f"hints, not {hints!r}")
+
