@@ -37,7 +37,8 @@ def _parts(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, stream: cuda
            THREADS: cutlass.Constexpr[int], GRID: cutlass.Constexpr[int],
            TPB: cutlass.Constexpr[int], BULK: cutlass.Constexpr[bool],
            ROUTE: cutlass.Constexpr[bool], COOP: cutlass.Constexpr[bool],
-           COPY: cutlass.Constexpr[bool], PDL: cutlass.Constexpr[bool]):
+           COPY: cutlass.Constexpr[bool], PDL: cutlass.Constexpr[bool],
+           HINTS: cutlass.Constexpr[str]):
     """The routing kernel (ROUTE; cooperative or not), then the copy kernel (COPY; the bulk one
     with BULK; a programmatic dependent launch or not), each launched as the op launches it."""
     V = cute.size(mX, mode=[1]) // VEC
@@ -53,7 +54,7 @@ def _parts(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, stream: cuda
             stream=stream, use_pdl=PDL)
     if cutlass.const_expr(COPY and not BULK):
         units = md._copy_unit_total(tokens, TPB, slices)
-        md._copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, slices).launch(
+        md._copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, slices, HINTS).launch(
             grid=(units, 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=PDL)
 
 
@@ -68,7 +69,7 @@ def compile_parts(problem: md.MoEProblem, config: md.MoEDispatchConfig):
             _parts, *fake.op_tensors(), stream, problem.top_k,
             problem.experts, L, problem.pad, vec, config.warps_per_block * 32,
             config.grid_blocks, config.tokens_per_block, config.policy == md.SPLIT_BULK, route,
-            coop, copy, pdl, options="--enable-tvm-ffi")
+            coop, copy, pdl, config.cache_hints, options="--enable-tvm-ffi")
 
     routing = parts(route=True, coop=True, copy=False, pdl=False)
     copy = parts(route=False, coop=False, copy=True, pdl=False)

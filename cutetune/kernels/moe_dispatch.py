@@ -25,12 +25,16 @@ Four forms, chosen by the config's `policy`; each is one compiled callable on on
   the shared-memory ranks when it is needed, and the block that copies a token's first slice
   writes the token's row_of.
 - split (prefill): a cooperative routing kernel of `grid_blocks` blocks, each counting a
-  contiguous chunk of the pairs in shared memory, then adding its counts to global per-expert
-  counters with one atomic per expert (the returned old value is the block's base in that
-  expert); a grid barrier; every block then scans the totals itself, finishes its pairs' rows
-  and zeroes its share of the padding rows. A second, ordinary kernel over many blocks copies
-  the tokens; it is a programmatic dependent launch, let go at the start of routing, so its
-  launch and its loads of x overlap routing, and it waits for routing only to read row_of.
+  contiguous chunk of the pairs in shared memory, then exchanging its counts with the other
+  blocks across a grid barrier: with few blocks and few experts it publishes them to a table
+  that every block then reads whole (publishes_counts), otherwise it adds them to global
+  per-expert counters with one atomic per expert (the returned old value is the block's base
+  in that expert) and reads the totals back. Every block then scans the totals itself,
+  finishes its pairs' rows and zeroes its share of the padding rows. A second, ordinary kernel
+  over many blocks copies the tokens, with plain or streaming (evict-first) accesses as the
+  config's cache_hints says; it is a programmatic dependent launch, let go at the start of
+  routing, so its launch and its loads of x overlap routing, and it waits for routing only to
+  read row_of.
 - split_bulk (prefill): split's routing kernel, then a copy kernel that moves whole rows with
   the bulk-copy engine (cp.async.bulk): each one-warp block loads `tokens_per_block` rows into
   shared memory (before it waits for routing), then one lane per k stores each row to its k-th
@@ -49,10 +53,13 @@ Scratch lives in a persistent int32 workspace (make_inputs and the public op pro
 zeroed once when allocated, never per call):
 - the grid-barrier word (see `grid_barrier`: it returns to its starting state after every
   barrier, whatever the grid size, so nothing resets it between calls or between configs);
-- an epoch and two sets of global per-expert counters (plus an error count). A split call uses
-  the set of its epoch's parity, which the previous split call zeroed, and zeroes the other set
-  for the next call; block 0 advances the epoch after the barrier, when every block has read it.
+- an epoch and two sets of global per-expert counters (plus an error count), for split's
+  atomic exchange. Such a call uses the set of its epoch's parity, which the previous such call
+  zeroed, and zeroes the other set for the next; block 0 advances the epoch after the barrier,
+  when every block has read it. Calls that publish their counts leave both alone.
 - the fused kernel's list of padded segments (block 0 writes it before the barrier).
+- the table of published counts (PUBLISHED_COUNT_WORDS words), rewritten whole by every call
+  that publishes.
 Concurrent calls must not share a workspace (the public op keeps one per device and stream).
 """
 
@@ -76,6 +83,7 @@ from cutlass.experimental.primitives.nvvm_wrapper import (
 )
 
 from cutetune.dispatch import current_dispatcher
+from cutetune.kernels import cache_hints
 from cutetune.kernels.block_limits import WARP, block_size_within_device
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -118,14 +126,35 @@ IDS_IN_FLIGHT = 4
 # Warp 0 scans the padded counts with each lane owning ceil(L / 32) consecutive experts,
 # unrolled at compile time; the counters also live in shared memory.
 MAX_LOCAL_EXPERTS = 1024
+# The smallest routing grid: offered to split's routing kernel only (small_grid_only_routes).
+ROUTING_ONLY_GRID = 8
+# split's routing grids, narrowest first; the default picks the widest that leaves a block
+# about this many pairs (_routing_grid).
+SPLIT_GRIDS = (ROUTING_ONLY_GRID, 32, 128)
+ROUTED_PAIRS_PER_BLOCK = 1024
 # Shared memory a block may use without opting in (48 KiB on every CUDA GPU).
 SMEM_PER_BLOCK = 48 * 1024
 # split_bulk's copy: one warp per block, a lane per k issues that row's store.
 BULK_COPY_THREADS = WARP
 BULK_COPY_GRANULE = 16
+# Shared-memory flags of a routing block: the padded segments' count, the block's error flag and
+# (published counts) the errors of all blocks.
+SMEM_FLAGS = 3
 # A register estimate for the resource checks: addressing, loop state and the scan's lanes,
 # plus each in-flight vector (in 32-bit registers) and each token's K row indices.
 BASE_REGISTERS = 40
+
+# split's routing blocks exchange their counts in one of two ways. With few blocks and few
+# experts, each block publishes its L counts and its error flag with plain stores, and after the
+# grid barrier reads every block's (BLOCKS * (L + 1) words) to sum the totals and its own base:
+# no atomic round trip before the barrier. Otherwise each block adds its counts to global
+# counters with one returning atomic per expert (its base), and reads the totals after the
+# barrier. On the H200 (benchmarks/moe_dispatch_split_probe.py, BENCHMARKS.md) publishing was
+# 1.9-2.7 us faster for Mixtral (L = 8) at 32768 tokens with 32 routing blocks (288 words), and
+# within 0.5 us of the atomics either way at 1024 and 4096 tokens. In scratch runs (issue 4's
+# note) it was slower with 128 blocks (1152 words) and for L = 128 and 256 at every grid (1032
+# words and more): hence the bound.
+PUBLISHED_COUNT_WORDS = 512
 
 # Workspace layout (int32 words). The barrier word and the epoch sit on their own 128-byte
 # lines, away from the counters the routing blocks hammer with atomics.
@@ -139,8 +168,19 @@ def _ws_padding(local_experts: int) -> int:
     return WS_COUNTERS + 32 * math.ceil(2 * (local_experts + 1) / 32)
 
 
-def workspace_words(local_experts: int) -> int:
+def _ws_published(local_experts: int) -> int:
+    """Where the routing blocks' published counts start (after the padded-segment list)."""
     return _ws_padding(local_experts) + 1 + 2 * local_experts
+
+
+def workspace_words(local_experts: int) -> int:
+    return _ws_published(local_experts) + PUBLISHED_COUNT_WORDS
+
+
+def publishes_counts(local_experts: int, routing_blocks: int) -> bool:
+    """Whether split's routing blocks publish their counts (PUBLISHED_COUNT_WORDS) rather than
+    add them to global counters with atomics."""
+    return routing_blocks * (local_experts + 1) <= PUBLISHED_COUNT_WORDS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,6 +194,7 @@ class MoEDispatchConfig:
     warps_per_block: int
     vector_bits: int
     tokens_per_block: int
+    cache_hints: str = cache_hints.NORMAL
 
 
 def _threads(config: MoEDispatchConfig) -> int:
@@ -188,11 +229,11 @@ def _registers_per_thread(problem: MoEProblem, config: MoEDispatchConfig) -> int
 
 def _smem_bytes(problem: MoEProblem, config: MoEDispatchConfig) -> int:
     # counts and offsets over the scan's width (L rounded up to 32, offsets one more), bases,
-    # padded-segment starts and ends, and two flags: as _smem_tensors allocates them; the
+    # padded-segment starts and ends, and three flags: as _smem_tensors allocates them; the
     # replicated form adds each pair's local expert and rank, and each warp's counts
     # (_pair_tensors).
     width = _scan_width(problem.local_experts)
-    routing = 4 * (2 * width + 1 + 3 * problem.local_experts + 2)
+    routing = 4 * (2 * width + 1 + 3 * problem.local_experts + SMEM_FLAGS)
     if config.policy != REPLICATED:
         return routing
     return routing + 4 * (2 * REPLICATED_MAX_PAIRS + config.warps_per_block * width)
@@ -230,13 +271,14 @@ SPACE = Space(
         # The grid of the fused kernel (block 0 routes, all copy), of the replicated kernel
         # (all route, all copy) or of split's routing kernel (all route). A config constant:
         # the work is grid-stride.
-        Param("grid_blocks", (32, 128),
+        Param("grid_blocks", SPLIT_GRIDS,
               "blocks of the fused or replicated kernel, or of split's routing kernel"),
         Param("warps_per_block", (1, 4, 8), "warps in one thread block"),
         Param("vector_bits", (32, 64, 128), "bits per thread per global access of the copy"),
         Param("tokens_per_block", (1, 2, 4),
               "tokens whose vectors a thread loads before storing them (ILP of the copy); "
               "split_bulk: the rows a copy block holds in shared memory"),
+        cache_hints.CACHE_HINTS_PARAM,
     ),
     constraints=(
         Constraint(
@@ -256,6 +298,20 @@ SPACE = Space(
             "a thread may batch at most as many tokens as the call has (more only loads the "
             "same token again)",
             lambda p, c, d: c.tokens_per_block == 1 or c.tokens_per_block <= p.num_tokens,
+        ),
+        Constraint(
+            "small_grid_only_routes",
+            f"{ROUTING_ONLY_GRID} blocks are offered as split's routing grid only (so few "
+            "blocks publish their counts cheaply); as the grid of the fused or replicated "
+            "form, which also copies the tokens, they would leave most SMs idle",
+            lambda p, c, d: c.grid_blocks != ROUTING_ONLY_GRID or c.policy in SPLIT_FORMS,
+        ),
+        Constraint(
+            "streaming_hints_split_copy_only",
+            "streaming hints are offered for split's vector copy, where they were measured "
+            "(BENCHMARKS.md); split_bulk's bulk copies take no such hint, and the decode forms "
+            "keep plain accesses",
+            lambda p, c, d: c.cache_hints == cache_hints.NORMAL or c.policy == SPLIT,
         ),
         Constraint(
             "fused_routes_few_pairs",
@@ -319,8 +375,10 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     seed's fused form at 1 to 128 tokens for every preset (benchmarks/moe_dispatch_probe.py;
     BENCHMARKS.md), with 4 warps per block up to 256 pairs and 8 beyond, as a warp ranks
     pairs / (32 * warps) steps. Prefill split, 8 warps per block (DESIGN.md: 4-8 warps reach
-    the copy ceiling, 1 warp does not), routing spread over as wide a cooperative grid as the
-    device holds. Where none of these fits the device, the space's first valid point."""
+    the copy ceiling, 1 warp does not), streaming copy hints, and the routing grid of about
+    ROUTED_PAIRS_PER_BLOCK pairs a block (_routing_grid); narrower where the device holds
+    fewer cooperative blocks. Where none of these fits the device, the space's first valid
+    point."""
     bits = widest_vector_bits(problem.dtype, problem.hidden)
     if not bits:
         # No vector divides the hidden size: let the space say which constraint removed what.
@@ -329,13 +387,24 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     wide_warps = 4 if pairs <= 256 else 8
     candidates = [MoEDispatchConfig(REPLICATED, 128, warps, bits, 1)
                   for warps in dict.fromkeys((wide_warps, 4, 1))]
-    candidates += [MoEDispatchConfig(SPLIT, blocks, warps, bits, 1)
-                   for blocks in (128, 32) for warps in (8, 4, 1)]
+    grids = [blocks for blocks in SPLIT_GRIDS if blocks <= _routing_grid(pairs)]
+    candidates += [MoEDispatchConfig(SPLIT, blocks, warps, bits, 1, cache_hints.STREAMING)
+                   for blocks in reversed(grids) for warps in (8, 4, 1)]
     for config in candidates:
         if SPACE.first_violation(problem, config, device) is None:
             return config
     # An empty space raises here, saying which constraint removed how many points.
     return SPACE.valid_points(problem, device)[0]
+
+
+def _routing_grid(pairs: int) -> int:
+    """The default's routing grid for a call of `pairs` pairs: the widest of the space's grids
+    with at least ROUTED_PAIRS_PER_BLOCK pairs a block (the narrowest below that). On the H200
+    this was the fastest grid at every point timed (benchmarks/moe_dispatch_split_probe.py,
+    BENCHMARKS.md): 8 blocks for Mixtral at 1024 and 4096 tokens and Qwen3-30B-A3B at 512, 32
+    for Qwen3-235B-A22B and DeepSeek-V3 at 4096 and Mixtral at 32768."""
+    fitting = [blocks for blocks in SPLIT_GRIDS if blocks * ROUTED_PAIRS_PER_BLOCK <= pairs]
+    return max(fitting, default=SPLIT_GRIDS[0])
 
 
 def _copy_unit_count(problem: MoEProblem, config: MoEDispatchConfig) -> int:
@@ -604,10 +673,10 @@ def _unit_position(unit: Int32, tidx: Int32, SLICES: int, THREADS: int) -> tuple
 
 
 def _unit_loads(gX: cute.Tensor, tokens: Int32, group: Int32, column: Int32,
-                VEC: int, TPB: int) -> list:
+                VEC: int, TPB: int, HINTS: str = cache_hints.NORMAL) -> list:
     """Vector `column` of tokens group * TPB + [0, TPB) of gX ((1, VEC), (rows, V)), in
-    register fragments: every load issued before any is used. A token past the last loads the
-    last one again (the stores skip it)."""
+    register fragments, loaded with the cache hints HINTS: every load issued before any is
+    used. A token past the last loads the last one again (the stores skip it)."""
     values = []
     for i in range(TPB):
         token = cutlass.min(group * TPB + i, tokens - 1)
@@ -615,18 +684,19 @@ def _unit_loads(gX: cute.Tensor, tokens: Int32, group: Int32, column: Int32,
         # TensorSSA stored under two different branches trips the tracer (its element cache
         # is born inside the first branch).
         fragment = cute.make_rmem_tensor(cute.make_layout((1, VEC)), gX.element_type)
-        cute.autovec_copy(gX[(None, (token, column))], fragment)
+        cache_hints.load_into(gX[(None, (token, column))], fragment, HINTS)
         values.append(fragment)
     return values
 
 
 @cute.jit
 def _unit_stores(gDisp: cute.Tensor, values: list, row_of, tokens: Int32, group: Int32,
-                 column: Int32, K: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int]):
+                 column: Int32, K: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
+                 HINTS: cutlass.Constexpr[str] = cache_hints.NORMAL):
     """Store _unit_loads' vectors to each of their tokens' rows, row_of(token, k) (skipped
-    where negative). Every row index is read before the first store: the compiler cannot move
-    a load above a store it cannot prove disjoint, and one round trip per pair would
-    serialise."""
+    where negative), with the cache hints HINTS. Every row index is read before the first
+    store: the compiler cannot move a load above a store it cannot prove disjoint, and one
+    round trip per pair would serialise."""
     rows = []
     for i in cutlass.range_constexpr(TPB):
         token = cutlass.min(group * TPB + i, tokens - 1)
@@ -635,7 +705,8 @@ def _unit_stores(gDisp: cute.Tensor, values: list, row_of, tokens: Int32, group:
     for i in cutlass.range_constexpr(TPB):
         for k in cutlass.range_constexpr(K):
             if rows[i * K + k] >= 0 and group * TPB + i < tokens:
-                cute.autovec_copy(values[i], gDisp[(None, (rows[i * K + k], column))])
+                cache_hints.store_from(values[i], gDisp[(None, (rows[i * K + k], column))],
+                                       HINTS)
 
 
 @cute.jit
@@ -643,20 +714,22 @@ def _copy_units(gX: cute.Tensor, row_of, gDisp: cute.Tensor, tokens: Int32, tidx
                 first_unit: Int32, unit_stride: Int32, K: cutlass.Constexpr[int],
                 VEC: cutlass.Constexpr[int], V: cutlass.Constexpr[int],
                 THREADS: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
-                SLICES: cutlass.Constexpr[int], AFTER_ROUTING: cutlass.Constexpr[bool]):
+                SLICES: cutlass.Constexpr[int], AFTER_ROUTING: cutlass.Constexpr[bool],
+                HINTS: cutlass.Constexpr[str]):
     """Units first_unit, first_unit + unit_stride, ...: unit u copies vector
     (u % SLICES) * THREADS + tidx (of the row's V) of tokens (u // SLICES) * TPB + [0, TPB) to
     each of their rows, row_of(token, k) (a pair's row, or negative: none). gX and gDisp are
     divided into vectors: ((1, VEC), (rows, V)). AFTER_ROUTING: this kernel was launched
     early (programmatic dependent launch) behind the routing kernel, so it loads x (which
-    routing does not write) and only then waits for routing to finish before reading row_of."""
+    routing does not write) and only then waits for routing to finish before reading row_of.
+    HINTS: the cache hints of the loads and stores."""
     for unit in range(first_unit, _copy_unit_total(tokens, TPB, SLICES), unit_stride):
         group, column = _unit_position(unit, tidx, SLICES, THREADS)
         if column < V:
-            values = _unit_loads(gX, tokens, group, column, VEC, TPB)
+            values = _unit_loads(gX, tokens, group, column, VEC, TPB, HINTS)
             if cutlass.const_expr(AFTER_ROUTING):
                 cute.arch.griddepcontrol_wait()
-            _unit_stores(gDisp, values, row_of, tokens, group, column, K, TPB)
+            _unit_stores(gDisp, values, row_of, tokens, group, column, K, TPB, HINTS)
 
 
 @cute.jit
@@ -687,7 +760,7 @@ def _smem_tensors(L: int):
     sOffsets = smem.allocate_tensor(Int32, cute.make_layout(width + 1), byte_alignment=16)
     sPadStart = smem.allocate_tensor(Int32, cute.make_layout(L), byte_alignment=16)
     sPadEnd = smem.allocate_tensor(Int32, cute.make_layout(L), byte_alignment=16)
-    sFlags = smem.allocate_tensor(Int32, cute.make_layout(2), byte_alignment=16)
+    sFlags = smem.allocate_tensor(Int32, cute.make_layout(SMEM_FLAGS), byte_alignment=16)
     return sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags
 
 
@@ -761,7 +834,7 @@ def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
     _copy_units(gX, _StoredRows(mRowOf), gDisp, cute.size(mRowOf, mode=[0]), tidx,
-                bidx, BLOCKS, K, VEC, V, THREADS, TPB, SLICES, False)
+                bidx, BLOCKS, K, VEC, V, THREADS, TPB, SLICES, False, cache_hints.NORMAL)
     if cutlass.const_expr(ZERO_PAD):
         _zero_padding(gDisp, mPadStart, mPadEnd, mWs[pad_list], tidx, bidx, BLOCKS, VEC, V,
                       THREADS, SLICES)
@@ -930,51 +1003,21 @@ def _replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
         group, column = _unit_position(unit, tidx, SLICES, THREADS)
         if unit < units and column < V:
             _unit_stores(gDisp, preloaded[i], row_of, tokens, group, column, K, TPB)
-    _copy_units(gX, row_of, gDisp, tokens, tidx,
-                bidx + PRELOADED_UNITS * BLOCKS, BLOCKS, K, VEC, V, THREADS, TPB, SLICES, False)
+    _copy_units(gX, row_of, gDisp, tokens, tidx, bidx + PRELOADED_UNITS * BLOCKS, BLOCKS, K,
+                VEC, V, THREADS, TPB, SLICES, False, cache_hints.NORMAL)
     if cutlass.const_expr(ZERO_PAD):
         _zero_padding(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, BLOCKS, VEC, V, THREADS,
                       SLICES)
 
 
 @cute.jit
-def _route_chunks(mIds: cute.Tensor, mRowOf: cute.Tensor, mCounts: cute.Tensor,
-                  mOffsets: cute.Tensor, mError: cute.Tensor, mWs: cute.Tensor, tidx: Int32,
-                  bidx: Int32, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
-                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
-                  PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
-                  THREADS: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
-    """split's routing, by blocks 0 .. BLOCKS - 1 (all resident: they meet at a grid barrier),
-    block `bidx` taking the bidx-th contiguous chunk of the pairs: counts, offsets, error and
-    every pair's row_of written when it returns. Returns the block's padded-segment list
-    (sPadStart, sPadEnd, with their count in sFlags[0]) for the zeroing."""
-    sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags = _smem_tensors(L)
-    pairs = cute.size(mIds, mode=[0]) * K
-    chunk = (pairs + (BLOCKS - 1)) // BLOCKS
-    begin = bidx * chunk
-    end = cutlass.min(begin + chunk, pairs)
-    # The thread's first ids are loaded first, so that their round trip overlaps the epoch's
-    # (the stores below depend on the epoch, and no load can be moved above them).
-    experts = _pair_entries(mIds, begin + tidx, THREADS, end, K)
-    # This call counts into the counter set of its epoch's parity (zeroed by the previous
-    # call) and zeroes the other set for the next call. Every block reads the epoch before
-    # the barrier; block 0 advances it after.
-    epoch = mWs[WS_EPOCH]
-    parity = epoch & 1
-    mTotals = cute.make_tensor(mWs.iterator + WS_COUNTERS + parity * (L + 1),
-                               cute.make_layout(L + 1))
-    mNext = cute.make_tensor(mWs.iterator + WS_COUNTERS + (1 - parity) * (L + 1),
-                             cute.make_layout(L + 1))
-    for i in range(bidx * THREADS + tidx, L + 1, BLOCKS * THREADS):
-        mNext[i] = 0
-    for e in range(tidx, _scan_width(L), THREADS):
-        sCount[e] = 0
-    if tidx == 0:
-        sFlags[1] = 0
-    cute.arch.sync_threads()
-    slots = _route_pairs(mIds, mRowOf, sCount, sFlags, experts, begin + tidx, end, THREADS, K,
-                         E, BEGIN, L)
-    cute.arch.sync_threads()
+def _add_counts(mWs: cute.Tensor, mTotals: cute.Tensor, sCount: cute.Tensor,
+                sBase: cute.Tensor, sFlags: cute.Tensor, tidx: Int32, bidx: Int32,
+                L: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                BLOCKS: cutlass.Constexpr[int]):
+    """The atomic exchange: the block adds its counts to the global counters mTotals (one
+    returning atomic per expert gives its base there) and its error flag to mTotals[L]; after
+    the grid barrier sCount holds the totals and, in block 0, sFlags[2] the errors."""
     for e in range(tidx, L, THREADS):
         count = sCount[e]
         if count > 0:
@@ -986,6 +1029,95 @@ def _route_chunks(mIds: cute.Tensor, mRowOf: cute.Tensor, mCounts: cute.Tensor,
     grid_barrier(mWs, tidx, bidx, BLOCKS)
     for e in range(tidx, L, THREADS):
         sCount[e] = cute.arch.load(mTotals.iterator + e, Int32, sem="relaxed", scope="gpu")
+    if bidx == 0:
+        if tidx == 0:
+            sFlags[2] = cute.arch.load(mTotals.iterator + L, Int32, sem="relaxed", scope="gpu")
+
+
+@cute.jit
+def _publish_counts(mWs: cute.Tensor, sCount: cute.Tensor, sBase: cute.Tensor,
+                    sFlags: cute.Tensor, tidx: Int32, bidx: Int32, L: cutlass.Constexpr[int],
+                    THREADS: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+    """The published exchange (publishes_counts): block b stores its L counts and its error
+    flag to row b of a (BLOCKS, L + 1) table in the workspace with plain stores, which the
+    grid barrier's release and acquire order before every block's reads. Each block then sums
+    column e over all rows (expert e's total, into sCount) and over the rows before its own
+    (its base, into sBase), and the last column (the errors, into sFlags[2]). Every entry is
+    rewritten each call, so nothing is zeroed between calls."""
+    ROW = L + 1
+    mTable = _ws_view(mWs, _ws_published(L), BLOCKS * ROW)
+    for e in range(tidx, L, THREADS):
+        mTable[bidx * ROW + e] = sCount[e]
+    if tidx == 0:
+        mTable[bidx * ROW + L] = sFlags[1]
+    grid_barrier(mWs, tidx, bidx, BLOCKS)
+    for e in range(tidx, L, THREADS):
+        sCount[e] = 0
+        sBase[e] = 0
+    if tidx == 0:
+        sFlags[2] = 0
+    cute.arch.sync_threads()
+    for i in range(tidx, BLOCKS * ROW, THREADS):
+        block = i // ROW
+        column = i - block * ROW
+        # gpu scope: past any line of the table an earlier call left in this SM's L1.
+        value = cute.arch.load(mTable.iterator + i, Int32, sem="relaxed", scope="gpu")
+        if value != 0:
+            if column == L:
+                cute.arch.atomic_add(sFlags.iterator + 2, value, sem="relaxed", scope="cta")
+            else:
+                cute.arch.atomic_add(sCount.iterator + column, value, sem="relaxed",
+                                     scope="cta")
+                if block < bidx:
+                    cute.arch.atomic_add(sBase.iterator + column, value, sem="relaxed",
+                                         scope="cta")
+
+
+@cute.jit
+def _route_chunks(mIds: cute.Tensor, mRowOf: cute.Tensor, mCounts: cute.Tensor,
+                  mOffsets: cute.Tensor, mError: cute.Tensor, mWs: cute.Tensor, tidx: Int32,
+                  bidx: Int32, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
+                  PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
+                  THREADS: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+    """split's routing, by blocks 0 .. BLOCKS - 1 (all resident: they meet at a grid barrier),
+    block `bidx` taking the bidx-th contiguous chunk of the pairs: counts, offsets, error and
+    every pair's row_of written when it returns. The blocks exchange their counts as
+    publishes_counts chooses (_publish_counts, _add_counts). Returns the block's
+    padded-segment list (sPadStart, sPadEnd, with their count in sFlags[0]) for the zeroing."""
+    PUBLISH = publishes_counts(L, BLOCKS)
+    sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags = _smem_tensors(L)
+    pairs = cute.size(mIds, mode=[0]) * K
+    chunk = (pairs + (BLOCKS - 1)) // BLOCKS
+    begin = bidx * chunk
+    end = cutlass.min(begin + chunk, pairs)
+    # The thread's first ids are loaded first, so that their round trip overlaps the epoch's
+    # (the stores below depend on the epoch, and no load can be moved above them).
+    experts = _pair_entries(mIds, begin + tidx, THREADS, end, K)
+    if cutlass.const_expr(not PUBLISH):
+        # This call counts into the counter set of its epoch's parity (zeroed by the previous
+        # call) and zeroes the other set for the next call. Every block reads the epoch before
+        # the barrier; block 0 advances it after.
+        epoch = mWs[WS_EPOCH]
+        parity = epoch & 1
+        mTotals = cute.make_tensor(mWs.iterator + WS_COUNTERS + parity * (L + 1),
+                                   cute.make_layout(L + 1))
+        mNext = cute.make_tensor(mWs.iterator + WS_COUNTERS + (1 - parity) * (L + 1),
+                                 cute.make_layout(L + 1))
+        for i in range(bidx * THREADS + tidx, L + 1, BLOCKS * THREADS):
+            mNext[i] = 0
+    for e in range(tidx, _scan_width(L), THREADS):
+        sCount[e] = 0
+    if tidx == 0:
+        sFlags[1] = 0
+    cute.arch.sync_threads()
+    slots = _route_pairs(mIds, mRowOf, sCount, sFlags, experts, begin + tidx, end, THREADS, K,
+                         E, BEGIN, L)
+    cute.arch.sync_threads()
+    if cutlass.const_expr(PUBLISH):
+        _publish_counts(mWs, sCount, sBase, sFlags, tidx, bidx, L, THREADS, BLOCKS)
+    else:
+        _add_counts(mWs, mTotals, sCount, sBase, sFlags, tidx, bidx, L, THREADS, BLOCKS)
     cute.arch.sync_threads()
     if tidx < WARP:
         _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD, ZERO_PAD)
@@ -998,11 +1130,11 @@ def _route_chunks(mIds: cute.Tensor, mRowOf: cute.Tensor, mCounts: cute.Tensor,
             mOffsets[e] = sOffsets[e]
         if tidx == 0:
             mOffsets[L] = sOffsets[L]
-            errors = cute.arch.load(mTotals.iterator + L, Int32, sem="relaxed", scope="gpu")
             mError[0] = Int32(0)
-            if errors != 0:
+            if sFlags[2] != 0:
                 mError[0] = Int32(1)
-            mWs[WS_EPOCH] = epoch + 1
+            if cutlass.const_expr(not PUBLISH):
+                mWs[WS_EPOCH] = epoch + 1
     cute.arch.sync_threads()
     _finish_pairs(mIds, mRowOf, sBase, experts, slots, begin + tidx, end, THREADS, K, BEGIN)
     return sPadStart, sPadEnd, sFlags
@@ -1034,14 +1166,15 @@ def _route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
 def _copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
                  K: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
                  V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                 TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int]):
+                 TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
+                 HINTS: cutlass.Constexpr[str]):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     gdim, _, _ = cute.arch.grid_dim()
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
     _copy_units(gX, _StoredRows(mRowOf), gDisp, cute.size(mRowOf, mode=[0]), tidx,
-                bidx, gdim, K, VEC, V, THREADS, TPB, SLICES, True)
+                bidx, gdim, K, VEC, V, THREADS, TPB, SLICES, True, HINTS)
 
 
 @cute.kernel
@@ -1099,7 +1232,7 @@ def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
                      L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
                      ZERO_PAD: cutlass.Constexpr[bool], VEC: cutlass.Constexpr[int],
                      THREADS: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
-                     BLOCKS: cutlass.Constexpr[int]):
+                     BLOCKS: cutlass.Constexpr[int], HINTS: cutlass.Constexpr[str]):
     V = cute.size(mX, mode=[1]) // VEC
     SLICES = (V + THREADS - 1) // THREADS
     units = _copy_unit_total(cute.size(mX, mode=[0]), TPB, SLICES)
@@ -1123,7 +1256,7 @@ def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
         # Launched early behind the routing kernel (programmatic dependent launch): its
         # launch, first blocks and x loads overlap routing; it waits before reading row_of.
         if cutlass.const_expr(POLICY == SPLIT):
-            _copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, SLICES).launch(
+            _copy_kernel(mX, mRowOf, mDisp, K, VEC, V, THREADS, TPB, SLICES, HINTS).launch(
                 grid=(cutlass.max(units, 1), 1, 1), block=(THREADS, 1, 1), stream=stream,
                 use_pdl=True)
         else:
@@ -1247,7 +1380,7 @@ def compile_kernel(problem: MoEProblem, config: MoEDispatchConfig,
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
         config.policy, problem.top_k, problem.experts, problem.expert_begin, L,
         problem.pad, problem.zero_padding and problem.pad > 1, vec, _threads(config),
-        config.tokens_per_block, config.grid_blocks,
+        config.tokens_per_block, config.grid_blocks, config.cache_hints,
         options=" ".join(("--enable-tvm-ffi", options)).strip(),
     )
     return CompiledDispatch(fn, problem, config)

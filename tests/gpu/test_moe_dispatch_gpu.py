@@ -1,5 +1,6 @@
 """moe_dispatch on the GPU: every valid point against moe_common's check (uniform and skewed
-routing, padding zeroed or left alone, a local expert range, pad 1, 64-bit vectors), the most
+routing, padding zeroed or left alone, a local expert range, pad 1, 64-bit vectors; the split
+forms' points for Mixtral's few experts, whose routing blocks publish their counts), the most
 pairs the replicated form ranks, the heuristic default at prefill sizes,
 expert ids outside [0, E), CUDA-graph replays (the grid barrier re-arms itself), the launch
 path's residency check, and the public op.
@@ -32,6 +33,10 @@ QWEN = moe.MoEProblem(num_tokens=1, dtype="bfloat16", hidden=2048, experts=128, 
 SYNTHETIC = moe.MoEProblem(num_tokens=1, dtype="float16", hidden=1004, experts=20, top_k=3,
                            pad=1, expert_begin=5, expert_end=17)
 LOCAL = dataclasses.replace(QWEN, expert_begin=32, expert_end=96)
+# Mixtral-8x7B's: 8 experts, top-2, hidden 4096. Few experts: split's routing grids of 8 and 32
+# blocks publish their counts, 128 blocks add them with atomics (publishes_counts).
+MIXTRAL = moe.MoEProblem(num_tokens=1, dtype="bfloat16", hidden=4096, experts=8, top_k=2,
+                         pad=16, expert_begin=0, expert_end=8)
 
 
 @functools.cache
@@ -96,6 +101,25 @@ def test_every_valid_point_matches_reference(tokens, skewed, zero_padding):
     assert_every_point(points, lambda i, config: run_and_check(
         problem, config, inputs(problem, seed=i, skewed=skewed, workspace=workspace)),
         problem.describe())
+    assert barrier_low_bits(workspace) == 0
+
+
+def test_every_split_point_of_few_experts():
+    # Both count exchanges and both copy hints, on one workspace, with uniform and skewed
+    # routing: a published call must leave the atomic exchange's epoch and counters as it
+    # found them, and the reverse. (The forms without a routing kernel do not exchange counts;
+    # QWEN's every-point tests cover them.)
+    problem = dataclasses.replace(MIXTRAL.with_tokens(1000), zero_padding=True)
+    points = [c for c in md.SPACE.valid_points(problem, spec()) if c.policy in md.SPLIT_FORMS]
+    split = [c for c in points if c.policy == md.SPLIT]
+    assert {md.publishes_counts(problem.local_experts, c.grid_blocks) for c in split} == \
+        {True, False}
+    assert {c.cache_hints for c in split} == {"normal", "streaming"}
+    workspace = md.new_workspace(problem, DEVICE)
+    for skewed in (False, True):
+        assert_every_point(points, lambda i, config, skewed=skewed: run_and_check(
+            problem, config, inputs(problem, seed=i, skewed=skewed, workspace=workspace)),
+            f"{problem.describe()}, skewed={skewed}")
     assert barrier_low_bits(workspace) == 0
 
 
@@ -166,28 +190,45 @@ def test_split_bulk_at_prefill_sizes(tokens, skewed):
 # ---------------------------------------------------------------------------------------------
 # Expert ids outside [0, E)
 
-BAD_IDS = (-1, QWEN.experts, 2**31 - 1, -(2**31))
+BAD_IDS = (-1, QWEN.experts, 2**31 - 1, -(2**31))  # also outside Mixtral's 8
 
 
-@pytest.mark.parametrize(("tokens", "policy"), [(7, md.FUSED), (7, md.REPLICATED),
-                                                (7, md.SPLIT), (1000, md.SPLIT),
-                                                (1000, md.SPLIT_BULK)])
-def test_ids_outside_the_experts_are_skipped_and_flagged(tokens, policy):
-    problem = QWEN.with_tokens(tokens)
-    config = md.MoEDispatchConfig(policy, 128, 4, 128, 1)
+@pytest.mark.parametrize(("base", "tokens", "policy", "blocks"), [
+    (QWEN, 7, md.FUSED, 128), (QWEN, 7, md.REPLICATED, 128), (QWEN, 7, md.SPLIT, 128),
+    (QWEN, 1000, md.SPLIT, 128), (QWEN, 1000, md.SPLIT_BULK, 128),
+    (MIXTRAL, 1000, md.SPLIT, 8), (MIXTRAL, 1000, md.SPLIT_BULK, 32)])
+def test_ids_outside_the_experts_are_skipped_and_flagged(base, tokens, policy, blocks):
+    # The last two publish their counts: the flag travels in the published table.
+    problem = base.with_tokens(tokens)
+    config = md.MoEDispatchConfig(policy, blocks, 4, 128, 1)
+    assert md.publishes_counts(problem.local_experts, blocks) == (base is MIXTRAL)
     workspace = md.new_workspace(problem, DEVICE)
     tensors = inputs(problem, seed=1, workspace=workspace)
     for i, bad in enumerate(BAD_IDS):
-        tensors["topk_ids"][i, i] = bad
+        tensors["topk_ids"][i, i % problem.top_k] = bad
     # The reference skips them too (row -1) and expects the flag; every other pair must be
     # in place, in its own row, with its token.
     run_and_check(problem, config, tensors)
     assert int(tensors["error"].item()) == 1
-    assert [int(tensors["row_of"][i, i]) for i in range(len(BAD_IDS))] == [-1] * len(BAD_IDS)
+    assert [int(tensors["row_of"][i, i % problem.top_k])
+            for i in range(len(BAD_IDS))] == [-1] * len(BAD_IDS)
     # A clean call on the same buffers clears the flag.
     clean = inputs(problem, seed=2, workspace=workspace)
     run_and_check(problem, config, clean)
     assert int(clean["error"].item()) == 0
+
+
+@pytest.mark.parametrize(("base", "blocks"), [(QWEN, 128), (MIXTRAL, 8), (MIXTRAL, 32)])
+def test_a_bad_id_only_the_last_routing_block_sees_is_flagged(base, blocks):
+    # Block 0 writes the flag: it must learn of the last block's error through the exchange
+    # (the atomic error count for QWEN, the published table for Mixtral).
+    problem = base.with_tokens(1000)
+    config = md.MoEDispatchConfig(md.SPLIT, blocks, 8, 128, 1)
+    tensors = inputs(problem, seed=3)
+    tensors["topk_ids"][-1, -1] = problem.experts
+    run_and_check(problem, config, tensors)
+    assert int(tensors["error"].item()) == 1
+    assert int(tensors["row_of"][-1, -1]) == -1
 
 
 def test_public_op_validate_raises_on_bad_ids():
@@ -207,11 +248,14 @@ def test_public_op_validate_raises_on_bad_ids():
 # CUDA graphs
 
 
-@pytest.mark.parametrize(("policy", "tokens"), [(md.FUSED, 7), (md.REPLICATED, 7),
-                                                (md.SPLIT, 300), (md.SPLIT_BULK, 300)])
-def test_graph_replays_twice_and_the_barrier_rearms(policy, tokens):
-    problem = dataclasses.replace(QWEN.with_tokens(tokens), zero_padding=True)
-    config = md.MoEDispatchConfig(policy, 128, 4, 128, 1)
+@pytest.mark.parametrize(("base", "policy", "tokens", "blocks"), [
+    (QWEN, md.FUSED, 7, 128), (QWEN, md.REPLICATED, 7, 128), (QWEN, md.SPLIT, 300, 128),
+    (QWEN, md.SPLIT_BULK, 300, 128), (MIXTRAL, md.SPLIT, 300, 8)])
+def test_graph_replays_twice_and_the_barrier_rearms(base, policy, tokens, blocks):
+    problem = dataclasses.replace(base.with_tokens(tokens), zero_padding=True)
+    config = md.MoEDispatchConfig(policy, blocks, 4, 128, 1)
+    atomic_exchange = policy in md.SPLIT_FORMS and not md.publishes_counts(
+        problem.local_experts, blocks)
     kernel = compiled(problem, config)
     tensors = inputs(problem, seed=0)
     workspace = tensors["workspace"]
@@ -235,8 +279,9 @@ def test_graph_replays_twice_and_the_barrier_rearms(policy, tokens):
         torch.cuda.synchronize()
         check_outputs(md.KERNEL, problem, tensors, expected, label=f"replay {replay}: ")
         assert barrier_low_bits(workspace) == 0
-    # The split form advances its epoch once per call (the fused form does not use it).
-    assert int(workspace[md.WS_EPOCH].item()) == epoch + (2 if policy in md.SPLIT_FORMS else 0)
+    # The atomic exchange advances its epoch once per call (the published exchange and the
+    # fused form do not use it).
+    assert int(workspace[md.WS_EPOCH].item()) == epoch + (2 if atomic_exchange else 0)
 
 
 def test_public_op_in_a_cuda_graph():

@@ -3,10 +3,11 @@ MoE problem of every preset with routed experts (bf16) and for a synthetic fp16 
 local expert range, pad 1 and a hidden size only 64-bit vectors divide (at 2 tokens, so that
 tokens_per_block 2 is valid too; the PTX tests compile 6); the PTX shows the grid barrier's
 gpu-scope release arrival and acquire spin, the replicated form's barrier-free ranking, zero
-stores only where padding is zeroed, copies of whole 128-bit vectors, and split_bulk's rows
-moved by bulk copies through shared memory.
+stores only where padding is zeroed, copies of whole 128-bit vectors, split_bulk's rows
+moved by bulk copies through shared memory, the published count exchange of few experts, and
+streaming copies.
 
-About 130 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
+About 220 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
 spreads them.
 """
 
@@ -44,7 +45,7 @@ def test_sweep_stays_within_its_budget():
     assert {c.vector_bits for c in synthetic} == {64}
     # 1004 fp16 elements are 2008 bytes, not a whole number of bulk copies.
     assert {c.policy for c in synthetic} == {md.FUSED, md.REPLICATED, md.SPLIT}
-    assert sum(counts) + len(synthetic) <= 135
+    assert sum(counts) + len(synthetic) <= 220
 
 
 @pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
@@ -161,6 +162,39 @@ def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
     (tmp_path / "fused").mkdir()
     assert "griddepcontrol" not in _ptx_entries(QWEN3_30B, MoEDispatchConfig(
         md.FUSED, 128, 8, 128, 4), tmp_path / "fused", monkeypatch)["fused"]
+
+
+MIXTRAL = MoEProblem(num_tokens=4096, dtype="bfloat16", hidden=4096, experts=8, top_k=2,
+                     pad=16, expert_begin=0, expert_end=8)
+
+
+def test_ptx_split_routing_publishes_few_experts_counts(tmp_path, monkeypatch):
+    config = MoEDispatchConfig(md.SPLIT, 8, 8, 128, 1)
+    assert md.publishes_counts(MIXTRAL.local_experts, config.grid_blocks)
+    entries = _ptx_entries(MIXTRAL, config, tmp_path, monkeypatch)
+    route = entries["route"]
+    _assert_barrier(route)
+    # The barrier's arrival is the only global atomic: the counts go out with plain stores
+    # and come back, after the barrier, with gpu-scope loads.
+    assert len(re.findall(r"\batom\.global\.", route)) == 1
+    assert route.index("ld.acquire.gpu") < route.index("ld.relaxed.gpu.global.b32")
+    # No epoch to read: only the thread's first ids are loaded before the first block barrier.
+    first_barrier = route[:route.index("bar.sync")]
+    assert Counter(op for op, _, _ in GLOBAL_ACCESS.findall(first_barrier))["ld"] == \
+        md.IDS_IN_FLIGHT
+
+
+def test_ptx_streaming_hints_reach_every_access_of_the_copy(tmp_path, monkeypatch):
+    config = MoEDispatchConfig(md.SPLIT, 128, 8, 128, 2, "streaming")
+    copy = _ptx_entries(QWEN3_30B, config, tmp_path, monkeypatch)["copy"]
+    # 2 tokens' loads and 2 x 8 stores of 128 bits, all cache-streaming; nothing plain.
+    assert len(re.findall(r"\bld\.global\.cs\.v4\.b32\b", copy)) == 2
+    assert len(re.findall(r"\bst\.global\.cs\.v4\.b32\b", copy)) == 2 * 8
+    assert not re.search(r"\b(ld|st)\.global\.v4\.", copy)
+    (tmp_path / "normal").mkdir()
+    normal = _ptx_entries(QWEN3_30B, dataclasses.replace(config, cache_hints="normal"),
+                          tmp_path / "normal", monkeypatch)["copy"]
+    assert ".cs." not in normal
 
 
 def test_ptx_split_bulk_moves_rows_with_bulk_copies(tmp_path, monkeypatch):

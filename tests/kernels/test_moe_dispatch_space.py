@@ -90,7 +90,17 @@ def test_workspace_regions_do_not_overlap():
         assert {md.WS_BARRIER * 4 // 128, md.WS_EPOCH * 4 // 128, md.WS_COUNTERS * 4 // 128} \
             == {0, 1, 2}
         assert counters_end <= md._ws_padding(L)
-        assert md.workspace_words(L) == md._ws_padding(L) + 1 + 2 * L
+        # The padded-segment list, then the published counts' table.
+        assert md._ws_published(L) == md._ws_padding(L) + 1 + 2 * L
+        assert md.workspace_words(L) == md._ws_published(L) + md.PUBLISHED_COUNT_WORDS
+
+
+def test_routing_blocks_publish_counts_only_where_few():
+    # Mixtral's 8 experts: 8 and 32 routing blocks publish (72 and 288 words), 128 do not
+    # (1152); Qwen3's 128 never do (1032 words at 8 blocks).
+    assert [md.publishes_counts(8, blocks) for blocks in md.SPLIT_GRIDS] == [True, True, False]
+    assert not any(md.publishes_counts(128, blocks) for blocks in md.SPLIT_GRIDS)
+    assert md.publishes_counts(63, 8) and not md.publishes_counts(64, 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +108,7 @@ def test_workspace_regions_do_not_overlap():
 
 
 def test_declared_space_is_small():
-    assert len(SPACE.declared_points()) == 4 * 2 * 3 * 3 * 3
+    assert len(SPACE.declared_points()) == 4 * 3 * 3 * 3 * 3 * 2
 
 
 @pytest.mark.parametrize("name", MOE_PRESETS)
@@ -128,6 +138,23 @@ def test_an_odd_hidden_size_has_no_point_and_says_why():
     p = problem(hidden=1001)
     with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors"):
         default_config(p, H200)
+
+
+def test_eight_blocks_only_for_the_routing_grid():
+    rejected = rejections(problem(num_tokens=64))
+    for policy in (md.FUSED, md.REPLICATED):
+        assert rejected[MoEDispatchConfig(policy, 8, 4, 128, 1)] == "small_grid_only_routes"
+        assert MoEDispatchConfig(policy, 32, 4, 128, 1) not in rejected
+    for policy in md.SPLIT_FORMS:
+        assert MoEDispatchConfig(policy, 8, 4, 128, 1) not in rejected
+
+
+def test_streaming_hints_only_for_the_split_copy():
+    rejected = rejections(problem(num_tokens=64))
+    for policy in (md.FUSED, md.REPLICATED, md.SPLIT_BULK):
+        config = MoEDispatchConfig(policy, 32, 4, 128, 1, "streaming")
+        assert rejected[config] == "streaming_hints_split_copy_only"
+    assert MoEDispatchConfig(md.SPLIT, 32, 4, 128, 1, "streaming") not in rejected
 
 
 def test_tokens_per_block_is_bounded_by_the_tokens():
@@ -190,15 +217,15 @@ def test_too_many_local_experts_for_the_scan():
 
 
 def test_counters_must_fit_shared_memory(monkeypatch):
-    # 128 local experts need 4 * (2 * 128 + 1 + 3 * 128 + 2) bytes of counters and lists;
+    # 128 local experts need 4 * (2 * 128 + 1 + 3 * 128 + 3) bytes of counters and lists;
     # the replicated form adds a local expert and a row for each of up to 1024 pairs, and
     # each warp's count per expert.
     fused = MoEDispatchConfig(md.FUSED, 128, 1, 128, 1)
     replicated = MoEDispatchConfig(md.REPLICATED, 128, 1, 128, 1)
-    assert md._smem_bytes(problem(), fused) == 2572
-    assert md._smem_bytes(problem(), replicated) == 2572 + 2 * 4 * 1024 + 4 * 128
+    assert md._smem_bytes(problem(), fused) == 2576
+    assert md._smem_bytes(problem(), replicated) == 2576 + 2 * 4 * 1024 + 4 * 128
     assert md._smem_bytes(problem(), dataclasses.replace(replicated, warps_per_block=8)) == \
-        2572 + 2 * 4 * 1024 + 8 * 4 * 128
+        2576 + 2 * 4 * 1024 + 8 * 4 * 128
     monkeypatch.setattr(md, "SMEM_PER_BLOCK", 4096)
     rejected = rejections(problem())
     assert rejected[replicated] == "counters_fit_smem" and fused not in rejected
@@ -259,13 +286,16 @@ def test_default_config_is_valid_replicated_for_few_tokens_and_split_for_many(na
         config = default_config(p, H200)
         SPACE.check(p, config, H200)
         assert config.vector_bits == 128 and config.tokens_per_block == 1
-        assert config.grid_blocks == 128  # the widest grid an H200 holds
         pairs = tokens * p.top_k
         if config.policy == md.REPLICATED:
             assert pairs <= md.REPLICATED_MAX_PAIRS
+            assert config.grid_blocks == 128
             assert config.warps_per_block == (4 if pairs <= 256 else 8)
+            assert config.cache_hints == "normal"
         else:
+            assert config.grid_blocks == md._routing_grid(pairs)
             assert config.warps_per_block == 8
+            assert config.cache_hints == "streaming"
         policies.append(config.policy)
     # Replicated for the first (decode) sizes, split from some size on, never back.
     assert policies[0] == md.REPLICATED and policies[-1] == md.SPLIT
@@ -287,11 +317,22 @@ def test_default_narrows_where_a_point_does_not_fit():
     assert rejections(p)[MoEDispatchConfig(md.REPLICATED, 128, 8, 128, 1)] == \
         "counters_fit_smem"
     assert default_config(p, H200) == MoEDispatchConfig(md.REPLICATED, 128, 4, 128, 1)
-    # 16 SMs of 4 blocks hold 64 cooperative blocks: split's routing grid narrows to 32.
+    # 16 SMs of 4 blocks hold 64 cooperative blocks: split's routing grid of 128 blocks (the
+    # default's at 32768 tokens of top-8) narrows to 32.
     small = dataclasses.replace(H200, sm_count=16, max_blocks_per_sm=4)
-    config = default_config(problem(num_tokens=4096), small)
-    assert config == MoEDispatchConfig(md.SPLIT, 32, 8, 128, 1)
-    SPACE.check(problem(num_tokens=4096), config, small)
+    assert default_config(problem(num_tokens=32768), H200).grid_blocks == 128
+    config = default_config(problem(num_tokens=32768), small)
+    assert config == MoEDispatchConfig(md.SPLIT, 32, 8, 128, 1, "streaming")
+    SPACE.check(problem(num_tokens=32768), config, small)
+
+
+def test_default_routing_grid_leaves_about_1024_pairs_a_block():
+    # The grids the split probe found fastest (BENCHMARKS.md): 8 blocks for Mixtral at 1024
+    # and 4096 tokens (2048, 8192 pairs) and Qwen3-30B-A3B at 512 (4096), 32 for the top-8
+    # presets at 4096 (32768) and Mixtral at 32768 (65536); 128 from 131072 pairs.
+    assert [md._routing_grid(pairs) for pairs in (1, 2048, 4096, 8192, 32767, 32768, 65536,
+                                                  131071, 131072, 2**23)] == \
+        [8, 8, 8, 8, 8, 32, 32, 32, 128, 128]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,7 +351,7 @@ def test_cost_by_hand_fused():
     assert c.flops == 0
     assert (c.blocks, c.threads_per_block, c.launches, c.grid_barriers) == (128, 128, 1, 1)
     assert c.registers_per_thread == 40 + 4 + 8
-    assert c.smem_per_block == 2572
+    assert c.smem_per_block == 2576
     assert c.bytes_in_flight_per_thread == 16
     # Padding left unwritten moves no bytes.
     unpadded = cost(problem(num_tokens=4), MoEDispatchConfig(md.FUSED, 128, 4, 128, 1), H200)
@@ -323,7 +364,7 @@ def test_cost_by_hand_replicated():
     c = cost(p, MoEDispatchConfig(md.REPLICATED, 32, 1, 128, 1), H200)
     assert c.bytes_moved == 4 * 32 + 4 * 32 + 4 * (2 * 128 + 2) + 4 * 4096 + 32 * 4096
     assert (c.blocks, c.threads_per_block, c.launches, c.grid_barriers) == (32, 32, 1, 0)
-    assert c.smem_per_block == 2572 + 8192 + 512
+    assert c.smem_per_block == 2576 + 8192 + 512
     # Base, a vector and 8 rows, as the other forms; then 4 preloaded vectors and the 32 ids
     # each of 32 threads loads before routing (1024 pairs at most).
     assert c.registers_per_thread == 40 + 4 + 8 + 4 * 4 + 32
