@@ -151,7 +151,7 @@ BASE_REGISTERS = 40
 # counters with one returning atomic per expert (its base), and reads the totals after the
 # barrier. On the H200 (benchmarks/moe_dispatch_split_probe.py, BENCHMARKS.md) publishing was
 # 1.9-2.7 us faster for Mixtral (L = 8) at 32768 tokens with 32 routing blocks (288 words), and
-# within 0.5 us of the atomics either way at 1024 and 4096 tokens. In scratch runs (issue 4's
+# within 0.52 us of the atomics either way at 1024 and 4096 tokens. In scratch runs (issue 4's
 # note) it was slower with 128 blocks (1152 words) and for L = 128 and 256 at every grid (1032
 # words and more): hence the bound.
 PUBLISHED_COUNT_WORDS = 512
