@@ -1092,7 +1092,8 @@ def _route_chunks(mIds: cute.Tensor, mRowOf: cute.Tensor, mCounts: cute.Tensor,
     begin = bidx * chunk
     end = cutlass.min(begin + chunk, pairs)
     # The thread's first ids are loaded first, so that their round trip overlaps the epoch's
-    # (the stores below depend on the epoch, and no load can be moved above them).
+    # in the atomic exchange (the stores below depend on the epoch, and no load can be moved
+    # above them).
     experts = _pair_entries(mIds, begin + tidx, THREADS, end, K)
     if cutlass.const_expr(not PUBLISH):
         # This call counts into the counter set of its epoch's parity (zeroed by the previous
