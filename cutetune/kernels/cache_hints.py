@@ -65,9 +65,8 @@ def load(src: cute.Tensor, hints: str):
         return src.load()
     if hints == EVICT_LAST_LOADS:
         return _load_evict_last(src)
-    atom = _streaming_load_atom(src)
     registers = cute.make_rmem_tensor_like(src)
-    cute.copy(atom, src, registers)
+    load_into(src, registers, hints)
     return registers.load()
 
 
@@ -95,10 +94,9 @@ def store(dst: cute.Tensor, value, hints: str) -> None:
     if hints != STREAMING:
         dst.store(value)
         return
-    atom = _streaming_store_atom(dst)
     registers = cute.make_rmem_tensor_like(dst)
     registers.store(value)
-    cute.copy(atom, registers, dst)
+    store_from(registers, dst, hints)
 
 
 def load_into(src: cute.Tensor, fragment: cute.Tensor, hints: str) -> None:
@@ -111,7 +109,9 @@ def load_into(src: cute.Tensor, fragment: cute.Tensor, hints: str) -> None:
     _require_streaming(hints)
     # The copy atom wants the source's shape.
     registers = cute.make_tensor(fragment.iterator, cute.make_layout(cute.shape(src)))
-    atom = _streaming_load_atom(src)
+    atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), src.element_type,
+                               num_bits_per_copy=cute.size(src) * src.element_type.width,
+                               load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING)
     cute.copy(atom, src, registers)
 
 
@@ -123,24 +123,13 @@ def store_from(fragment: cute.Tensor, dst: cute.Tensor, hints: str) -> None:
         return
     _require_streaming(hints)
     registers = cute.make_tensor(fragment.iterator, cute.make_layout(cute.shape(dst)))
-    atom = _streaming_store_atom(dst)
-    cute.copy(atom, registers, dst)
-
-
-def _streaming_load_atom(src: cute.Tensor):
-    return cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), src.element_type,
-                               num_bits_per_copy=cute.size(src) * src.element_type.width,
-                               load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING)
-
-
-def _streaming_store_atom(dst: cute.Tensor):
-    return cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), dst.element_type,
+    atom = cute.make_copy_atom(cute.nvgpu.CopyR2GOp(), dst.element_type,
                                num_bits_per_copy=cute.size(dst) * dst.element_type.width,
                                store_cache_mode=cute.nvgpu.StoreCacheMode.STREAMING)
+    cute.copy(atom, registers, dst)
 
 
 def _require_streaming(hints: str) -> None:
     if hints != STREAMING:
         raise ValueError(f"register fragments are copied with {NORMAL!r} or {STREAMING!r} "
                          f"hints, not {hints!r}")
-
