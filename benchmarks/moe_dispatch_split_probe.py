@@ -1,14 +1,17 @@
 """split dispatch's routing grid, count exchange and copy cache hints, side by side
-(BENCHMARKS.md, issue 4, eighth run).
+(BENCHMARKS.md, issue 4, eighth run), and split_block_ranks beside them (ninth run).
 
 For each MODEL:TOKENS, split's points at 8 warps per block and 1 or 2 tokens per block, over the
 routing grids of the space, the copy's cache hints (normal, streaming) and both ways the routing
 blocks exchange their counts: as `publishes_counts` chooses (published where blocks x (local
 experts + 1) fit PUBLISHED_COUNT_WORDS) and, where that is published, the atomic exchange too
-at one token per block (compiled with `publishes_counts` answering no). The heuristic
-default's point is marked. Every point is checked against the reference first (three calls on
-each of three input sets), then all are timed as `cutetune bench` times (CUDA graphs over
-rotated input sets, interleaved rounds), twice, beside a copy of the same bytes.
+at one token per block (compiled with `publishes_counts` answering no). Then
+split_block_ranks' valid points over the same grids, at 4 and 8 warps, 1, 2 and 4 tokens per
+block and streaming hints (its routing blocks exchange nothing: the copy resolves their ranks,
+"in copy"). The heuristic default's point is marked. Every point is checked against the
+reference first (three calls on each of three input sets), then all are timed as `cutetune
+bench` times (CUDA graphs over rotated input sets, interleaved rounds), twice, beside a copy
+of the same bytes.
 
     python3 benchmarks/moe_dispatch_split_probe.py mixtral-8x7b:4096 qwen3-30b-a3b:512 \
         [--compile-only]
@@ -29,9 +32,12 @@ from cutetune.spaces.models import PRESETS
 GRIDS = next(p.choices for p in md.SPACE.params if p.name == "grid_blocks")
 HINTS = (cache_hints.NORMAL, cache_hints.STREAMING)
 WARPS = 8
+BLOCK_RANKS_WARPS = (4, 8)
 
 
 def chosen_exchange(problem: md.MoEProblem, config: md.MoEDispatchConfig) -> str:
+    if config.policy == md.SPLIT_BLOCK_RANKS:
+        return "in copy"
     published = md.publishes_counts(problem.local_experts, config.grid_blocks)
     return "published" if published else "atomic"
 
@@ -55,6 +61,13 @@ def compile_points(problem: md.MoEProblem, spec) -> dict:
                         compiled[(config, "atomic")] = md.compile_kernel(problem, config)
                     finally:
                         md.publishes_counts = chooser
+    for grid in GRIDS:
+        for warps in BLOCK_RANKS_WARPS:
+            for tokens_per_block in (1, 2, 4):
+                config = md.MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, grid, warps, 128,
+                                              tokens_per_block, cache_hints.STREAMING)
+                if md.SPACE.first_violation(problem, config, spec) is None:
+                    compiled[(config, "in copy")] = md.compile_kernel(problem, config)
     return compiled
 
 
@@ -95,7 +108,7 @@ def main() -> None:
             for ((config, exchange), m) in zip(points, time_interleaved(launches), strict=True):
                 chosen = config == default and exchange == chosen_exchange(problem, config)
                 mark = "  (default)" if chosen else ""
-                print(f"  split {config.grid_blocks:3d}x{config.warps_per_block}w "
+                print(f"  {config.policy:17s} {config.grid_blocks:3d}x{config.warps_per_block}w "
                       f"t{config.tokens_per_block} {config.cache_hints:9s} {exchange:9s} "
                       f"{m.median_us:8.2f} us {nbytes / m.median_us / 1e3 / ceiling:6.1%}{mark}",
                       flush=True)

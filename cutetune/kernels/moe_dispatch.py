@@ -107,8 +107,13 @@ from cutetune.spaces.space import Constraint, Param, Space
 from cutetune.tuner.roofline import Cost, resident_blocks_per_sm
 
 FUSED, REPLICATED, SPLIT, SPLIT_BULK = "fused", "replicated", "split", "split_bulk"
+SPLIT_BLOCK_RANKS = "split_block_ranks"
 # The forms with a separate routing kernel.
-SPLIT_FORMS = (SPLIT, SPLIT_BULK)
+SPLIT_FORMS = (SPLIT, SPLIT_BULK, SPLIT_BLOCK_RANKS)
+# The forms whose copy kernel is the vector copy (and takes the cache_hints knob).
+VECTOR_COPY_SPLITS = (SPLIT, SPLIT_BLOCK_RANKS)
+# The forms with no grid barrier, hence no cooperative launch.
+BARRIER_FREE_FORMS = (REPLICATED, SPLIT_BLOCK_RANKS)
 # Block 0 of the fused kernel routes every pair alone (a few pairs per thread per step, twice:
 # slot, then final row) while the other blocks wait at the barrier: bounded so that the wait
 # stays short (256 tokens of top-8); beyond it the split form spreads the routing.
@@ -177,6 +182,12 @@ def workspace_words(local_experts: int) -> int:
     return _ws_published(local_experts) + PUBLISHED_COUNT_WORDS
 
 
+# split_block_ranks stores a pair's rank in its routing block in row_of until the copy kernel
+# resolves it: as -2 - (rank * L + local expert), below the -1 of a pair with no row. So a
+# routing block's chunk of pairs times L must stay below 2^31 - 2.
+RANK_CODES = 2**31 - 2
+
+
 def publishes_counts(local_experts: int, routing_blocks: int) -> bool:
     """Whether split's routing blocks publish their counts (PUBLISHED_COUNT_WORDS) rather than
     add them to global counters with atomics."""
@@ -231,12 +242,17 @@ def _smem_bytes(problem: MoEProblem, config: MoEDispatchConfig) -> int:
     # counts and offsets over the scan's width (L rounded up to 32, offsets one more), bases,
     # padded-segment starts and ends, and three flags: as _smem_tensors allocates them; the
     # replicated form adds each pair's local expert and rank, and each warp's counts
-    # (_pair_tensors).
-    width = _scan_width(problem.local_experts)
-    routing = 4 * (2 * width + 1 + 3 * problem.local_experts + SMEM_FLAGS)
-    if config.policy != REPLICATED:
-        return routing
-    return routing + 4 * (2 * REPLICATED_MAX_PAIRS + config.warps_per_block * width)
+    # (_pair_tensors); split_block_ranks' copy block the routing blocks' table, its prefix
+    # sums and its group's rows (_block_rank_tensors).
+    L = problem.local_experts
+    width = _scan_width(L)
+    routing = 4 * (2 * width + 1 + 3 * L + SMEM_FLAGS)
+    if config.policy == REPLICATED:
+        return routing + 4 * (2 * REPLICATED_MAX_PAIRS + config.warps_per_block * width)
+    if config.policy == SPLIT_BLOCK_RANKS:
+        return routing + 4 * (config.grid_blocks * (2 * L + 1)
+                              + config.tokens_per_block * problem.top_k)
+    return routing
 
 
 def _row_bytes(problem: MoEProblem) -> int:
@@ -257,17 +273,19 @@ def _coop_cost(problem: MoEProblem, config: MoEDispatchConfig) -> Cost:
 
 
 def _coop_grid_fits(problem: MoEProblem, config: MoEDispatchConfig, device) -> bool:
-    return config.policy == REPLICATED or config.grid_blocks <= (
+    return config.policy in BARRIER_FREE_FORMS or config.grid_blocks <= (
         device.sm_count * resident_blocks_per_sm(_coop_cost(problem, config), device))
 
 
 SPACE = Space(
     config_type=MoEDispatchConfig,
     params=(
-        Param("policy", (FUSED, REPLICATED, SPLIT, SPLIT_BULK),
+        Param("policy", (FUSED, REPLICATED, SPLIT, SPLIT_BULK, SPLIT_BLOCK_RANKS),
               "fused: one cooperative kernel (decode); replicated: one kernel, every block "
               "routes (decode); split: routing kernel + copy kernel; split_bulk: routing "
-              "kernel + a copy kernel of whole rows through the bulk-copy engine"),
+              "kernel + a copy kernel of whole rows through the bulk-copy engine; "
+              "split_block_ranks: a routing kernel with no grid barrier that ranks pairs "
+              "within its blocks + a copy kernel that turns those ranks into rows"),
         # The grid of the fused kernel (block 0 routes, all copy), of the replicated kernel
         # (all route, all copy) or of split's routing kernel (all route). A config constant:
         # the work is grid-stride.
@@ -308,10 +326,27 @@ SPACE = Space(
         ),
         Constraint(
             "streaming_hints_split_copy_only",
-            "streaming hints are offered for split's vector copy, where they were measured "
-            "(BENCHMARKS.md); split_bulk's bulk copies take no such hint, and the decode forms "
-            "keep plain accesses",
-            lambda p, c, d: c.cache_hints == cache_hints.NORMAL or c.policy == SPLIT,
+            "streaming hints are offered for the split forms' vector copy, where they were "
+            "measured (BENCHMARKS.md); split_bulk's bulk copies take no such hint, and the "
+            "decode forms keep plain accesses",
+            lambda p, c, d: (c.cache_hints == cache_hints.NORMAL
+                             or c.policy in VECTOR_COPY_SPLITS),
+        ),
+        Constraint(
+            "block_ranks_table_fits",
+            f"split_block_ranks' copy blocks each read the routing blocks' counts whole (one "
+            f"warp, grid_blocks x (local experts + 1) words): at most {PUBLISHED_COUNT_WORDS} "
+            f"words",
+            lambda p, c, d: (c.policy != SPLIT_BLOCK_RANKS
+                             or publishes_counts(p.local_experts, c.grid_blocks)),
+        ),
+        Constraint(
+            "block_ranks_encode",
+            "split_block_ranks holds a pair's rank in its routing block in row_of as "
+            "-2 - (rank * L + local expert): a routing block's pairs times the local experts "
+            f"must stay below {RANK_CODES}",
+            lambda p, c, d: (c.policy != SPLIT_BLOCK_RANKS
+                             or _fits_rank_codes(p.num_tokens, p, c.grid_blocks)),
         ),
         Constraint(
             "fused_routes_few_pairs",
@@ -397,6 +432,11 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     return SPACE.valid_points(problem, device)[0]
 
 
+def _fits_rank_codes(tokens: int, problem: MoEProblem, routing_blocks: int) -> bool:
+    chunk = math.ceil(tokens * problem.top_k / routing_blocks)
+    return chunk * problem.local_experts < RANK_CODES
+
+
 def _routing_grid(pairs: int) -> int:
     """The default's routing grid for a call of `pairs` pairs: the widest of the space's grids
     with at least ROUTED_PAIRS_PER_BLOCK pairs a block (the narrowest below that). On the H200
@@ -430,8 +470,10 @@ def cost(problem: MoEProblem, config: MoEDispatchConfig, device) -> Cost:
     once per token (every column of every token, local or not) and each local pair's row
     written once; with zero_padding, the expected padding rows (expected_padding_rows)
     written as zeros (the replicated form's blocks reread the ids from L2).
-    The grid barrier's latency is not bytes: fused and the split forms count one grid barrier
-    (the roofline adds the measured barrier cost), and the split forms a second launch."""
+    The grid barrier's latency is not bytes: fused, split and split_bulk count one grid barrier
+    (the roofline adds the measured barrier cost), and the split forms a second launch.
+    split_block_ranks' copy reads the ranks back from row_of and the routing blocks' table
+    (L2 hits, like split's row_of) and adds no DRAM bytes."""
     row = _row_bytes(problem)
     pairs = problem.num_tokens * problem.top_k
     routing = 4 * pairs + 4 * pairs + 4 * (2 * problem.local_experts + 2)
@@ -442,6 +484,9 @@ def cost(problem: MoEProblem, config: MoEDispatchConfig, device) -> Cost:
         blocks, threads, smem = config.grid_blocks, _threads(config), _smem_bytes(problem, config)
     elif config.policy == SPLIT:
         blocks, threads, smem = _copy_unit_count(problem, config), _threads(config), 0
+    elif config.policy == SPLIT_BLOCK_RANKS:
+        blocks, threads = _copy_unit_count(problem, config), _threads(config)
+        smem = _smem_bytes(problem, config)
     else:
         blocks = _copy_unit_total(problem.num_tokens, config.tokens_per_block, 1)
         threads, smem = BULK_COPY_THREADS, _bulk_smem_bytes(problem, config)
@@ -453,7 +498,7 @@ def cost(problem: MoEProblem, config: MoEDispatchConfig, device) -> Cost:
         registers_per_thread=_registers_per_thread(problem, config),
         smem_per_block=smem,
         launches=1 if one_kernel else 2,
-        grid_barriers=0 if config.policy == REPLICATED else 1,
+        grid_barriers=0 if config.policy in BARRIER_FREE_FORMS else 1,
         bytes_in_flight_per_thread=(
             config.tokens_per_block * config.vector_bits // 8 if config.policy != SPLIT_BULK
             else config.tokens_per_block * row // BULK_COPY_THREADS),
@@ -1224,6 +1269,214 @@ def _bulk_copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
+@cute.kernel
+def _rank_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mWs: cute.Tensor,
+                 K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
+                 THREADS: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+    """split_block_ranks' routing: block `bidx` ranks the pairs of its contiguous chunk in their
+    local experts (shared-memory atomics), stores each pair's rank in row_of as
+    _rank_code, and its L counts and its error flag to row bidx of the published table
+    (_ws_published). No block waits for another: the copy kernel's dependent-launch wait, for
+    this whole grid, is the only barrier, and that kernel resolves the ranks into rows."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    # The copy kernel may launch now: it loads x, then waits for this grid to finish.
+    cute.arch.griddepcontrol_launch_dependents()
+    sCount, _, _, _, _, sFlags = _smem_tensors(L)
+    begin, end = _routing_chunk(cute.size(mIds, mode=[0]) * K, bidx, BLOCKS)
+    first = begin + tidx
+    experts = _pair_entries(mIds, first, THREADS, end, K)
+    for e in range(tidx, L, THREADS):
+        sCount[e] = 0
+    if tidx == 0:
+        sFlags[1] = 0
+    cute.arch.sync_threads()
+    _store_rank_codes(experts, _slot_entries(experts, sCount, sFlags, first, end, THREADS, E,
+                                             BEGIN, L),
+                      mRowOf, first, end, THREADS, K, BEGIN, L)
+    for base in range(first + IDS_IN_FLIGHT * THREADS, end, IDS_IN_FLIGHT * THREADS):
+        later = _pair_entries(mIds, base, THREADS, end, K)
+        _store_rank_codes(later, _slot_entries(later, sCount, sFlags, base, end, THREADS, E,
+                                               BEGIN, L),
+                          mRowOf, base, end, THREADS, K, BEGIN, L)
+    cute.arch.sync_threads()
+    ROW = L + 1
+    mTable = _ws_view(mWs, _ws_published(L), BLOCKS * ROW)
+    for e in range(tidx, L, THREADS):
+        mTable[bidx * ROW + e] = sCount[e]
+    if tidx == 0:
+        mTable[bidx * ROW + L] = sFlags[1]
+
+
+@cute.jit
+def _store_rank_codes(experts: list, slots: list, mRowOf: cute.Tensor, first: Int32,
+                      end: Int32, stride: Int32, K: cutlass.Constexpr[int],
+                      BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]):
+    """row_of of pairs first, first + stride, ... below end: the _rank_code of the pair's slot
+    in its routing block, or -1 where it has none."""
+    for i in cutlass.range_constexpr(len(experts)):
+        pair = first + i * stride
+        if pair < end:
+            code = Int32(-1)
+            if slots[i] >= 0:
+                code = _rank_code(slots[i], experts[i] - BEGIN, L)
+            token = pair // K
+            mRowOf[token, pair - token * K] = code
+
+
+def _rank_code(rank: Int32, local: Int32, L: int) -> Int32:
+    """A pair's rank in its routing block and its local expert, as split_block_ranks' routing
+    leaves them in row_of: -2 - (rank * L + local), below any row and the -1 of no row."""
+    return -2 - (rank * L + local)
+
+
+def _routing_chunk(pairs: Int32, bidx: Int32, BLOCKS: int) -> tuple:
+    """The pairs [begin, end) routing block `bidx` of BLOCKS takes: contiguous chunks of
+    ceil(pairs / BLOCKS)."""
+    chunk = (pairs + (BLOCKS - 1)) // BLOCKS
+    begin = bidx * chunk
+    return begin, cutlass.min(begin + chunk, pairs)
+
+
+def _block_rank_tensors(L: int, BLOCKS: int, PAIRS: int):
+    """A split_block_ranks copy block's routing table, each routing block's base in each expert
+    and its group's PAIRS rows (allocated after _smem_tensors)."""
+    smem = cutlass.memory.SmemAllocator()
+    sTable = smem.allocate_tensor(Int32, cute.make_layout(BLOCKS * (L + 1)), byte_alignment=16)
+    sBases = smem.allocate_tensor(Int32, cute.make_layout(BLOCKS * L), byte_alignment=16)
+    sRows = smem.allocate_tensor(Int32, cute.make_layout(PAIRS), byte_alignment=16)
+    return sTable, sBases, sRows
+
+
+@cute.jit
+def _resolve_ranks(mRowOf: cute.Tensor, mWs: cute.Tensor, mCounts: cute.Tensor,
+                   mOffsets: cute.Tensor, mError: cute.Tensor, smem_tensors: tuple,
+                   rank_tensors: tuple, lane: Int32, bidx: Int32, group: Int32,
+                   first_slice: cutlass.Boolean, pairs: Int32, K: cutlass.Constexpr[int],
+                   L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
+                   ZERO_PAD: cutlass.Constexpr[bool], TPB: cutlass.Constexpr[int],
+                   BLOCKS: cutlass.Constexpr[int]):
+    """Warp 0 of a split_block_ranks copy block, once routing has finished: the rows of its
+    group's TPB * K pairs into sRows, from their rank codes in row_of and the routing blocks'
+    table. Every copy block reads that table whole, so its reads are as few as possible: one
+    load per lane per 32 words (the lanes' columns interleaved in shared memory), issued
+    together with the rank codes' loads. The block of a group's first slice stores the
+    group's rows to row_of, and copy block 0 the counts, offsets and error. With ZERO_PAD the
+    padded-segment list lands in sPadStart, sPadEnd (their count in sFlags[0]).
+    smem_tensors and rank_tensors: as _smem_tensors and _block_rank_tensors allocate them."""
+    sCount, _, sOffsets, sPadStart, sPadEnd, sFlags = smem_tensors
+    sTable, sBases, sRows = rank_tensors
+    ROW = L + 1
+    WORDS = BLOCKS * ROW
+    GROUP_PAIRS = TPB * K
+    # gpu scope: row_of's entries are rewritten by other blocks of this kernel (the same
+    # value: the row), and no line of the table from an earlier call may be read from L1.
+    codes = []
+    for j in cutlass.range_constexpr((GROUP_PAIRS + WARP - 1) // WARP):
+        pair = cutlass.min(group * GROUP_PAIRS + lane + j * WARP, pairs - 1)
+        codes.append(cute.arch.load(mRowOf.iterator + pair, Int32, sem="relaxed", scope="gpu"))
+    mTable = _ws_view(mWs, _ws_published(L), WORDS)
+    words = []
+    for j in cutlass.range_constexpr((WORDS + WARP - 1) // WARP):
+        word = cutlass.min(lane + j * WARP, WORDS - 1)
+        words.append(cute.arch.load(mTable.iterator + word, Int32, sem="relaxed", scope="gpu"))
+    for j in cutlass.range_constexpr((WORDS + WARP - 1) // WARP):
+        if lane + j * WARP < WORDS:
+            sTable[lane + j * WARP] = words[j]
+    cute.arch.sync_warp()
+    # Lane e sums column e: the total of expert e (the errors in the last column), and each
+    # routing block's base, the counts of the blocks before it. Unrolled, so that the
+    # shared-memory loads of a column overlap.
+    for e in cutlass.range_constexpr((max(_scan_width(L), L + 1) + WARP - 1) // WARP):
+        expert = lane + e * WARP
+        total = Int32(0)
+        if expert <= L:
+            for b in cutlass.range_constexpr(BLOCKS):
+                count = sTable[b * ROW + expert]
+                if expert < L:
+                    sBases[b * L + expert] = total
+                total = total + count
+        if expert == L:
+            sFlags[2] = total
+        if expert < _scan_width(L):
+            sCount[expert] = total * Int32(expert < L)
+    cute.arch.sync_warp()
+    _scan(sCount, sOffsets, sPadStart, sPadEnd, sFlags, lane, L, PAD, ZERO_PAD)
+    cute.arch.sync_warp()
+    for j in cutlass.range_constexpr((GROUP_PAIRS + WARP - 1) // WARP):
+        index = lane + j * WARP
+        pair = group * GROUP_PAIRS + index
+        if index < GROUP_PAIRS and pair < pairs:
+            row = codes[j]
+            if row < -1:
+                code = -2 - row
+                rank = code // L
+                local = code - rank * L
+                block = pair // ((pairs + (BLOCKS - 1)) // BLOCKS)
+                row = sOffsets[local] + sBases[block * L + local] + rank
+                if first_slice:
+                    cute.arch.store(mRowOf.iterator + pair, row, sem="relaxed", scope="gpu")
+            sRows[index] = row
+    if bidx == 0:
+        for e in range(lane, L, WARP):
+            mCounts[e] = sCount[e]
+            mOffsets[e] = sOffsets[e]
+        if lane == 0:
+            mOffsets[L] = sOffsets[L]
+            mError[0] = Int32(sFlags[2] != 0)
+
+
+@dataclass(frozen=True)
+class _GroupRows:
+    """row_of(token, k) for split_block_ranks' copy: its group's rows, resolved into sRows."""
+    sRows: cute.Tensor
+    group: Int32
+    K: int
+    TPB: int
+
+    def __call__(self, token: Int32, k: int) -> Int32:
+        return self.sRows[(token - self.group * self.TPB) * self.K + k]
+
+
+@cute.kernel
+def _block_ranks_copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
+                             mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
+                             mWs: cute.Tensor, K: cutlass.Constexpr[int],
+                             L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
+                             ZERO_PAD: cutlass.Constexpr[bool], VEC: cutlass.Constexpr[int],
+                             V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                             TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
+                             BLOCKS: cutlass.Constexpr[int], HINTS: cutlass.Constexpr[str]):
+    """split_block_ranks' copy: one unit per block. The block loads its x vectors, waits for
+    routing, resolves its group's rows (_resolve_ranks, warp 0), stores the vectors there and
+    zeroes its share of the padding rows."""
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    gdim, _, _ = cute.arch.grid_dim()
+    gX = cute.zipped_divide(mX, (1, VEC))
+    gDisp = cute.zipped_divide(mDisp, (1, VEC))
+    tokens = cute.size(mX, mode=[0])
+    group, column = _unit_position(bidx, tidx, SLICES, THREADS)
+    values = _unit_loads(gX, tokens, group, cutlass.min(column, V - 1), VEC, TPB, HINTS)
+    smem_tensors = _smem_tensors(L)
+    rank_tensors = _block_rank_tensors(L, BLOCKS, TPB * K)
+    _, _, _, sPadStart, sPadEnd, sFlags = smem_tensors
+    sRows = rank_tensors[2]
+    cute.arch.griddepcontrol_wait()
+    if tidx < WARP:
+        _resolve_ranks(mRowOf, mWs, mCounts, mOffsets, mError, smem_tensors, rank_tensors, tidx,
+                       bidx, group, bidx == group * SLICES, tokens * K, K, L, PAD, ZERO_PAD,
+                       TPB, BLOCKS)
+    cute.arch.sync_threads()
+    if column < V:
+        _unit_stores(gDisp, values, _GroupRows(sRows, group, K, TPB), tokens, group, column, K,
+                     TPB, HINTS)
+    if cutlass.const_expr(ZERO_PAD):
+        _zero_padding(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, gdim, VEC, V, THREADS,
+                      SLICES)
+
+
 @cute.jit
 def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
                      mDisp: cute.Tensor, mCounts: cute.Tensor, mOffsets: cute.Tensor,
@@ -1250,6 +1503,14 @@ def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
         _replicated_kernel(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, K, E, BEGIN, L,
                            PAD, ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
             grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
+    elif cutlass.const_expr(POLICY == SPLIT_BLOCK_RANKS):
+        _rank_kernel(mIds, mRowOf, mWs, K, E, BEGIN, L, THREADS, BLOCKS).launch(
+            grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1), stream=stream)
+        # Launched early behind the routing kernel (programmatic dependent launch), as split's.
+        _block_ranks_copy_kernel(mX, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, L, PAD,
+                                 ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS, HINTS).launch(
+            grid=(cutlass.max(units, 1), 1, 1), block=(THREADS, 1, 1), stream=stream,
+            use_pdl=True)
     else:
         _route_kernel(mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, BEGIN, L, PAD,
                       ZERO_PAD, VEC, V, THREADS, SLICES, BLOCKS).launch(
@@ -1321,7 +1582,7 @@ class CompiledDispatch:
         self._checked_devices: set[int] = set()
 
     def check_device(self, device: int) -> None:
-        if device in self._checked_devices or self.config.policy == REPLICATED:
+        if device in self._checked_devices or self.config.policy in BARRIER_FREE_FORMS:
             return
         cost = _coop_cost(self.problem, self.config)
         check_cooperative_grid(cost.blocks, cost.threads_per_block, cost.registers_per_thread,
@@ -1330,6 +1591,13 @@ class CompiledDispatch:
 
     def __call__(self, x, topk_ids, row_of, dispatched, counts, offsets, error, workspace):
         self.check_device(x.get_device())
+        if (self.config.policy == SPLIT_BLOCK_RANKS
+                and not _fits_rank_codes(x.shape[0], self.problem, self.config.grid_blocks)):
+            raise ValueError(
+                f"moe_dispatch: {x.shape[0]} tokens are too many for split_block_ranks over "
+                f"{self.config.grid_blocks} routing blocks (a block's pairs times the "
+                f"{self.problem.local_experts} local experts must stay below {RANK_CODES}); "
+                "use more routing blocks or another policy")
         self.fn(x, topk_ids, row_of, dispatched, counts, offsets, error, workspace)
 
 

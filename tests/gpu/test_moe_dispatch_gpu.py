@@ -1,7 +1,8 @@
 """moe_dispatch on the GPU: every valid point against moe_common's check (uniform and skewed
 routing, padding zeroed or left alone, a local expert range, pad 1, 64-bit vectors; the split
-forms' points for Mixtral's few experts, whose routing blocks publish their counts), the most
-pairs the replicated form ranks, the heuristic default at prefill sizes,
+forms' points for Mixtral's few experts, whose routing blocks publish their counts or leave
+their ranks to the copy), the most pairs the replicated form ranks, the heuristic default and
+split_block_ranks at prefill sizes,
 expert ids outside [0, E), CUDA-graph replays (the grid barrier re-arms itself), the launch
 path's residency check, and the public op.
 
@@ -111,6 +112,7 @@ def test_every_split_point_of_few_experts():
     # QWEN's every-point tests cover them.)
     problem = dataclasses.replace(MIXTRAL.with_tokens(1000), zero_padding=True)
     points = [c for c in md.SPACE.valid_points(problem, spec()) if c.policy in md.SPLIT_FORMS]
+    assert {c.policy for c in points} == set(md.SPLIT_FORMS)
     split = [c for c in points if c.policy == md.SPLIT]
     assert {md.publishes_counts(problem.local_experts, c.grid_blocks) for c in split} == \
         {True, False}
@@ -127,6 +129,7 @@ def test_every_valid_point_of_a_synthetic_problem():
     problem = SYNTHETIC.with_tokens(7)
     points = md.SPACE.valid_points(problem, spec())
     assert {c.vector_bits for c in points} == {64}
+    assert md.SPLIT_BLOCK_RANKS in {c.policy for c in points}
     workspace = md.new_workspace(problem, DEVICE)
     assert_every_point(points, lambda i, config: run_and_check(
         problem, config, inputs(problem, seed=i, workspace=workspace)), problem.describe())
@@ -173,6 +176,22 @@ def test_default_config_at_prefill_sizes(tokens, skewed):
 
 
 @pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+@pytest.mark.parametrize("tokens", [4096, 32768])
+def test_split_block_ranks_at_prefill_sizes(tokens, skewed):
+    # Mixtral's few experts, padding zeroed, every grid, tokens per block and warps the space
+    # holds at these sizes, on one workspace (the table is rewritten whole by every call).
+    problem = dataclasses.replace(MIXTRAL.with_tokens(tokens), zero_padding=True)
+    points = [c for c in md.SPACE.valid_points(problem, spec())
+              if c.policy == md.SPLIT_BLOCK_RANKS and c.cache_hints == "streaming"]
+    assert {c.grid_blocks for c in points} == {8, 32}
+    assert {c.tokens_per_block for c in points} == {1, 2, 4}
+    workspace = md.new_workspace(problem, DEVICE)
+    assert_every_point(points, lambda i, config: run_and_check(
+        problem, config, inputs(problem, seed=i, skewed=skewed, workspace=workspace)),
+        f"{problem.describe()}, skewed={skewed}")
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
 @pytest.mark.parametrize("tokens", [1000, 4097])
 def test_split_bulk_at_prefill_sizes(tokens, skewed):
     # Every rows-per-block the space holds, a token count no block size divides, padding
@@ -196,9 +215,11 @@ BAD_IDS = (-1, QWEN.experts, 2**31 - 1, -(2**31))  # also outside Mixtral's 8
 @pytest.mark.parametrize(("base", "tokens", "policy", "blocks"), [
     (QWEN, 7, md.FUSED, 128), (QWEN, 7, md.REPLICATED, 128), (QWEN, 7, md.SPLIT, 128),
     (QWEN, 1000, md.SPLIT, 128), (QWEN, 1000, md.SPLIT_BULK, 128),
-    (MIXTRAL, 1000, md.SPLIT, 8), (MIXTRAL, 1000, md.SPLIT_BULK, 32)])
+    (MIXTRAL, 1000, md.SPLIT, 8), (MIXTRAL, 1000, md.SPLIT_BULK, 32),
+    (MIXTRAL, 1000, md.SPLIT_BLOCK_RANKS, 8), (MIXTRAL, 1000, md.SPLIT_BLOCK_RANKS, 32)])
 def test_ids_outside_the_experts_are_skipped_and_flagged(base, tokens, policy, blocks):
-    # The last two publish their counts: the flag travels in the published table.
+    # Mixtral's publish their counts (or, split_block_ranks, leave them in the same table for
+    # the copy): the flag travels in the table.
     problem = base.with_tokens(tokens)
     config = md.MoEDispatchConfig(policy, blocks, 4, 128, 1)
     assert md.publishes_counts(problem.local_experts, blocks) == (base is MIXTRAL)
@@ -218,12 +239,15 @@ def test_ids_outside_the_experts_are_skipped_and_flagged(base, tokens, policy, b
     assert int(clean["error"].item()) == 0
 
 
-@pytest.mark.parametrize(("base", "blocks"), [(QWEN, 128), (MIXTRAL, 8), (MIXTRAL, 32)])
-def test_a_bad_id_only_the_last_routing_block_sees_is_flagged(base, blocks):
-    # Block 0 writes the flag: it must learn of the last block's error through the exchange
-    # (the atomic error count for QWEN, the published table for Mixtral).
+@pytest.mark.parametrize(("base", "blocks", "policy"), [
+    (QWEN, 128, md.SPLIT), (MIXTRAL, 8, md.SPLIT), (MIXTRAL, 32, md.SPLIT),
+    (MIXTRAL, 32, md.SPLIT_BLOCK_RANKS)])
+def test_a_bad_id_only_the_last_routing_block_sees_is_flagged(base, blocks, policy):
+    # Block 0 (of split's routing, or of split_block_ranks' copy) writes the flag: it must
+    # learn of the last routing block's error through the exchange (the atomic error count for
+    # QWEN, the table for Mixtral).
     problem = base.with_tokens(1000)
-    config = md.MoEDispatchConfig(md.SPLIT, blocks, 8, 128, 1)
+    config = md.MoEDispatchConfig(policy, blocks, 8, 128, 1)
     tensors = inputs(problem, seed=3)
     tensors["topk_ids"][-1, -1] = problem.experts
     run_and_check(problem, config, tensors)
@@ -250,11 +274,12 @@ def test_public_op_validate_raises_on_bad_ids():
 
 @pytest.mark.parametrize(("base", "policy", "tokens", "blocks"), [
     (QWEN, md.FUSED, 7, 128), (QWEN, md.REPLICATED, 7, 128), (QWEN, md.SPLIT, 300, 128),
-    (QWEN, md.SPLIT_BULK, 300, 128), (MIXTRAL, md.SPLIT, 300, 8)])
+    (QWEN, md.SPLIT_BULK, 300, 128), (MIXTRAL, md.SPLIT, 300, 8),
+    (MIXTRAL, md.SPLIT_BLOCK_RANKS, 300, 8)])
 def test_graph_replays_twice_and_the_barrier_rearms(base, policy, tokens, blocks):
     problem = dataclasses.replace(base.with_tokens(tokens), zero_padding=True)
     config = md.MoEDispatchConfig(policy, blocks, 4, 128, 1)
-    atomic_exchange = policy in md.SPLIT_FORMS and not md.publishes_counts(
+    atomic_exchange = policy in (md.SPLIT, md.SPLIT_BULK) and not md.publishes_counts(
         problem.local_experts, blocks)
     kernel = compiled(problem, config)
     tensors = inputs(problem, seed=0)

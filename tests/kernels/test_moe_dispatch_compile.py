@@ -4,10 +4,10 @@ local expert range, pad 1 and a hidden size only 64-bit vectors divide (at 2 tok
 tokens_per_block 2 is valid too; the PTX tests compile 6); the PTX shows the grid barrier's
 gpu-scope release arrival and acquire spin, the replicated form's barrier-free ranking, zero
 stores only where padding is zeroed, copies of whole 128-bit vectors, split_bulk's rows
-moved by bulk copies through shared memory, the published count exchange of few experts, and
-streaming copies.
+moved by bulk copies through shared memory, the published count exchange of few experts,
+streaming copies, and split_block_ranks' routing with no barrier and no global atomic.
 
-About 220 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
+About 255 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
 spreads them.
 """
 
@@ -44,8 +44,9 @@ def test_sweep_stays_within_its_budget():
     assert {c.tokens_per_block for c in synthetic} == {1, 2}
     assert {c.vector_bits for c in synthetic} == {64}
     # 1004 fp16 elements are 2008 bytes, not a whole number of bulk copies.
-    assert {c.policy for c in synthetic} == {md.FUSED, md.REPLICATED, md.SPLIT}
-    assert sum(counts) + len(synthetic) <= 220
+    assert {c.policy for c in synthetic} == {md.FUSED, md.REPLICATED, md.SPLIT,
+                                             md.SPLIT_BLOCK_RANKS}
+    assert sum(counts) + len(synthetic) <= 260
 
 
 @pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
@@ -182,6 +183,34 @@ def test_ptx_split_routing_publishes_few_experts_counts(tmp_path, monkeypatch):
     first_barrier = route[:route.index("bar.sync")]
     assert Counter(op for op, _, _ in GLOBAL_ACCESS.findall(first_barrier))["ld"] == \
         md.IDS_IN_FLIGHT
+
+
+def test_ptx_block_ranks_route_without_barrier_and_copy_resolves_rows(tmp_path, monkeypatch):
+    problem = dataclasses.replace(MIXTRAL, zero_padding=True)
+    config = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2, "streaming")
+    entries = _ptx_entries(problem, config, tmp_path, monkeypatch)
+    assert set(entries) == {"rank", "block_ranks_copy"}
+    rank, copy = entries["rank"], entries["block_ranks_copy"]
+    # Routing: shared-memory atomics only, no barrier, no global atomic, no x; it lets the
+    # copy kernel launch at once.
+    assert re.search(r"\batom\.shared(\.cta)?\.add\.[us]32\b", rank)
+    assert "atom.global" not in rank and "ld.acquire" not in rank
+    assert ("ld", 128) not in _widths(rank) and ("st", 128) not in _widths(rank)
+    assert rank.index("griddepcontrol.launch_dependents") < rank.index("atom.shared")
+    # The copy: 2 tokens' streaming loads before the wait, then gpu-scope loads of the rank
+    # codes and the table, one gpu-scope store of a resolved row per pair lane, 2 x 2
+    # streaming stores, and the padding's zero stores; no atomic.
+    assert "atom" not in copy and "ld.acquire" not in copy
+    assert copy.count("griddepcontrol.wait") == 1
+    wait = copy.index("griddepcontrol.wait")
+    assert copy.index("ld.global.cs.v4") < wait < copy.index("ld.relaxed.gpu.global.b32")
+    assert len(re.findall(r"\bld\.global\.cs\.v4\.b32\b", copy)) == 2
+    assert len(re.findall(r"\bst\.global\.cs\.v4\.b32\b", copy)) == 2 * 2
+    assert len(re.findall(r"\bst\.relaxed\.gpu\.global\.b32\b", copy)) == 1
+    # One load per lane per 32 words of the table (8 blocks x 9 = 72 words: 3), plus the
+    # group's 4 rank codes (one lane each).
+    assert len(re.findall(r"\bld\.relaxed\.gpu\.global\.b32\b", copy)) == 3 + 1
+    assert ZERO_STORE.search(copy)
 
 
 def test_ptx_streaming_hints_reach_every_access_of_the_copy(tmp_path, monkeypatch):

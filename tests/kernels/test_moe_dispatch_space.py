@@ -108,7 +108,7 @@ def test_routing_blocks_publish_counts_only_where_few():
 
 
 def test_declared_space_is_small():
-    assert len(SPACE.declared_points()) == 4 * 3 * 3 * 3 * 3 * 2
+    assert len(SPACE.declared_points()) == 5 * 3 * 3 * 3 * 3 * 2
 
 
 @pytest.mark.parametrize("name", MOE_PRESETS)
@@ -118,8 +118,11 @@ def test_preset_points_use_128_bit_vectors(name):
     assert {c.vector_bits for c in enumeration.valid} == {128}
     # One token: no point batches more than one token per thread.
     assert {c.tokens_per_block for c in enumeration.valid} == {1}
-    assert {c.policy for c in enumeration.valid} == {md.FUSED, md.REPLICATED, md.SPLIT,
-                                                     md.SPLIT_BULK}
+    # split_block_ranks where its table fits: Mixtral's 8 experts, not the others' 128 or 256.
+    few_experts = md.publishes_counts(preset_problem(name).local_experts, 8)
+    assert {c.policy for c in enumeration.valid} == (
+        {md.FUSED, md.REPLICATED, md.SPLIT, md.SPLIT_BULK}
+        | ({md.SPLIT_BLOCK_RANKS} if few_experts else set()))
     for rejection in enumeration.rejected:
         assert rejection.constraint in {c.name for c in SPACE.constraints}
 
@@ -145,8 +148,11 @@ def test_eight_blocks_only_for_the_routing_grid():
     for policy in (md.FUSED, md.REPLICATED):
         assert rejected[MoEDispatchConfig(policy, 8, 4, 128, 1)] == "small_grid_only_routes"
         assert MoEDispatchConfig(policy, 32, 4, 128, 1) not in rejected
-    for policy in md.SPLIT_FORMS:
+    for policy in (md.SPLIT, md.SPLIT_BULK):
         assert MoEDispatchConfig(policy, 8, 4, 128, 1) not in rejected
+    # (split_block_ranks' table of 128 experts does not fit; Mixtral's 8 do.)
+    few_experts = rejections(problem(num_tokens=64, experts=8, top_k=2, expert_end=8))
+    assert MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 4, 128, 1) not in few_experts
 
 
 def test_streaming_hints_only_for_the_split_copy():
@@ -155,6 +161,47 @@ def test_streaming_hints_only_for_the_split_copy():
         config = MoEDispatchConfig(policy, 32, 4, 128, 1, "streaming")
         assert rejected[config] == "streaming_hints_split_copy_only"
     assert MoEDispatchConfig(md.SPLIT, 32, 4, 128, 1, "streaming") not in rejected
+    few_experts = rejections(problem(num_tokens=64, experts=8, top_k=2, expert_end=8))
+    assert MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 32, 4, 128, 1, "streaming") \
+        not in few_experts
+
+
+def test_block_ranks_only_where_the_table_fits():
+    # The copy reads grid_blocks x (L + 1) words: Mixtral's 8 experts at 8 and 32 routing
+    # blocks (72 and 288 words), not at 128 (1152), and never Qwen3's 128 experts.
+    mixtral = rejections(problem(num_tokens=64, experts=8, top_k=2, expert_end=8))
+    for blocks in (8, 32):
+        assert MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, blocks, 8, 128, 1) not in mixtral
+    assert mixtral[MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 128, 8, 128, 1)] == \
+        "block_ranks_table_fits"
+    qwen = rejections(problem(num_tokens=64))
+    assert qwen[MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 1)] == \
+        "block_ranks_table_fits"
+
+
+def test_block_ranks_codes_bound_the_pairs_a_routing_block_takes():
+    # A rank code is -2 - (rank * L + local): 8 blocks of Mixtral's (top-2, 8 experts) take
+    # ceil(tokens / 4) pairs each, so the codes run out at 2^30 tokens, not below.
+    config = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 1)
+    mixtral = problem(experts=8, top_k=2, expert_end=8)
+    assert SPACE.first_violation(mixtral.with_tokens(2**30 - 4), config, H200) is None
+    violation = SPACE.first_violation(mixtral.with_tokens(2**30), config, H200)
+    assert violation.name == "block_ranks_encode"
+    assert md._rank_code(0, 0, 8) == -2 and md._rank_code(3, 5, 8) == -2 - 29
+
+
+def test_block_ranks_launch_refuses_calls_past_the_codes():
+    # The space checks the tuned bucket; a compiled point may be called with more tokens, so
+    # the launch path checks too, before anything launches (shape only: nothing is allocated).
+    config = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 1)
+    mixtral = problem(experts=8, top_k=2, expert_end=8)
+    launched = []
+    compiled = CompiledDispatch(lambda *args: launched.append(args), mixtral, config)
+    compiled(torch.empty(1, 1).expand(2**30 - 4, 4096), *range(7))
+    with pytest.raises(ValueError, match=r"1073741824 tokens are too many for "
+                                         r"split_block_ranks over 8 routing blocks"):
+        compiled(torch.empty(1, 1).expand(2**30, 4096), *range(7))
+    assert len(launched) == 1
 
 
 def test_tokens_per_block_is_bounded_by_the_tokens():
@@ -383,6 +430,18 @@ def test_cost_by_hand_split_with_a_local_range():
     # The copy kernel's grid: 2048 token pairs x 1 slice (256 vectors, 256 threads).
     assert (c.blocks, c.threads_per_block, c.launches, c.grid_barriers) == (2048, 256, 2, 1)
     assert c.bytes_in_flight_per_thread == 32
+
+
+def test_cost_by_hand_split_block_ranks():
+    # split's bytes and copy grid, no grid barrier, and the copy block's shared memory: the
+    # routing blocks' table (8 x 9 words), their bases (8 x 8) and a group's 2 x 2 rows.
+    p = problem(num_tokens=4096, experts=8, top_k=2, expert_end=8)
+    ranks = cost(p, MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2), H200)
+    split = cost(p, MoEDispatchConfig(md.SPLIT, 8, 8, 128, 2), H200)
+    assert ranks.bytes_moved == split.bytes_moved
+    assert (ranks.blocks, ranks.launches, ranks.grid_barriers) == (split.blocks, 2, 0)
+    routing = 4 * (2 * 32 + 1 + 3 * 8 + md.SMEM_FLAGS)
+    assert ranks.smem_per_block == routing + 4 * (8 * 9 + 8 * 8 + 2 * 2)
 
 
 def test_cost_by_hand_split_bulk():
