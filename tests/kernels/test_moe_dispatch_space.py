@@ -332,8 +332,14 @@ def test_default_config_is_valid_replicated_for_few_tokens_and_split_for_many(na
         p = preset_problem(name, tokens)
         config = default_config(p, H200)
         SPACE.check(p, config, H200)
-        assert config.vector_bits == 128 and config.tokens_per_block == 1
+        assert config.vector_bits == 128
         pairs = tokens * p.top_k
+        if config.policy == md.SPLIT_BLOCK_RANKS:
+            # Mixtral's prefill up to 8192 pairs (test_default_takes_block_ranks_...).
+            assert config == MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2, "streaming")
+            policies.append(md.SPLIT)
+            continue
+        assert config.tokens_per_block == 1
         if config.policy == md.REPLICATED:
             assert pairs <= md.REPLICATED_MAX_PAIRS
             assert config.grid_blocks == 128
@@ -348,6 +354,20 @@ def test_default_config_is_valid_replicated_for_few_tokens_and_split_for_many(na
     assert policies[0] == md.REPLICATED and policies[-1] == md.SPLIT
     first_split = policies.index(md.SPLIT)
     assert set(policies[first_split:]) == {md.SPLIT}
+
+
+def test_default_takes_block_ranks_for_few_experts_up_to_8192_pairs():
+    # Mixtral (8 experts, top-2): 512 tokens replicated, 513 to 4096 split_block_ranks, 4097
+    # split. Qwen3-30B-A3B's 128 experts never, nor 9 experts.
+    mixtral = problem(experts=8, top_k=2, expert_end=8, hidden=4096)
+    ranks = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2, "streaming")
+    assert default_config(mixtral.with_tokens(512), H200).policy == md.REPLICATED
+    assert default_config(mixtral.with_tokens(513), H200) == ranks
+    assert default_config(mixtral.with_tokens(4096), H200) == ranks
+    assert default_config(mixtral.with_tokens(4097), H200).policy == md.SPLIT
+    nine = problem(num_tokens=4096, experts=9, top_k=2, expert_end=9, hidden=4096)
+    assert default_config(nine, H200).policy == md.SPLIT
+    assert default_config(problem(num_tokens=1024), H200).policy == md.SPLIT
 
 
 def test_default_switches_where_the_replicated_form_stops():
