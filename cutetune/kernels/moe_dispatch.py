@@ -6,7 +6,7 @@ expert id outside [0, E), which also raises `error`), and `dispatched`, the hidd
 each expert's pairs in a segment padded to a multiple of `pad` (the padding rows zeroed when
 the problem asks for zero_padding).
 
-Four forms, chosen by the config's `policy`; each is one compiled callable on one stream:
+Five forms, chosen by the config's `policy`; each is one compiled callable on one stream:
 
 - fused (decode): one cooperative kernel of `grid_blocks` blocks. Block 0 routes every pair
   (a slot per pair from shared-memory atomic counters, then a warp's scan of the padded counts
@@ -43,6 +43,17 @@ Four forms, chosen by the config's `policy`; each is one compiled callable on on
   4096 tokens the bulk copy was 3-8% faster for the top-8 presets and 2% slower for Mixtral's
   top-2; at 32768 tokens it lost for two of them: BENCHMARKS.md), so the tuner chooses and the
   heuristic default stays split.
+- split_block_ranks (prefill, few experts): a routing kernel with no grid barrier and no
+  cooperative launch. Each block ranks its chunk's pairs in their experts (shared-memory
+  atomics), leaves every rank in row_of as a code (_rank_code) and writes its counts and error
+  flag to the published table. The copy kernel (split's vector copy, launched the same way)
+  waits for the whole routing grid, as split's does, but then warp 0 of each block reads the
+  table, sums the routing blocks' bases and the offsets, and resolves its group's codes into
+  rows: the block of a group's first slice stores them to row_of, copy block 0 the counts,
+  offsets and error. Routing's latency before the copy's stores shrinks to its id loads and
+  atomics; every copy block pays for a read of the table, so it is bounded to small tables
+  (block_ranks_table_fits). On the H200 it was the fastest form for Mixtral at 1024 and 4096
+  tokens (BENCHMARKS.md, ninth run).
 
 The copy reads each token once and writes it to each of its K rows (a thread loads one vector
 of `tokens_per_block` tokens, then stores each to the rows row_of names), so x is read once
@@ -59,7 +70,7 @@ zeroed once when allocated, never per call):
   when every block has read it. Calls that publish their counts leave both alone.
 - the fused kernel's list of padded segments (block 0 writes it before the barrier).
 - the table of published counts (PUBLISHED_COUNT_WORDS words), rewritten whole by every call
-  that publishes.
+  that publishes, and by every split_block_ranks call.
 Concurrent calls must not share a workspace (the public op keeps one per device and stream).
 """
 
