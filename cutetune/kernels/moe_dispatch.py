@@ -1156,10 +1156,7 @@ def _route_chunks(mIds: cute.Tensor, mRowOf: cute.Tensor, mCounts: cute.Tensor,
     padded-segment list (sPadStart, sPadEnd, with their count in sFlags[0]) for the zeroing."""
     PUBLISH = publishes_counts(L, BLOCKS)
     sCount, sBase, sOffsets, sPadStart, sPadEnd, sFlags = _smem_tensors(L)
-    pairs = cute.size(mIds, mode=[0]) * K
-    chunk = (pairs + (BLOCKS - 1)) // BLOCKS
-    begin = bidx * chunk
-    end = cutlass.min(begin + chunk, pairs)
+    begin, end = _routing_chunk(cute.size(mIds, mode=[0]) * K, bidx, BLOCKS)
     # The thread's first ids are loaded first, so that their round trip overlaps the epoch's
     # in the atomic exchange (the stores below depend on the epoch, and no load can be moved
     # above them).
@@ -1356,11 +1353,15 @@ def _rank_code(rank: Int32, local: Int32, L: int) -> Int32:
 
 
 def _routing_chunk(pairs: Int32, bidx: Int32, BLOCKS: int) -> tuple:
-    """The pairs [begin, end) routing block `bidx` of BLOCKS takes: contiguous chunks of
-    ceil(pairs / BLOCKS)."""
-    chunk = (pairs + (BLOCKS - 1)) // BLOCKS
+    """The pairs [begin, end) routing block `bidx` of BLOCKS takes (split's and
+    split_block_ranks'): contiguous chunks of _chunk_pairs."""
+    chunk = _chunk_pairs(pairs, BLOCKS)
     begin = bidx * chunk
     return begin, cutlass.min(begin + chunk, pairs)
+
+
+def _chunk_pairs(pairs: Int32, BLOCKS: int) -> Int32:
+    return (pairs + (BLOCKS - 1)) // BLOCKS
 
 
 def _block_rank_tensors(L: int, BLOCKS: int, PAIRS: int):
@@ -1437,7 +1438,7 @@ def _resolve_ranks(mRowOf: cute.Tensor, mWs: cute.Tensor, mCounts: cute.Tensor,
                 code = -2 - row
                 rank = code // L
                 local = code - rank * L
-                block = pair // ((pairs + (BLOCKS - 1)) // BLOCKS)
+                block = pair // _chunk_pairs(pairs, BLOCKS)
                 row = sOffsets[local] + sBases[block * L + local] + rank
                 if first_slice:
                     cute.arch.store(mRowOf.iterator + pair, row, sem="relaxed", scope="gpu")
