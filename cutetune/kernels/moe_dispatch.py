@@ -199,11 +199,11 @@ def workspace_words(local_experts: int) -> int:
 RANK_CODES = 2**31 - 2
 # The default takes split_block_ranks (8 routing blocks, 8 warps, 2 tokens per copy block,
 # streaming) for prefill calls of at most this many pairs over at most this many local experts:
-# on the H200 it beat split's best point for Mixtral (8 experts, top-2) at 1024 and 4096 tokens
-# (2048 and 8192 pairs) and lost to it at 32768 (benchmarks/moe_dispatch_split_probe.py,
+# on the H200 it beat split's best point for Mixtral (8 experts, top-2) at 1024 to 8192 tokens
+# (2048 to 16384 pairs) and lost to it at 32768 (benchmarks/moe_dispatch_split_probe.py,
 # BENCHMARKS.md, ninth run). With more experts each copy block reads a longer table; that was
 # not timed.
-BLOCK_RANKS_DEFAULT_MAX_PAIRS = 8192
+BLOCK_RANKS_DEFAULT_MAX_PAIRS = 16384
 BLOCK_RANKS_DEFAULT_MAX_LOCAL_EXPERTS = 8
 
 

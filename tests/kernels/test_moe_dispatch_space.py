@@ -335,7 +335,7 @@ def test_default_config_is_valid_replicated_for_few_tokens_and_split_for_many(na
         assert config.vector_bits == 128
         pairs = tokens * p.top_k
         if config.policy == md.SPLIT_BLOCK_RANKS:
-            # Mixtral's prefill up to 8192 pairs (test_default_takes_block_ranks_...).
+            # Mixtral's prefill up to 16384 pairs (test_default_takes_block_ranks_...).
             assert config == MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2, "streaming")
             policies.append(md.SPLIT)
             continue
@@ -356,15 +356,15 @@ def test_default_config_is_valid_replicated_for_few_tokens_and_split_for_many(na
     assert set(policies[first_split:]) == {md.SPLIT}
 
 
-def test_default_takes_block_ranks_for_few_experts_up_to_8192_pairs():
-    # Mixtral (8 experts, top-2): 512 tokens replicated, 513 to 4096 split_block_ranks, 4097
+def test_default_takes_block_ranks_for_few_experts_up_to_16384_pairs():
+    # Mixtral (8 experts, top-2): 512 tokens replicated, 513 to 8192 split_block_ranks, 8193
     # split. Qwen3-30B-A3B's 128 experts never, nor 9 experts.
     mixtral = problem(experts=8, top_k=2, expert_end=8, hidden=4096)
     ranks = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2, "streaming")
     assert default_config(mixtral.with_tokens(512), H200).policy == md.REPLICATED
     assert default_config(mixtral.with_tokens(513), H200) == ranks
-    assert default_config(mixtral.with_tokens(4096), H200) == ranks
-    assert default_config(mixtral.with_tokens(4097), H200).policy == md.SPLIT
+    assert default_config(mixtral.with_tokens(8192), H200) == ranks
+    assert default_config(mixtral.with_tokens(8193), H200).policy == md.SPLIT
     nine = problem(num_tokens=4096, experts=9, top_k=2, expert_end=9, hidden=4096)
     assert default_config(nine, H200).policy == md.SPLIT
     assert default_config(problem(num_tokens=1024), H200).policy == md.SPLIT
