@@ -198,11 +198,14 @@ def workspace_words(local_experts: int) -> int:
 # routing block's chunk of pairs times L must stay below 2^31 - 2.
 RANK_CODES = 2**31 - 2
 # The default takes split_block_ranks (8 routing blocks, 8 warps, 2 tokens per copy block,
-# streaming) for prefill calls of at most this many pairs over at most this many local experts:
-# on the H200 it beat split's best point for Mixtral (8 experts, top-2) at 1024 to 8192 tokens
-# (2048 to 16384 pairs) and lost to it at 32768 (benchmarks/moe_dispatch_split_probe.py,
-# BENCHMARKS.md, ninth run). With more experts each copy block reads a longer table; that was
-# not timed.
+# streaming) for prefill calls of at most this many local pairs (expected under uniform
+# routing, _local_pairs) over at most this many local experts: on the H200 it beat split's best
+# point for Mixtral (8 experts, top-2) at 1024 to 8192 tokens (2048 to 16384 pairs) and lost to
+# it at 32768 (benchmarks/moe_dispatch_split_probe.py, BENCHMARKS.md, ninth run). In a scratch
+# probe (issue 4's note) it also beat split's default by 0.5-3.3 us for ranges of 4 and 8 of
+# the experts of Qwen3-30B-A3B, Qwen3-235B-A22B and DeepSeek-V3 at 4096 tokens (1024-2048
+# local pairs of 32768). With more experts each copy block reads a longer table; that was not
+# timed.
 BLOCK_RANKS_DEFAULT_MAX_PAIRS = 16384
 BLOCK_RANKS_DEFAULT_MAX_LOCAL_EXPERTS = 8
 
@@ -431,9 +434,9 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     pairs / (32 * warps) steps. Prefill split, 8 warps per block (DESIGN.md: 4-8 warps reach
     the copy ceiling, 1 warp does not), streaming copy hints, and the routing grid of about
     ROUTED_PAIRS_PER_BLOCK pairs a block (_routing_grid); narrower where the device holds
-    fewer cooperative blocks. Before split, for few experts and at most
-    BLOCK_RANKS_DEFAULT_MAX_PAIRS pairs, split_block_ranks over 8 routing blocks with 2 tokens
-    per copy block. Where none of these fits the device, the space's first valid point."""
+    fewer cooperative blocks. Before split, for few local experts and at most
+    BLOCK_RANKS_DEFAULT_MAX_PAIRS local pairs, split_block_ranks over 8 routing blocks with 2
+    tokens per copy block. Where none of these fits the device, the space's first valid point."""
     bits = widest_vector_bits(problem.dtype, problem.hidden)
     if not bits:
         # No vector divides the hidden size: let the space say which constraint removed what.
@@ -442,7 +445,7 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     wide_warps = 4 if pairs <= 256 else 8
     candidates = [MoEDispatchConfig(REPLICATED, 128, warps, bits, 1)
                   for warps in dict.fromkeys((wide_warps, 4, 1))]
-    if (pairs <= BLOCK_RANKS_DEFAULT_MAX_PAIRS
+    if (_local_pairs(problem) <= BLOCK_RANKS_DEFAULT_MAX_PAIRS
             and problem.local_experts <= BLOCK_RANKS_DEFAULT_MAX_LOCAL_EXPERTS):
         candidates.append(MoEDispatchConfig(SPLIT_BLOCK_RANKS, ROUTING_ONLY_GRID, 8, bits, 2,
                                             cache_hints.STREAMING))

@@ -192,6 +192,20 @@ def test_split_block_ranks_at_prefill_sizes(tokens, skewed):
 
 
 @pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
+def test_split_block_ranks_for_eight_experts_of_a_top_8_model(skewed):
+    # The default for a range of 8 of Qwen3-30B-A3B's experts at 4096 tokens (2048 of 32768
+    # pairs local: 4096 pairs per routing block), and the widest grid with 4 tokens per block.
+    problem = dataclasses.replace(QWEN.with_tokens(4096), expert_end=8, zero_padding=True)
+    default = md.default_config(problem, spec())
+    assert default.policy == md.SPLIT_BLOCK_RANKS
+    workspace = md.new_workspace(problem, DEVICE)
+    for i, config in enumerate((default, md.MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 32, 8, 128,
+                                                                4, "streaming"))):
+        run_and_check(problem, config, inputs(problem, seed=i, skewed=skewed,
+                                              workspace=workspace))
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
 @pytest.mark.parametrize("tokens", [1000, 4097])
 def test_split_bulk_at_prefill_sizes(tokens, skewed):
     # Every rows-per-block the space holds, a token count no block size divides, padding

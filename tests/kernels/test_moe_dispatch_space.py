@@ -356,9 +356,10 @@ def test_default_config_is_valid_replicated_for_few_tokens_and_split_for_many(na
     assert set(policies[first_split:]) == {md.SPLIT}
 
 
-def test_default_takes_block_ranks_for_few_experts_up_to_16384_pairs():
+def test_default_takes_block_ranks_for_few_experts_up_to_16384_local_pairs():
     # Mixtral (8 experts, top-2): 512 tokens replicated, 513 to 8192 split_block_ranks, 8193
-    # split. Qwen3-30B-A3B's 128 experts never, nor 9 experts.
+    # split. Qwen3-30B-A3B's 128 experts never, nor 9 experts; 8 of its experts at 4096 tokens
+    # (2048 of 32768 pairs local) do, up to 32768 tokens (16384 local pairs).
     mixtral = problem(experts=8, top_k=2, expert_end=8, hidden=4096)
     ranks = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2, "streaming")
     assert default_config(mixtral.with_tokens(512), H200).policy == md.REPLICATED
@@ -368,6 +369,10 @@ def test_default_takes_block_ranks_for_few_experts_up_to_16384_pairs():
     nine = problem(num_tokens=4096, experts=9, top_k=2, expert_end=9, hidden=4096)
     assert default_config(nine, H200).policy == md.SPLIT
     assert default_config(problem(num_tokens=1024), H200).policy == md.SPLIT
+    eight = problem(expert_end=8)
+    assert default_config(eight.with_tokens(4096), H200) == ranks
+    assert default_config(eight.with_tokens(32768), H200) == ranks
+    assert default_config(eight.with_tokens(32769), H200).policy == md.SPLIT
 
 
 def test_default_switches_where_the_replicated_form_stops():
