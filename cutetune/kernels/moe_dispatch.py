@@ -368,7 +368,7 @@ SPACE = Space(
             "-2 - (rank * L + local expert): a routing block's pairs times the local experts "
             f"must stay below {RANK_CODES}",
             lambda p, c, d: (c.policy != SPLIT_BLOCK_RANKS
-                             or _fits_rank_codes(p.num_tokens, p, c.grid_blocks)),
+                             or p.num_tokens <= _rank_code_max_tokens(p, c.grid_blocks)),
         ),
         Constraint(
             "fused_routes_few_pairs",
@@ -459,9 +459,10 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     return SPACE.valid_points(problem, device)[0]
 
 
-def _fits_rank_codes(tokens: int, problem: MoEProblem, routing_blocks: int) -> bool:
-    chunk = math.ceil(tokens * problem.top_k / routing_blocks)
-    return chunk * problem.local_experts < RANK_CODES
+def _rank_code_max_tokens(problem: MoEProblem, routing_blocks: int) -> int:
+    """The most tokens whose routing chunks (ceil(tokens * top_k / routing_blocks) pairs) times
+    L stay below RANK_CODES."""
+    return routing_blocks * ((RANK_CODES - 1) // problem.local_experts) // problem.top_k
 
 
 def _routing_grid(pairs: int) -> int:
@@ -623,19 +624,19 @@ def _slot_entries(experts: list, sCount: cute.Tensor, sFlags: cute.Tensor, first
 
 
 @cute.jit
-def _store_rows(experts: list, slots: list, sBase: cute.Tensor, mRowOf: cute.Tensor,
-                first: Int32, end: Int32, stride: Int32, K: cutlass.Constexpr[int],
-                BEGIN: cutlass.Constexpr[int]):
-    """row_of of pairs first, first + stride, ... below end: the expert's base + the pair's
-    slot, or -1 where it has no slot."""
+def _store_slot_values(experts: list, slots: list, value_of, mRowOf: cute.Tensor,
+                       first: Int32, end: Int32, stride: Int32, K: cutlass.Constexpr[int]):
+    """row_of of pairs first, first + stride, ... below end: value_of(slot, expert) of the
+    pair's slot and expert id (its row, or split_block_ranks' _rank_code), or -1 where it has
+    no slot."""
     for i in cutlass.range_constexpr(len(experts)):
         pair = first + i * stride
         if pair < end:
-            row = Int32(-1)
+            value = Int32(-1)
             if slots[i] >= 0:
-                row = slots[i] + sBase[experts[i] - BEGIN]
+                value = value_of(slots[i], experts[i])
             token = pair // K
-            mRowOf[token, pair - token * K] = row
+            mRowOf[token, pair - token * K] = value
 
 
 @cute.jit
@@ -665,11 +666,14 @@ def _finish_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, ex
                   K: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int]):
     """row_of of _route_pairs' pairs (the same thread each): the expert's base + the slot, from
     registers for the first IDS_IN_FLIGHT, from row_of (with the ids reloaded) for the rest."""
-    _store_rows(experts, slots, sBase, mRowOf, first, end, stride, K, BEGIN)
+    def row_of(slot, expert):
+        return slot + sBase[expert - BEGIN]
+
+    _store_slot_values(experts, slots, row_of, mRowOf, first, end, stride, K)
     for base in range(first + IDS_IN_FLIGHT * stride, end, stride * IDS_IN_FLIGHT):
-        _store_rows(_pair_entries(mIds, base, stride, end, K),
-                    _pair_entries(mRowOf, base, stride, end, K), sBase, mRowOf, base, end,
-                    stride, K, BEGIN)
+        _store_slot_values(_pair_entries(mIds, base, stride, end, K),
+                           _pair_entries(mRowOf, base, stride, end, K), row_of, mRowOf, base,
+                           end, stride, K)
 
 
 @cute.jit
@@ -1117,11 +1121,7 @@ def _publish_counts(mWs: cute.Tensor, sCount: cute.Tensor, sBase: cute.Tensor,
     (its base, into sBase), and the last column (the errors, into sFlags[2]). Every entry is
     rewritten each call, so nothing is zeroed between calls."""
     ROW = L + 1
-    mTable = _ws_view(mWs, _ws_published(L), BLOCKS * ROW)
-    for e in range(tidx, L, THREADS):
-        mTable[bidx * ROW + e] = sCount[e]
-    if tidx == 0:
-        mTable[bidx * ROW + L] = sFlags[1]
+    mTable = _publish_row(mWs, sCount, sFlags, tidx, bidx, L, THREADS, BLOCKS)
     grid_barrier(mWs, tidx, bidx, BLOCKS)
     for e in range(tidx, L, THREADS):
         sCount[e] = 0
@@ -1143,6 +1143,21 @@ def _publish_counts(mWs: cute.Tensor, sCount: cute.Tensor, sBase: cute.Tensor,
                 if block < bidx:
                     cute.arch.atomic_add(sBase.iterator + column, value, sem="relaxed",
                                          scope="cta")
+
+
+@cute.jit
+def _publish_row(mWs: cute.Tensor, sCount: cute.Tensor, sFlags: cute.Tensor, tidx: Int32,
+                 bidx: Int32, L: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                 BLOCKS: cutlass.Constexpr[int]) -> cute.Tensor:
+    """Row bidx of the published (BLOCKS, L + 1) table: the block's L counts and its error
+    flag (sFlags[1]), with plain stores. Returns the table."""
+    ROW = L + 1
+    mTable = _ws_view(mWs, _ws_published(L), BLOCKS * ROW)
+    for e in range(tidx, L, THREADS):
+        mTable[bidx * ROW + e] = sCount[e]
+    if tidx == 0:
+        mTable[bidx * ROW + L] = sFlags[1]
+    return mTable
 
 
 @cute.jit
@@ -1316,43 +1331,33 @@ def _rank_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mWs: cute.Tensor,
     if tidx == 0:
         sFlags[1] = 0
     cute.arch.sync_threads()
-    _store_rank_codes(experts, _slot_entries(experts, sCount, sFlags, first, end, THREADS, E,
-                                             BEGIN, L),
-                      mRowOf, first, end, THREADS, K, BEGIN, L)
+
+    def code_of(slot, expert):
+        return _rank_code(slot, expert - BEGIN, L)
+
+    _store_slot_values(experts, _slot_entries(experts, sCount, sFlags, first, end, THREADS, E,
+                                              BEGIN, L),
+                       code_of, mRowOf, first, end, THREADS, K)
     for base in range(first + IDS_IN_FLIGHT * THREADS, end, IDS_IN_FLIGHT * THREADS):
         later = _pair_entries(mIds, base, THREADS, end, K)
-        _store_rank_codes(later, _slot_entries(later, sCount, sFlags, base, end, THREADS, E,
-                                               BEGIN, L),
-                          mRowOf, base, end, THREADS, K, BEGIN, L)
+        _store_slot_values(later, _slot_entries(later, sCount, sFlags, base, end, THREADS, E,
+                                                BEGIN, L),
+                           code_of, mRowOf, base, end, THREADS, K)
     cute.arch.sync_threads()
-    ROW = L + 1
-    mTable = _ws_view(mWs, _ws_published(L), BLOCKS * ROW)
-    for e in range(tidx, L, THREADS):
-        mTable[bidx * ROW + e] = sCount[e]
-    if tidx == 0:
-        mTable[bidx * ROW + L] = sFlags[1]
-
-
-@cute.jit
-def _store_rank_codes(experts: list, slots: list, mRowOf: cute.Tensor, first: Int32,
-                      end: Int32, stride: Int32, K: cutlass.Constexpr[int],
-                      BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]):
-    """row_of of pairs first, first + stride, ... below end: the _rank_code of the pair's slot
-    in its routing block, or -1 where it has none."""
-    for i in cutlass.range_constexpr(len(experts)):
-        pair = first + i * stride
-        if pair < end:
-            code = Int32(-1)
-            if slots[i] >= 0:
-                code = _rank_code(slots[i], experts[i] - BEGIN, L)
-            token = pair // K
-            mRowOf[token, pair - token * K] = code
+    _publish_row(mWs, sCount, sFlags, tidx, bidx, L, THREADS, BLOCKS)
 
 
 def _rank_code(rank: Int32, local: Int32, L: int) -> Int32:
     """A pair's rank in its routing block and its local expert, as split_block_ranks' routing
     leaves them in row_of: -2 - (rank * L + local), below any row and the -1 of no row."""
     return -2 - (rank * L + local)
+
+
+def _rank_of_code(code: Int32, L: int) -> tuple:
+    """_rank_code's (rank, local expert) back from a code below -1."""
+    value = -2 - code
+    rank = value // L
+    return rank, value - rank * L
 
 
 def _routing_chunk(pairs: Int32, bidx: Int32, BLOCKS: int) -> tuple:
@@ -1438,9 +1443,7 @@ def _resolve_ranks(mRowOf: cute.Tensor, mWs: cute.Tensor, mCounts: cute.Tensor,
         if index < GROUP_PAIRS and pair < pairs:
             row = codes[j]
             if row < -1:
-                code = -2 - row
-                rank = code // L
-                local = code - rank * L
+                rank, local = _rank_of_code(row, L)
                 block = pair // _chunk_pairs(pairs, BLOCKS)
                 row = sOffsets[local] + sBases[block * L + local] + rank
                 if first_slice:
@@ -1608,6 +1611,9 @@ class CompiledDispatch:
         self.problem = problem
         self.config = config
         self._checked_devices: set[int] = set()
+        # split_block_ranks' codes bound the tokens of a call (block_ranks_encode).
+        self._max_tokens = (_rank_code_max_tokens(problem, config.grid_blocks)
+                            if config.policy == SPLIT_BLOCK_RANKS else None)
 
     def check_device(self, device: int) -> None:
         if device in self._checked_devices or self.config.policy in BARRIER_FREE_FORMS:
@@ -1619,8 +1625,7 @@ class CompiledDispatch:
 
     def __call__(self, x, topk_ids, row_of, dispatched, counts, offsets, error, workspace):
         self.check_device(x.get_device())
-        if (self.config.policy == SPLIT_BLOCK_RANKS
-                and not _fits_rank_codes(x.shape[0], self.problem, self.config.grid_blocks)):
+        if self._max_tokens is not None and x.shape[0] > self._max_tokens:
             raise ValueError(
                 f"moe_dispatch: {x.shape[0]} tokens are too many for split_block_ranks over "
                 f"{self.config.grid_blocks} routing blocks (a block's pairs times the "
