@@ -3,15 +3,15 @@
 
 For each MODEL:TOKENS, split's points at 8 warps per block and 1 or 2 tokens per block, over the
 routing grids of the space, the copy's cache hints (normal, streaming) and both ways the routing
-blocks exchange their counts: as `publishes_counts` chooses (published where blocks x (local
-experts + 1) fit PUBLISHED_COUNT_WORDS) and, where that is published, the atomic exchange too
-at one token per block (compiled with `publishes_counts` answering no). Then
-split_block_ranks' valid points over the same grids, at 4 and 8 warps, 1, 2 and 4 tokens per
-block and streaming hints (its routing blocks exchange nothing: the copy resolves their ranks,
-"in copy"). The heuristic default's point is marked. Every point is checked against the
-reference first (three calls on each of three input sets), then all are timed as `cutetune
-bench` times (CUDA graphs over rotated input sets, interleaved rounds), twice, beside a copy
-of the same bytes.
+blocks exchange their counts: as `publishes_counts` chooses (published where blocks x (local experts
++ 1) fit PUBLISHED_COUNT_WORDS) and, where that is published, the atomic exchange too at one token
+per block (compiled with `publishes_counts` answering no). Then split_block_ranks' valid points over
+the same grids, at 4 and 8 warps, every tokens per block of the space (1 to 4; 3 is
+split_block_ranks' own, tenth run) and streaming hints (its routing blocks exchange nothing: the
+copy resolves their ranks, "in copy"). The heuristic default's point is marked. Every point is
+checked against the reference first (three calls on each of three input sets), then all are timed as
+`cutetune bench` times (CUDA graphs over rotated input sets, interleaved rounds), twice, beside a
+copy of the same bytes.
 
     python3 benchmarks/moe_dispatch_split_probe.py mixtral-8x7b:4096 qwen3-30b-a3b:512 \
         [--compile-only]
@@ -30,6 +30,7 @@ from cutetune.kernels.moe_common import check_dispatch
 from cutetune.spaces.models import PRESETS
 
 GRIDS = next(p.choices for p in md.SPACE.params if p.name == "grid_blocks")
+TOKENS_PER_BLOCK = next(p.choices for p in md.SPACE.params if p.name == "tokens_per_block")
 HINTS = (cache_hints.NORMAL, cache_hints.STREAMING)
 WARPS = 8
 BLOCK_RANKS_WARPS = (4, 8)
@@ -63,7 +64,7 @@ def compile_points(problem: md.MoEProblem, spec) -> dict:
                         md.publishes_counts = chooser
     for grid in GRIDS:
         for warps in BLOCK_RANKS_WARPS:
-            for tokens_per_block in (1, 2, 4):
+            for tokens_per_block in TOKENS_PER_BLOCK:
                 config = md.MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, grid, warps, 128,
                                               tokens_per_block, cache_hints.STREAMING)
                 if md.SPACE.first_violation(problem, config, spec) is None:

@@ -197,17 +197,21 @@ def workspace_words(local_experts: int) -> int:
 # resolves it: as -2 - (rank * L + local expert), below the -1 of a pair with no row. So a
 # routing block's chunk of pairs times L must stay below 2^31 - 2.
 RANK_CODES = 2**31 - 2
-# The default takes split_block_ranks (8 routing blocks, 8 warps, 2 tokens per copy block,
-# streaming) for prefill calls of at most this many local pairs (expected under uniform
+# The default takes split_block_ranks (8 routing blocks, 8 warps, streaming; 2 tokens per copy block
+# when this was measured) for prefill calls of at most this many local pairs (expected under uniform
 # routing, _local_pairs) over at most this many local experts: on the H200 it beat split's best
-# point for Mixtral (8 experts, top-2) at 1024 to 8192 tokens (2048 to 16384 pairs) and lost to
-# it at 32768 (benchmarks/moe_dispatch_split_probe.py, BENCHMARKS.md, ninth run). In a scratch
-# probe (issue 4's note) it also beat split's default by 0.5-3.3 us for ranges of 4 and 8 of
-# the experts of Qwen3-30B-A3B, Qwen3-235B-A22B and DeepSeek-V3 at 4096 tokens (1024-2048
-# local pairs of 32768). With more experts each copy block reads a longer table; that was not
-# timed.
+# point for Mixtral (8 experts, top-2) at 1024 to 8192 tokens (2048 to 16384 pairs) and lost to it
+# at 32768 (benchmarks/moe_dispatch_split_probe.py, BENCHMARKS.md, ninth run). In a scratch probe
+# (issue 4's note) it also beat split's default by 0.5-3.3 us for ranges of 4 and 8 of the experts
+# of Qwen3-30B-A3B, Qwen3-235B-A22B and DeepSeek-V3 at 4096 tokens (1024-2048 local pairs of 32768).
+# With more experts each copy block reads a longer table; that was not timed.
 BLOCK_RANKS_DEFAULT_MAX_PAIRS = 16384
 BLOCK_RANKS_DEFAULT_MAX_LOCAL_EXPERTS = 8
+# A copy block of 3 tokens (split_block_ranks only): for Mixtral on the H200 (8 routing blocks,
+# 8 warps) it beat 2 and 4 tokens per block by 0.15-0.4 us at 4096 and 8192 tokens, was level
+# with 2 at 1024 and trailed 4 there by 0.15 us (benchmarks/moe_dispatch_split_probe.py,
+# BENCHMARKS.md, tenth run), so the default takes it.
+BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK = 3
 
 
 def publishes_counts(local_experts: int, routing_blocks: int) -> bool:
@@ -315,7 +319,7 @@ SPACE = Space(
               "blocks of the fused or replicated kernel, or of split's routing kernel"),
         Param("warps_per_block", (1, 4, 8), "warps in one thread block"),
         Param("vector_bits", (32, 64, 128), "bits per thread per global access of the copy"),
-        Param("tokens_per_block", (1, 2, 4),
+        Param("tokens_per_block", (1, 2, BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK, 4),
               "tokens whose vectors a thread loads before storing them (ILP of the copy); "
               "split_bulk: the rows a copy block holds in shared memory"),
         cache_hints.CACHE_HINTS_PARAM,
@@ -338,6 +342,15 @@ SPACE = Space(
             "a thread may batch at most as many tokens as the call has (more only loads the "
             "same token again)",
             lambda p, c, d: c.tokens_per_block == 1 or c.tokens_per_block <= p.num_tokens,
+        ),
+        Constraint(
+            "three_tokens_per_block_block_ranks_only",
+            f"{BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK} tokens per block are offered to "
+            "split_block_ranks only, where they were measured (its copy blocks each resolve "
+            "their rows from the whole routing table, so fewer, fuller blocks pay off); the other "
+            "forms were not timed there",
+            lambda p, c, d: (c.tokens_per_block != BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK
+                             or c.policy == SPLIT_BLOCK_RANKS),
         ),
         Constraint(
             "small_grid_only_routes",
@@ -435,7 +448,7 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     the copy ceiling, 1 warp does not), streaming copy hints, and the routing grid of about
     ROUTED_PAIRS_PER_BLOCK pairs a block (_routing_grid); narrower where the device holds
     fewer cooperative blocks. Before split, for few local experts and at most
-    BLOCK_RANKS_DEFAULT_MAX_PAIRS local pairs, split_block_ranks over 8 routing blocks with 2
+    BLOCK_RANKS_DEFAULT_MAX_PAIRS local pairs, split_block_ranks over 8 routing blocks with 3
     tokens per copy block. Where none of these fits the device, the space's first valid point."""
     bits = widest_vector_bits(problem.dtype, problem.hidden)
     if not bits:
@@ -447,7 +460,8 @@ def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
                   for warps in dict.fromkeys((wide_warps, 4, 1))]
     if (_local_pairs(problem) <= BLOCK_RANKS_DEFAULT_MAX_PAIRS
             and problem.local_experts <= BLOCK_RANKS_DEFAULT_MAX_LOCAL_EXPERTS):
-        candidates.append(MoEDispatchConfig(SPLIT_BLOCK_RANKS, ROUTING_ONLY_GRID, 8, bits, 2,
+        candidates.append(MoEDispatchConfig(SPLIT_BLOCK_RANKS, ROUTING_ONLY_GRID, 8, bits,
+                                            BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK,
                                             cache_hints.STREAMING))
     grids = [blocks for blocks in SPLIT_GRIDS if blocks <= _routing_grid(pairs)]
     candidates += [MoEDispatchConfig(SPLIT, blocks, warps, bits, 1, cache_hints.STREAMING)

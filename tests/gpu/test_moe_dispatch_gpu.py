@@ -184,7 +184,7 @@ def test_split_block_ranks_at_prefill_sizes(tokens, skewed):
     points = [c for c in md.SPACE.valid_points(problem, spec())
               if c.policy == md.SPLIT_BLOCK_RANKS and c.cache_hints == "streaming"]
     assert {c.grid_blocks for c in points} == {8, 32}
-    assert {c.tokens_per_block for c in points} == {1, 2, 4}
+    assert {c.tokens_per_block for c in points} == {1, 2, 3, 4}
     workspace = md.new_workspace(problem, DEVICE)
     assert_every_point(points, lambda i, config: run_and_check(
         problem, config, inputs(problem, seed=i, skewed=skewed, workspace=workspace)),

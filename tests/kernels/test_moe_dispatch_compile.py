@@ -185,9 +185,14 @@ def test_ptx_split_routing_publishes_few_experts_counts(tmp_path, monkeypatch):
         md.IDS_IN_FLIGHT
 
 
-def test_ptx_block_ranks_route_without_barrier_and_copy_resolves_rows(tmp_path, monkeypatch):
-    problem = dataclasses.replace(MIXTRAL, zero_padding=True)
-    config = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2, "streaming")
+@pytest.mark.parametrize("tokens_per_block", [2, md.BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK])
+def test_ptx_block_ranks_route_without_barrier_and_copy_resolves_rows(tokens_per_block, tmp_path,
+                                                                       monkeypatch):
+    # 3 tokens per block are valid from 3 tokens on (the sweep's problems have fewer): this
+    # compiles that point too.
+    problem = dataclasses.replace(MIXTRAL.with_tokens(tokens_per_block), zero_padding=True)
+    config = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, tokens_per_block, "streaming")
+    KERNEL.space.check(problem, config, H200)
     entries = _ptx_entries(problem, config, tmp_path, monkeypatch)
     assert set(entries) == {"rank", "block_ranks_copy"}
     rank, copy = entries["rank"], entries["block_ranks_copy"]
@@ -197,18 +202,18 @@ def test_ptx_block_ranks_route_without_barrier_and_copy_resolves_rows(tmp_path, 
     assert "atom.global" not in rank and "ld.acquire" not in rank
     assert ("ld", 128) not in _widths(rank) and ("st", 128) not in _widths(rank)
     assert rank.index("griddepcontrol.launch_dependents") < rank.index("atom.shared")
-    # The copy: 2 tokens' streaming loads before the wait, then gpu-scope loads of the rank
-    # codes and the table, one gpu-scope store of a resolved row per pair lane, 2 x 2
-    # streaming stores, and the padding's zero stores; no atomic.
+    # The copy: the block's tokens' streaming loads before the wait, then gpu-scope loads of
+    # the rank codes and the table, one gpu-scope store of a resolved row per pair lane, one
+    # streaming store per token and k, and the padding's zero stores; no atomic.
     assert "atom" not in copy and "ld.acquire" not in copy
     assert copy.count("griddepcontrol.wait") == 1
     wait = copy.index("griddepcontrol.wait")
     assert copy.index("ld.global.cs.v4") < wait < copy.index("ld.relaxed.gpu.global.b32")
-    assert len(re.findall(r"\bld\.global\.cs\.v4\.b32\b", copy)) == 2
-    assert len(re.findall(r"\bst\.global\.cs\.v4\.b32\b", copy)) == 2 * 2
+    assert len(re.findall(r"\bld\.global\.cs\.v4\.b32\b", copy)) == tokens_per_block
+    assert len(re.findall(r"\bst\.global\.cs\.v4\.b32\b", copy)) == tokens_per_block * 2
     assert len(re.findall(r"\bst\.relaxed\.gpu\.global\.b32\b", copy)) == 1
     # One load per lane per 32 words of the table (8 blocks x 9 = 72 words: 3), plus the
-    # group's 4 rank codes (one lane each).
+    # group's 4 or 6 rank codes (one lane each).
     assert len(re.findall(r"\bld\.relaxed\.gpu\.global\.b32\b", copy)) == 3 + 1
     assert ZERO_STORE.search(copy)
 

@@ -108,7 +108,7 @@ def test_routing_blocks_publish_counts_only_where_few():
 
 
 def test_declared_space_is_small():
-    assert len(SPACE.declared_points()) == 5 * 3 * 3 * 3 * 3 * 2
+    assert len(SPACE.declared_points()) == 5 * 3 * 3 * 3 * 4 * 2
 
 
 @pytest.mark.parametrize("name", MOE_PRESETS)
@@ -209,6 +209,18 @@ def test_tokens_per_block_is_bounded_by_the_tokens():
     assert rejected[MoEDispatchConfig(md.SPLIT, 32, 4, 128, 4)] == \
         "tokens_per_block_within_tokens"
     assert MoEDispatchConfig(md.SPLIT, 32, 4, 128, 2) not in rejected
+
+
+def test_three_tokens_per_block_only_for_block_ranks():
+    mixtral = problem(num_tokens=4096, experts=8, top_k=2, expert_end=8, hidden=4096)
+    rejected = rejections(mixtral)
+    for policy in (md.SPLIT, md.SPLIT_BULK):
+        assert rejected[MoEDispatchConfig(policy, 32, 8, 128, 3)] == \
+            "three_tokens_per_block_block_ranks_only"
+    ranks = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 3, "streaming")
+    SPACE.check(mixtral, ranks, H200)
+    # Like every batch, not more tokens than the call has.
+    assert rejections(mixtral.with_tokens(2))[ranks] == "tokens_per_block_within_tokens"
 
 
 def test_bulk_copy_rows_fit_shared_memory():
@@ -336,7 +348,7 @@ def test_default_config_is_valid_replicated_for_few_tokens_and_split_for_many(na
         pairs = tokens * p.top_k
         if config.policy == md.SPLIT_BLOCK_RANKS:
             # Mixtral's prefill up to 16384 pairs (test_default_takes_block_ranks_...).
-            assert config == MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2, "streaming")
+            assert config == MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 3, "streaming")
             policies.append(md.SPLIT)
             continue
         assert config.tokens_per_block == 1
@@ -361,7 +373,7 @@ def test_default_takes_block_ranks_for_few_experts_up_to_16384_local_pairs():
     # split. Qwen3-30B-A3B's 128 experts never, nor 9 experts; 8 of its experts at 4096 tokens
     # (2048 of 32768 pairs local) do, up to 32768 tokens (16384 local pairs).
     mixtral = problem(experts=8, top_k=2, expert_end=8, hidden=4096)
-    ranks = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 2, "streaming")
+    ranks = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 3, "streaming")
     assert default_config(mixtral.with_tokens(512), H200).policy == md.REPLICATED
     assert default_config(mixtral.with_tokens(513), H200) == ranks
     assert default_config(mixtral.with_tokens(8192), H200) == ranks
