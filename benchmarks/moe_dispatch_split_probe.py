@@ -3,15 +3,15 @@
 
 For each MODEL:TOKENS, split's points at 8 warps per block and 1 or 2 tokens per block, over the
 routing grids of the space, the copy's cache hints (normal, streaming) and both ways the routing
-blocks exchange their counts: as `publishes_counts` chooses (published where blocks x (local experts
-+ 1) fit PUBLISHED_COUNT_WORDS) and, where that is published, the atomic exchange too at one token
-per block (compiled with `publishes_counts` answering no). Then split_block_ranks' valid points over
-the same grids, at 4 and 8 warps, every tokens per block of the space (1 to 4; 3 is
-split_block_ranks' own, tenth run) and streaming hints (its routing blocks exchange nothing: the
-copy resolves their ranks, "in copy"). The heuristic default's point is marked. Every point is
-checked against the reference first (three calls on each of three input sets), then all are timed as
-`cutetune bench` times (CUDA graphs over rotated input sets, interleaved rounds), twice, beside a
-copy of the same bytes.
+blocks exchange their counts: as `publishes_counts` chooses (published where blocks x (local
+experts + 1) fit PUBLISHED_COUNT_WORDS) and, where that is published, the atomic exchange too at
+one token per block (compiled with `publishes_counts` answering no). Then split_block_ranks'
+valid points over the same grids, at 4 and 8 warps, every tokens per block of the space (1 to 4;
+3 is split_block_ranks' own, issue 4's tenth run) and streaming hints (its routing blocks
+exchange nothing: the copy resolves their ranks, "in copy"). The heuristic default's point is
+marked. Every point is checked against the reference first (three calls on each of three input
+sets), then all are timed as `cutetune bench` times (CUDA graphs over rotated input sets,
+interleaved rounds), twice, beside a copy of the same bytes.
 
     python3 benchmarks/moe_dispatch_split_probe.py mixtral-8x7b:4096 qwen3-30b-a3b:512 \
         [--compile-only]

@@ -210,7 +210,7 @@ BLOCK_RANKS_DEFAULT_MAX_LOCAL_EXPERTS = 8
 # A copy block of 3 tokens (split_block_ranks only): for Mixtral on the H200 (8 routing blocks,
 # 8 warps) it beat 2 and 4 tokens per block by 0.15-0.4 us at 4096 and 8192 tokens, was level
 # with 2 at 1024 and trailed 4 there by 0.15 us (benchmarks/moe_dispatch_split_probe.py,
-# BENCHMARKS.md, tenth run), so the default takes it.
+# BENCHMARKS.md, issue 4, tenth run), so the default takes it.
 BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK = 3
 
 
