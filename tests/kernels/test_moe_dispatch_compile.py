@@ -1,13 +1,14 @@
 """The CI compile sweep of moe_dispatch: every valid point compiles for sm_90a on the CPU for the
 MoE problem of every preset with routed experts (bf16) and for a synthetic fp16 problem with a
-local expert range, pad 1 and a hidden size only 64-bit vectors divide (at 2 tokens, so that
-tokens_per_block 2 is valid too; the PTX tests compile 6); the PTX shows the grid barrier's
-gpu-scope release arrival and acquire spin, the replicated form's barrier-free ranking, zero
-stores only where padding is zeroed, copies of whole 128-bit vectors, split_bulk's rows
-moved by bulk copies through shared memory, the published count exchange of few experts,
-streaming copies, and split_block_ranks' routing with no barrier and no global atomic.
+local expert range, pad 1 and a hidden size only 64-bit vectors divide (at 4 tokens, so that
+every tokens_per_block is valid too: 2 and 4 in each of its forms, 3 in split_block_ranks); the
+PTX shows the grid barrier's gpu-scope release arrival and acquire spin, the replicated form's
+barrier-free ranking, zero stores only where padding is zeroed, copies of whole 128-bit vectors,
+split_bulk's rows moved by bulk copies through shared memory, the published count exchange of
+few experts, streaming copies, and split_block_ranks' routing with no barrier and no global
+atomic.
 
-About 255 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
+About 310 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
 spreads them.
 """
 
@@ -28,7 +29,7 @@ H200 = DEVICE_SPECS["H200"]
 PRESET_PARAMS = [pytest.param(problem, id=name)
                  for name, model in PRESETS.items() if model.num_experts
                  for problem in KERNEL.problems_for_model(model, "bfloat16")]
-SYNTHETIC = MoEProblem(num_tokens=2, dtype="float16", hidden=1004, experts=20, top_k=3, pad=1,
+SYNTHETIC = MoEProblem(num_tokens=4, dtype="float16", hidden=1004, experts=20, top_k=3, pad=1,
                        expert_begin=5, expert_end=17)
 
 
@@ -41,12 +42,13 @@ def test_sweep_covers_every_moe_preset():
 def test_sweep_stays_within_its_budget():
     counts = [len(KERNEL.space.enumerate(p.values[0], H200).valid) for p in PRESET_PARAMS]
     synthetic = KERNEL.space.enumerate(SYNTHETIC, H200).valid
-    assert {c.tokens_per_block for c in synthetic} == {1, 2}
+    assert {c.tokens_per_block for c in synthetic} == {1, 2, 3, 4}
+    assert {c.policy for c in synthetic if c.tokens_per_block == 3} == {md.SPLIT_BLOCK_RANKS}
     assert {c.vector_bits for c in synthetic} == {64}
     # 1004 fp16 elements are 2008 bytes, not a whole number of bulk copies.
     assert {c.policy for c in synthetic} == {md.FUSED, md.REPLICATED, md.SPLIT,
                                              md.SPLIT_BLOCK_RANKS}
-    assert sum(counts) + len(synthetic) <= 260
+    assert sum(counts) + len(synthetic) <= 310
 
 
 @pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
@@ -188,8 +190,6 @@ def test_ptx_split_routing_publishes_few_experts_counts(tmp_path, monkeypatch):
 @pytest.mark.parametrize("tokens_per_block", [2, md.BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK])
 def test_ptx_block_ranks_route_without_barrier_and_copy_resolves_rows(tokens_per_block, tmp_path,
                                                                        monkeypatch):
-    # 3 tokens per block are valid from 3 tokens on (the sweep's problems have fewer): this
-    # compiles that point too.
     problem = dataclasses.replace(MIXTRAL.with_tokens(tokens_per_block), zero_padding=True)
     config = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, tokens_per_block, "streaming")
     KERNEL.space.check(problem, config, H200)
