@@ -29,7 +29,7 @@ from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.moe_common import check_dispatch
 from cutetune.spaces.models import PRESETS
 
-GRIDS = next(p.choices for p in md.SPACE.params if p.name == "grid_blocks")
+GRIDS = md.SPLIT_GRIDS
 TOKENS_PER_BLOCK = next(p.choices for p in md.SPACE.params if p.name == "tokens_per_block")
 HINTS = (cache_hints.NORMAL, cache_hints.STREAMING)
 WARPS = 8
