@@ -117,7 +117,7 @@ def main() -> None:
     if tokens * md._slices(problem, SPLITS[0]) < max(r for r, _, _ in VARIANTS):
         raise SystemExit(f"{tokens} tokens give fewer copy blocks than routing blocks")
     inline = {v: compile_inline(problem, *v) for v in VARIANTS}
-    splits = {c: md.compile_kernel(problem, c) for c in SPLITS}
+    splits = {c: md.KERNEL.compile(problem, c) for c in SPLITS}
     if "--compile-only" in sys.argv:
         print("compiled", len(inline) + len(splits))
         return

@@ -54,12 +54,12 @@ def compile_points(problem: md.MoEProblem, spec) -> dict:
                 if md.SPACE.first_violation(problem, config, spec) is not None:
                     continue
                 exchange = chosen_exchange(problem, config)
-                compiled[(config, exchange)] = md.compile_kernel(problem, config)
+                compiled[(config, exchange)] = md.KERNEL.compile(problem, config)
                 if exchange == "published" and tokens_per_block == 1:
                     chooser = md.publishes_counts
                     md.publishes_counts = lambda local_experts, routing_blocks: False
                     try:
-                        compiled[(config, "atomic")] = md.compile_kernel(problem, config)
+                        compiled[(config, "atomic")] = md.KERNEL.compile(problem, config)
                     finally:
                         md.publishes_counts = chooser
     for grid in GRIDS:
@@ -68,7 +68,7 @@ def compile_points(problem: md.MoEProblem, spec) -> dict:
                 config = md.MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, grid, warps, 128,
                                               tokens_per_block, cache_hints.STREAMING)
                 if md.SPACE.first_violation(problem, config, spec) is None:
-                    compiled[(config, "in copy")] = md.compile_kernel(problem, config)
+                    compiled[(config, "in copy")] = md.KERNEL.compile(problem, config)
     return compiled
 
 

@@ -164,7 +164,7 @@ def main() -> None:
 
     config = md.MoEDispatchConfig(md.SPLIT, GRID, WARPS, 128, TPB)
     _, _, sets = cold_input_sets(problem, config)
-    op = md.compile_kernel(problem, config)
+    op = md.KERNEL.compile(problem, config)
     for t in sets:  # row_of for the copy alone
         md.launch(op, t)
     vectors = problem.hidden // vector_elements(problem.dtype, 128)

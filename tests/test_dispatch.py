@@ -53,11 +53,11 @@ def qk_fake_compile():
     """qk_norm (same space, defaults and source hash) whose compile only records its calls."""
     calls = []
 
-    def compile_(problem, config):
+    def compile_(problem, config, options=""):
         calls.append((problem.static_key(), config))
         return FakeCompiled(problem, config)
 
-    return dataclasses.replace(qk.KERNEL, compile=compile_), calls
+    return dataclasses.replace(qk.KERNEL, compile_function=compile_), calls
 
 
 # -- a tiny kernel whose constraint depends on the token count ----------------------------------
@@ -94,7 +94,7 @@ def tiny_kernel() -> tuple[KernelDef, list]:
     served object tells which bucket's entry served it; `calls` records every compile."""
     calls = []
 
-    def compile_(problem, config):
+    def compile_(problem, config, options=""):
         calls.append((problem.static_key(), config))
         return FakeCompiled(problem, config)
 
@@ -109,7 +109,7 @@ def tiny_kernel() -> tuple[KernelDef, list]:
         problems_for_model=unused,
         default_config=lambda p, d: TinyConfig(block=p.num_tokens),
         cost=unused,
-        compile=compile_,
+        compile_function=compile_,
         launch=unused,
         make_inputs=unused,
         reference=unused,

@@ -1620,7 +1620,7 @@ class CompiledDispatch:
     """The compiled launcher plus what the launch path needs to check its cooperative grid;
     called with (x, topk_ids, row_of, dispatched, counts, offsets, error, workspace)."""
 
-    def __init__(self, fn, problem: MoEProblem, config: MoEDispatchConfig):
+    def __init__(self, problem: MoEProblem, config: MoEDispatchConfig, fn):
         self.fn = fn
         self.problem = problem
         self.config = config
@@ -1684,13 +1684,12 @@ class FakeArguments:
                 self.ints(1), self.ints(workspace_words(experts)))
 
 
-def compile_kernel(problem: MoEProblem, config: MoEDispatchConfig,
-                   options: str = "") -> CompiledDispatch:
+def compile_kernel(problem: MoEProblem, config: MoEDispatchConfig, options: str = ""):
     """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the token
     count (and the dispatched buffer's rows) are symbolic, so the result serves every call."""
     vec = vector_elements(problem.dtype, config.vector_bits)
     L = problem.local_experts
-    fn = cute.compile(
+    return cute.compile(
         _dispatch_launch,
         *FakeArguments(problem, vec).op_tensors(),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
@@ -1699,7 +1698,6 @@ def compile_kernel(problem: MoEProblem, config: MoEDispatchConfig,
         config.tokens_per_block, config.grid_blocks, config.cache_hints,
         options=" ".join(("--enable-tvm-ffi", options)).strip(),
     )
-    return CompiledDispatch(fn, problem, config)
 
 
 def launch(compiled: CompiledDispatch, tensors: Tensors) -> None:
@@ -1751,7 +1749,7 @@ KERNEL = register(KernelDef(
     problems_for_model=problems_for_model,
     default_config=default_config,
     cost=cost,
-    compile=compile_kernel,
+    compile_function=compile_kernel,
     launch=launch,
     make_inputs=make_inputs,
     reference=reference,
@@ -1760,6 +1758,7 @@ KERNEL = register(KernelDef(
     tolerance=FLOAT_TOLERANCE,
     source_file=__file__,
     check=check_dispatch,
+    bind=CompiledDispatch,
 ))
 
 

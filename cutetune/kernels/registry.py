@@ -60,9 +60,13 @@ class KernelDef:
                         NotApplicableError with the reason when the model has none
     default_config:     the seed heuristic's choice (problem, device spec) -> Config
     cost:               (problem, config, device spec) -> roofline Cost
-    compile:            (problem, config) -> compiled callable, for the target set by
-                        CUTE_DSL_ARCH (sm_90a on a CPU machine); one compile serves every
-                        token count
+    compile_function:   (problem, config, options="") -> the TVM-FFI function `cute.compile`
+                        returns, for the target set by CUTE_DSL_ARCH (sm_90a on a CPU
+                        machine); one compile serves every token count. It is what the
+                        artifact store exports and loads back in another process
+    bind:               (problem, config, function) -> the callable `launch` takes, for
+                        kernels whose launch path checks more than the function does
+                        (moe_dispatch checks its cooperative grid); None: the function
     launch:             (compiled, tensors) -> None, on torch's current stream
     make_inputs:        (problem, device, torch.Generator) -> fresh random tensors
     reference:          (tensors, problem) -> fp32 expected outputs by name, computed
@@ -90,7 +94,7 @@ class KernelDef:
     problems_for_model: Callable[[ModelShape, str], list[Problem]]
     default_config: Callable[[Problem, Any], Any]
     cost: Callable[[Problem, Any, Any], Any]
-    compile: Callable[[Problem, Any], Any]
+    compile_function: Callable[..., Any]
     launch: Callable[[Any, Tensors], None]
     make_inputs: Callable[[Problem, Any, Any], Tensors]
     reference: Callable[[Tensors, Problem], dict[str, Any]]
@@ -101,6 +105,15 @@ class KernelDef:
     peers: tuple[Peer, ...] = ()
     bench_inputs: Callable[[Problem, Any, Any], Tensors] | None = None
     check: Callable[[Tensors, Mapping[str, Any], Problem], None] | None = None
+    bind: Callable[[Problem, Any, Any], Any] | None = None
+
+    def compile(self, problem: Problem, config: Any, options: str = "") -> Any:
+        """Compile one point in this process: the callable `launch` takes."""
+        return self.bound(problem, config, self.compile_function(problem, config, options))
+
+    def bound(self, problem: Problem, config: Any, function: Any) -> Any:
+        """A compiled or loaded function made into the callable `launch` takes."""
+        return function if self.bind is None else self.bind(problem, config, function)
 
     @functools.cached_property
     def _source_hash(self) -> str:

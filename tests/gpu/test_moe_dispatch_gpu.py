@@ -365,7 +365,7 @@ def test_a_grid_the_device_cannot_hold_is_refused_before_launch():
         raise AssertionError("launched a cooperative grid the device cannot hold")
 
     config = md.MoEDispatchConfig(md.FUSED, 100_000, 1, 128, 1)  # outside the space
-    kernel = md.CompiledDispatch(must_not_launch, QWEN, config)
+    kernel = md.CompiledDispatch(QWEN, config, must_not_launch)
     with pytest.raises(md.CooperativeGridError, match="cooperative grid of 100000 blocks"):
         md.launch(kernel, inputs(QWEN, seed=0))
 

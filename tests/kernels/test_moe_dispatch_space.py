@@ -196,7 +196,7 @@ def test_block_ranks_launch_refuses_calls_past_the_codes():
     config = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, 1)
     mixtral = problem(experts=8, top_k=2, expert_end=8)
     launched = []
-    compiled = CompiledDispatch(lambda *args: launched.append(args), mixtral, config)
+    compiled = CompiledDispatch(mixtral, config, lambda *args: launched.append(args))
     compiled(torch.empty(1, 1).expand(2**30 - 4, 4096), *range(7))
     with pytest.raises(ValueError, match=r"1073741824 tokens are too many for "
                                          r"split_block_ranks over 8 routing blocks"):
@@ -581,7 +581,7 @@ def test_compiled_dispatch_checks_each_device_once_before_calling(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", fake_properties)
     launched = []
     config = MoEDispatchConfig(md.FUSED, 128, 8, 128, 1)
-    compiled = CompiledDispatch(lambda *args: launched.append(args), problem(), config)
+    compiled = CompiledDispatch(problem(), config, lambda *args: launched.append(args))
     x = SimpleNamespace(get_device=lambda: 0)
     compiled(x, *range(7))
     compiled(x, *range(7))
