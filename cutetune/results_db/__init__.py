@@ -1,23 +1,34 @@
 """The results database: every trial, the winners, device ceilings and benchmarks.
 
 Open one with `Database.open(url)` (any SQLite or PostgreSQL SQLAlchemy URL); write with
-`record_*`, read with `winners`, `latest_ceilings` and the pandas frames, export with
-`export_winners`.
+`record_*`, read with `winners`, `stored_runs`, `quarantined_points`, `latest_ceilings` and the
+pandas frames, export with `export_winners`.
 """
 
 from cutetune.results_db.export import FORMATS, export_winners
 from cutetune.results_db.fingerprint import DeviceFingerprint
 from cutetune.results_db.queries import (
+    clear_quarantine,
     latest_ceilings,
+    quarantined_points,
     record_bench,
     record_ceilings,
+    record_quarantine,
     record_tuning_result,
+    stored_runs,
     trials_frame,
     winners,
     winners_frame,
     winners_with_devices,
 )
-from cutetune.results_db.records import BenchRecord, TrialRecord, TuningResult, Winner
+from cutetune.results_db.records import (
+    BenchRecord,
+    QuarantinedPoint,
+    StoredRun,
+    TrialRecord,
+    TuningResult,
+    Winner,
+)
 from cutetune.results_db.session import Database
 
 __all__ = [
@@ -25,14 +36,20 @@ __all__ = [
     "BenchRecord",
     "Database",
     "DeviceFingerprint",
+    "QuarantinedPoint",
+    "StoredRun",
     "TrialRecord",
     "TuningResult",
     "Winner",
+    "clear_quarantine",
     "export_winners",
     "latest_ceilings",
+    "quarantined_points",
     "record_bench",
     "record_ceilings",
+    "record_quarantine",
     "record_tuning_result",
+    "stored_runs",
     "trials_frame",
     "winners",
     "winners_frame",

@@ -11,18 +11,25 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy import ColumnElement, case, delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from cutetune.results_db.dialects import insert_for
 from cutetune.results_db.fingerprint import DeviceFingerprint
-from cutetune.results_db.records import BenchRecord, TuningResult, Winner
+from cutetune.results_db.records import (
+    BenchRecord,
+    QuarantinedPoint,
+    StoredRun,
+    TuningResult,
+    Winner,
+)
 from cutetune.results_db.schema import (
     BenchRow,
     CeilingRow,
     DeviceRow,
     KernelRow,
     ProblemRow,
+    QuarantineRow,
     TrialRow,
     TuningRunRow,
     WinnerRow,
@@ -31,6 +38,7 @@ from cutetune.results_db.session import Database
 
 # WinnerRow's unique constraint: one winner per kernel source, problem, device and bucket.
 _WINNER_KEY = ("kernel_id", "problem_id", "device_id", "bucket")
+_QUARANTINE_KEY = ("kernel_id", "problem_id", "device_id", "config_json")
 
 
 def record_tuning_result(
@@ -63,6 +71,88 @@ def record_tuning_result(
         if result.winner_number is not None:
             trial = next(t for t in run.trials if t.number == result.winner_number)
             _upsert_winner(session, run, trial)
+
+
+def stored_runs(db: Database, fingerprint: DeviceFingerprint, kernel_name: str,
+                source_hash: str, static_key: str) -> dict[int, StoredRun]:
+    """By bucket, the latest finished tuning run of one kernel source and problem on one
+    device, with the bucket's winner."""
+    failed = func.sum(case((TrialRow.status == "failed", 1), else_=0))
+    statement = (
+        select(TuningRunRow.bucket, func.count(TrialRow.id), failed)
+        .join(KernelRow, TuningRunRow.kernel_id == KernelRow.id)
+        .join(ProblemRow, TuningRunRow.problem_id == ProblemRow.id)
+        .join(DeviceRow, TuningRunRow.device_id == DeviceRow.id)
+        .outerjoin(TrialRow, TrialRow.run_id == TuningRunRow.id)
+        .where(KernelRow.name == kernel_name, KernelRow.source_hash == source_hash,
+               ProblemRow.static_key == static_key, *_is_device(fingerprint))
+        .group_by(TuningRunRow.id, TuningRunRow.bucket)
+        .order_by(TuningRunRow.id)
+    )
+    won = {w.bucket: w for w in winners(db, fingerprint, kernel_name)
+           if (w.source_hash, w.static_key) == (source_hash, static_key)}
+    with db.session() as session:
+        rows = session.execute(statement).all()
+    # Oldest first, so the latest run of a bucket is the one kept.
+    return {bucket: StoredRun(bucket, trials, failed or 0, won.get(bucket))
+            for bucket, trials, failed in rows}
+
+
+def record_quarantine(db: Database, fingerprint: DeviceFingerprint,
+                      point: QuarantinedPoint) -> None:
+    """Keep a point out of tuning (or update its reason if it is kept out already)."""
+    with db.session() as session:
+        values = {
+            "kernel_id": _get_or_create_id(session, KernelRow, name=point.kernel_name,
+                                           source_hash=point.source_hash),
+            "problem_id": _get_or_create_id(session, ProblemRow, kernel_name=point.kernel_name,
+                                            static_key=point.static_key),
+            "device_id": _device_id(session, fingerprint),
+            "config_json": point.config_json,
+            "bucket": point.bucket,
+            "reason": point.reason,
+            "recorded_at": point.recorded_at,
+        }
+        insert = insert_for(session, QuarantineRow).values(**values)
+        session.execute(insert.on_conflict_do_update(
+            index_elements=list(_QUARANTINE_KEY),
+            set_={name: insert.excluded[name] for name in ("bucket", "reason", "recorded_at")}))
+
+
+def quarantined_points(
+    db: Database, fingerprint: DeviceFingerprint | None = None, kernel_name: str | None = None,
+    source_hash: str | None = None, static_key: str | None = None,
+) -> list[tuple[DeviceFingerprint, QuarantinedPoint]]:
+    """Quarantined points with their device, optionally of one device, kernel, kernel source
+    and problem; ordered by kernel, problem and time."""
+    statement = (
+        select(QuarantineRow, KernelRow, ProblemRow.static_key, DeviceRow)
+        .join(KernelRow, QuarantineRow.kernel_id == KernelRow.id)
+        .join(ProblemRow, QuarantineRow.problem_id == ProblemRow.id)
+        .join(DeviceRow, QuarantineRow.device_id == DeviceRow.id)
+        .where(*_filters(fingerprint, kernel_name, source_hash, static_key))
+        .order_by(KernelRow.name, ProblemRow.static_key, QuarantineRow.recorded_at)
+    )
+    with db.session() as session:
+        return [(_fingerprint(device),
+                 QuarantinedPoint(kernel.name, kernel.source_hash, key, row.config_json,
+                                  row.bucket, row.reason, row.recorded_at))
+                for row, kernel, key, device in session.execute(statement)]
+
+
+def clear_quarantine(db: Database, fingerprint: DeviceFingerprint, kernel_name: str,
+                     source_hash: str, static_key: str) -> int:
+    """Let the quarantined points of one kernel source, problem and device be tried again;
+    returns how many there were."""
+    ids = (
+        select(QuarantineRow.id)
+        .join(KernelRow, QuarantineRow.kernel_id == KernelRow.id)
+        .join(ProblemRow, QuarantineRow.problem_id == ProblemRow.id)
+        .join(DeviceRow, QuarantineRow.device_id == DeviceRow.id)
+        .where(*_filters(fingerprint, kernel_name, source_hash, static_key))
+    )
+    with db.session() as session:
+        return session.execute(delete(QuarantineRow).where(QuarantineRow.id.in_(ids))).rowcount
 
 
 def winners_with_devices(
@@ -222,6 +312,16 @@ def _upsert_winner(session: Session, run: TuningRunRow, trial: TrialRow) -> None
             ),
         )
     )
+
+
+def _filters(fingerprint: DeviceFingerprint | None, kernel_name: str | None,
+             source_hash: str | None, static_key: str | None) -> list[ColumnElement[bool]]:
+    conditions = [] if fingerprint is None else _is_device(fingerprint)
+    for column, value in ((KernelRow.name, kernel_name), (KernelRow.source_hash, source_hash),
+                          (ProblemRow.static_key, static_key)):
+        if value is not None:
+            conditions.append(column == value)
+    return conditions
 
 
 def _is_device(fingerprint: DeviceFingerprint) -> list[ColumnElement[bool]]:

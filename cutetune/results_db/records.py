@@ -110,3 +110,27 @@ class BenchRecord:
     median_us: float
     gbps: float
     pct_of_copy: float | None
+
+
+@dataclass(frozen=True)
+class QuarantinedPoint:
+    """A point kept out of tuning, with the reason it took its process down."""
+
+    kernel_name: str
+    source_hash: str
+    static_key: str
+    config_json: str
+    bucket: int
+    reason: str
+    recorded_at: datetime
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """What is stored of one bucket's latest tuning run: its trial count, how many failed,
+    and the bucket's winner (None when every point failed)."""
+
+    bucket: int
+    trials: int
+    failed: int
+    winner: Winner | None

@@ -162,6 +162,23 @@ class WinnerRow(Base):
     updated_at: Mapped[datetime]
 
 
+class QuarantineRow(Base):
+    """A point that hung, crashed its process or lost its CUDA context while being tuned: not
+    tried again for this kernel source, problem and device unless asked to."""
+
+    __tablename__ = "quarantine"
+    __table_args__ = (UniqueConstraint("kernel_id", "problem_id", "device_id", "config_json"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    config_json: Mapped[str] = mapped_column(Text)
+    bucket: Mapped[int]
+    reason: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[datetime]
+
+
 class BenchRow(Base):
     """One implementation's time on one problem, from `cutetune bench` (ours against peers)."""
 

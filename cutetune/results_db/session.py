@@ -7,13 +7,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from cutetune.results_db.dialects import BACKENDS
-from cutetune.results_db.schema import Base
+from cutetune.results_db.schema import Base, KernelRow
 
 
 class Database:
@@ -59,6 +59,13 @@ class Database:
         """A session in one transaction: committed on success, rolled back on any exception."""
         with self._sessions.begin() as session:
             yield session
+
+    def check_writable(self) -> None:
+        """Raise the backend's error (sqlalchemy.exc.DatabaseError) now if the database does not
+        take writes (a read-only file, a user without insert rights); writes nothing."""
+        with self.engine.connect() as connection:
+            connection.execute(insert(KernelRow).values(name="", source_hash=""))
+            connection.rollback()
 
     def dispose(self) -> None:
         """Close the engine's pooled connections."""
