@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import re
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,32 +33,47 @@ from cutetune.tuner.verify import VerificationError, verify
 DRIFT_CORRECTED_BELOW_US = 5.0
 
 
+_COLOUR_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
 # One compile serves every token count, so the runners of one tuning process (one per bucket)
 # share their compiles: (kernel, static problem, config JSON) -> compiled kernel.
 _COMPILED: dict[tuple[str, str, str], Any] = {}
 
+# (kernel, problem, config) -> the callable `kernel.launch` takes.
+CompilePoint = Callable[[KernelDef, Problem, Any], Any]
+
+
+def compile_in_process(kernel: KernelDef, problem: Problem, config: Any) -> Any:
+    """Compile a point here, once per process."""
+    key = (kernel.name, problem.static_key(), config_to_json(config))
+    if key not in _COMPILED:
+        _COMPILED[key] = kernel.compile(problem, config)
+    return _COMPILED[key]
+
 
 class GpuTrialRunner:
-    """Runs the points of one problem; input sets are made once and shared by every point."""
+    """Runs the points of one problem; input sets are made once and shared by every point.
+    `verify_s` and `timing_s` add up the time spent verifying and timing."""
 
-    def __init__(self, kernel: KernelDef, problem: Problem, spec: DeviceSpec, seed: int = 0):
+    def __init__(self, kernel: KernelDef, problem: Problem, spec: DeviceSpec, seed: int = 0,
+                 compile_point: CompilePoint = compile_in_process):
         self.kernel = kernel
         self.problem = problem
         self.spec = spec
         self.seed = seed
+        self.compile_point = compile_point
         self.device = torch.device("cuda", torch.cuda.current_device())
+        self.verify_s = 0.0
+        self.timing_s = 0.0
         self._input_sets = None
         self._reference_config = kernel.default_config(problem, spec)
         self._reference_first_us: float | None = None
 
     def compiled(self, config: Any):
-        key = (self.kernel.name, self.problem.static_key(), config_to_json(config))
-        if key not in _COMPILED:
-            try:
-                _COMPILED[key] = self.kernel.compile(self.problem, config)
-            except DSLBaseError as err:
-                raise TrialFailure(f"compile failed: {_first_line(err)}") from err
-        return _COMPILED[key]
+        try:
+            return self.compile_point(self.kernel, self.problem, config)
+        except DSLBaseError as err:
+            raise TrialFailure(f"compile failed: {first_line(err)}") from err
 
     def _inputs(self):
         if self._input_sets is None:
@@ -86,26 +103,37 @@ class GpuTrialRunner:
     def measure(self, config: Any) -> Measurement:
         compiled = self.compiled(config)
         try:
+            start = time.perf_counter()
             verify(self.kernel, self.problem, compiled, self.device, self.seed)
-            measured = self._time(compiled)
-            if measured.median_us >= DRIFT_CORRECTED_BELOW_US:
-                return measured
-            if self._reference_first_us is None:
-                self._reference_first_us = self._reference_us()
-            before = self._reference_us()
-            measured = self._time(compiled)
-            after = self._reference_us()
-            return drift_corrected(measured, (before + after) / 2, self._reference_first_us)
+            verified = time.perf_counter()
+            measured = self._timed(compiled)
+            self.verify_s += verified - start
+            self.timing_s += time.perf_counter() - verified
+            return measured
         except VerificationError as err:
             raise TrialFailure(f"wrong result: {err}") from err
         except RuntimeError as err:  # CUDA launch errors surface as RuntimeError subclasses
-            raise TrialFailure(f"launch failed: {_first_line(err)}") from err
+            raise TrialFailure(f"launch failed: {first_line(err)}") from err
+
+    def _timed(self, compiled) -> Measurement:
+        measured = self._time(compiled)
+        if measured.median_us >= DRIFT_CORRECTED_BELOW_US:
+            return measured
+        if self._reference_first_us is None:
+            self._reference_first_us = self._reference_us()
+        before = self._reference_us()
+        measured = self._time(compiled)
+        after = self._reference_us()
+        return drift_corrected(measured, (before + after) / 2, self._reference_first_us)
 
     def remeasure(self, configs: Sequence[Any]) -> list[Measurement]:
         """The finalists timed side by side as `cutetune bench` times its candidates (every
         graph captured, then replayed in interleaved rounds), so that the tuner picks its
         winner by the measurement the bench will report."""
-        return time_interleaved([self._launches(self.compiled(c)) for c in configs])
+        start = time.perf_counter()
+        measured = time_interleaved([self._launches(self.compiled(c)) for c in configs])
+        self.timing_s += time.perf_counter() - start
+        return measured
 
 
 def drift_corrected(measured: Measurement, reference_now_us: float,
@@ -117,6 +145,7 @@ def drift_corrected(measured: Measurement, reference_now_us: float,
     return dataclasses.replace(measured, median_us=measured.median_us - shift)
 
 
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
+def first_line(err: Exception) -> str:
+    """The first line of an error's message, without the colour codes CuTeDSL puts in."""
+    text = _COLOUR_CODE.sub("", str(err)).strip()
     return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,178 @@
+"""Trials in worker processes: compiled by the pool, verified and timed by the GPU worker, each
+under a deadline.
+
+The process that owns the study and the database never compiles or launches a kernel: a point
+that hangs, crashes or poisons the CUDA context costs the worker (killed and started again) and
+becomes a failed trial with its reason. A trial's deadline is the configured minimum plus ten
+times the GPU time its measurement takes at the roofline's predicted speed, so a point slower
+than predicted is timed, and one that never finishes is stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cutetune.kernels.registry import KernelDef
+from cutetune.spaces.problem import Problem
+from cutetune.tuner.artifacts import ArtifactStore, arch_for
+from cutetune.tuner.compile_pool import COMPILE_TIMEOUT_S, CompilePool
+from cutetune.tuner.defaults import DEFAULT_TRIAL_TIMEOUT_S
+from cutetune.tuner.interrupt import raise_if_interrupted
+from cutetune.tuner.measure import (
+    MAX_INPUT_SETS,
+    REPEATS,
+    TARGET_GRAPH_US,
+    WARMUP_REPLAYS,
+    Measurement,
+)
+from cutetune.tuner.roofline import Ceilings, DeviceSpec, predict
+from cutetune.tuner.study import TrialFailure
+from cutetune.tuner.supervised import ProcessLost, SupervisedProcess
+
+SLOWDOWN_ALLOWED = 10.0
+CEILINGS_TIMEOUT_S = 300.0
+GPU_WORKER = "cutetune.tuner.gpu_worker:GpuWorker"
+COMPILER = "cutetune.tuner.compile_pool:CompileHandler"
+
+
+def default_compile_processes() -> int:
+    """All CPUs but a few, which the GPU worker's host side (graph capture) and this process
+    need."""
+    return max(1, (os.cpu_count() or 2) - 4)
+
+
+def trial_gpu_seconds(predicted_us: float) -> float:
+    """GPU time of one trial at the predicted speed, counted generously: four timing graphs (a
+    decode-sized point is timed between two timings of the reference), each replayed
+    REPEATS + WARMUP_REPLAYS + 3 times at its largest size."""
+    graph_us = max(TARGET_GRAPH_US, predicted_us * MAX_INPUT_SETS)
+    return 4 * (REPEATS + WARMUP_REPLAYS + 3) * graph_us * 1e-6
+
+
+@dataclass
+class TimeSplit:
+    """Where a tuning run's time went: the GPU worker verifying and timing, waiting for a
+    compile, and the compile pool's CPU time (summed over its processes)."""
+
+    verify_s: float = 0.0
+    timing_s: float = 0.0
+    compile_wait_s: float = 0.0
+    compile_cpu_s: float = 0.0
+    workers_lost: int = 0
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+
+    @property
+    def wall_s(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+    @property
+    def gpu_idle_s(self) -> float:
+        """Wall time in which the GPU worker was neither verifying nor timing."""
+        return max(0.0, self.wall_s - self.verify_s - self.timing_s)
+
+
+class Workers:
+    """The processes of one tuning run: the GPU worker, the compile pool, and the artifact
+    store between them. Use as a context manager; the GPU worker comes up first, since the
+    pool compiles for the arch of its GPU."""
+
+    def __init__(self, cache_dir: Path, kernel_modules: Sequence[str], seed: int = 0,
+                 compile_processes: int | None = None,
+                 trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
+                 compile_timeout_s: float = COMPILE_TIMEOUT_S,
+                 gpu_worker: str = GPU_WORKER, compiler: str = COMPILER):
+        self.directory = cache_dir / "artifacts"
+        self.kernel_modules = tuple(kernel_modules)
+        self.trial_timeout_s = trial_timeout_s
+        self.split = TimeSplit()
+        self.compile_processes = compile_processes or default_compile_processes()
+        self._compile_timeout_s = compile_timeout_s
+        self._compiler = compiler
+        self.gpu = SupervisedProcess(gpu_worker, (str(self.directory), self.kernel_modules, seed))
+        self.pool: CompilePool | None = None
+        self.fingerprint = None
+
+    def __enter__(self) -> Workers:
+        self.fingerprint = self.gpu.start()
+        store = ArtifactStore(self.directory, arch_for(self.fingerprint.compute_capability))
+        self.pool = CompilePool(store, self.compile_processes, self.kernel_modules,
+                                self._compile_timeout_s, self._compiler)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.split.compile_cpu_s = self.pool.cpu_seconds
+        self.split.workers_lost = self.gpu.losses
+        self.gpu.stop()
+        self.split.ended = time.monotonic()
+
+    def measure_ceilings(self) -> dict[str, float]:
+        return self.gpu.call(("ceilings",), CEILINGS_TIMEOUT_S)
+
+    def compile_ahead(self, kernel: KernelDef, problem: Problem, configs: Sequence[Any]) -> None:
+        for config in configs:
+            self.pool.submit(kernel, problem, config, ahead=True)
+
+    def runner(self, kernel: KernelDef, problem: Problem, spec: DeviceSpec,
+               ceilings: Ceilings) -> IsolatedTrialRunner:
+        return IsolatedTrialRunner(self, kernel, problem, spec, ceilings)
+
+
+class IsolatedTrialRunner:
+    """The TrialRunner of one problem at one bucket, over the run's workers."""
+
+    def __init__(self, workers: Workers, kernel: KernelDef, problem: Problem,
+                 spec: DeviceSpec, ceilings: Ceilings):
+        self.workers = workers
+        self.kernel = kernel
+        self.problem = problem
+        self.spec = spec
+        self.ceilings = ceilings
+
+    def deadline_s(self, config: Any) -> float:
+        predicted = predict(self.kernel.cost(self.problem, config, self.spec), self.spec,
+                            self.ceilings).predicted_us
+        return self.workers.trial_timeout_s + SLOWDOWN_ALLOWED * trial_gpu_seconds(predicted)
+
+    def _compiled(self, config: Any) -> None:
+        """Wait for the point's artifact; TrialFailure when it could not be compiled."""
+        future = self.workers.pool.submit(self.kernel, self.problem, config)
+        start = time.monotonic()
+        while True:
+            try:
+                result = future.result(timeout=0.5)
+                break
+            except TimeoutError:
+                raise_if_interrupted()
+        self.workers.split.compile_wait_s += time.monotonic() - start
+        if result.failure is not None:
+            raise TrialFailure(result.failure)
+
+    def measure(self, config: Any) -> Measurement:
+        self._compiled(config)
+        try:
+            reply = self.workers.gpu.call(("measure", self.kernel.name, self.problem, config),
+                                      self.deadline_s(config))
+        except ProcessLost as lost:
+            raise TrialFailure(str(lost)) from None
+        self.workers.split.verify_s += reply.verify_s
+        self.workers.split.timing_s += reply.timing_s
+        if reply.failure is not None:
+            raise TrialFailure(reply.failure)
+        return reply.measurement
+
+    def remeasure(self, configs: Sequence[Any]) -> list[Measurement]:
+        """Raises ProcessLost if the worker is lost: the bucket then ends without a winner
+        stored, and a later run tunes it again."""
+        timeout = self.workers.trial_timeout_s + sum(self.deadline_s(c) for c in configs)
+        measured, timing_s = self.workers.gpu.call(
+            ("remeasure", self.kernel.name, self.problem, list(configs)), timeout)
+        self.workers.split.timing_s += timing_s
+        return measured

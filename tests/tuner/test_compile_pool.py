@@ -1,0 +1,70 @@
+"""The artifact store and the compile pool, compiling the fault kernel's points for sm_90a."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from fault_kernel import KERNEL, FaultConfig, FaultProblem
+
+from cutetune.tuner.artifacts import ArtifactStore
+from cutetune.tuner.compile_pool import CompileHandler, CompilePool
+
+PROBLEM = FaultProblem(num_tokens=1)
+OK, OTHER = FaultConfig("ok", 1), FaultConfig("ok", 2)
+
+
+class CrashOnSlow(CompileHandler):
+    """A compiler that dies on the 'slow' point, as a crashing MLIR pass would."""
+
+    def __call__(self, request):
+        if request[2].behaviour == "slow":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return super().__call__(request)
+
+
+def test_an_artifact_is_found_loaded_and_a_damaged_one_is_dropped(tmp_path):
+    store = ArtifactStore(tmp_path, os.environ["CUTE_DSL_ARCH"])
+    assert store.find(KERNEL, PROBLEM, OK) is None and store.load(KERNEL, PROBLEM, OK) is None
+    path = store.compile(KERNEL, PROBLEM, OK)
+    assert path.name.startswith(store.key(KERNEL, PROBLEM, OK)) and path.suffix == ".o"
+    assert store.find(KERNEL, PROBLEM, OK) == path
+    assert callable(store.load(KERNEL, PROBLEM, OK))
+    assert store.key(KERNEL, PROBLEM, OTHER) != store.key(KERNEL, PROBLEM, OK)
+    assert ArtifactStore(tmp_path, "sm_100a").find(KERNEL, PROBLEM, OK) is None
+    path.write_bytes(path.read_bytes()[:100])  # truncated, e.g. by a full disk
+    assert store.find(KERNEL, PROBLEM, OK) is None and not path.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind either
+
+
+def test_a_store_refuses_to_compile_for_another_arch(tmp_path):
+    with pytest.raises(RuntimeError, match="sm_100a"):
+        ArtifactStore(tmp_path, "sm_100a").compile(KERNEL, PROBLEM, OK)
+
+
+def test_the_pool_compiles_once_per_point_and_reports_every_failure(tmp_path):
+    store = ArtifactStore(tmp_path, os.environ["CUTE_DSL_ARCH"])
+    pool = CompilePool(store, 1, ["fault_kernel"], handler="test_compile_pool:CrashOnSlow")
+    try:
+        ahead = pool.submit(KERNEL, PROBLEM, OTHER, ahead=True)
+        first = pool.submit(KERNEL, PROBLEM, OK)
+        assert pool.submit(KERNEL, PROBLEM, OK) is first
+        failing = pool.submit(KERNEL, PROBLEM, FaultConfig("compile_error", 1))
+        crashing = pool.submit(KERNEL, PROBLEM, FaultConfig("slow", 1))
+        assert first.result(120).failure is None and first.result().seconds > 0
+        assert ahead.result(120).failure is None
+        assert failing.result(120).failure.startswith(
+            "compile failed: error: injected compile failure")
+        assert crashing.result(120).failure == "crash: SIGSEGV while compiling"
+        # After the crash a new compile process serves; a stored point needs none.
+        assert pool.submit(KERNEL, PROBLEM, FaultConfig("wrong", 1)).result(120).failure is None
+        assert pool.cpu_seconds > 0
+    finally:
+        pool.close()
+    again = CompilePool(store, 1, ["fault_kernel"])
+    try:
+        stored = again.submit(KERNEL, PROBLEM, OK)
+        assert stored.done() and stored.result().seconds == 0
+    finally:
+        again.close()
