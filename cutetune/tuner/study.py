@@ -1,4 +1,4 @@
-"""The search: one Optuna study per (kernel, static problem, token bucket, device).
+"""The search: one Optuna study per (kernel, static problem, token bucket, device, kernel source).
 
 The roofline's survivors are the candidates. The study is warm-started with the seed heuristic's
 default and the best-ranked points; it is exhaustive when the candidates fit the trial budget
@@ -6,28 +6,46 @@ and TPE otherwise. Each trial asks the injected TrialRunner to compile, verify a
 point; a point that fails becomes a failed trial with its reason and the search goes on.
 Finalists (the fastest few and the default) are re-measured in interleaved rounds before a
 winner is named.
+
+A study in persistent storage survives its process. Each finished trial carries its outcome in
+a user attribute, so a study started again continues where the last process stopped: finished
+points are not timed again, the warm start is queued again from the first point not finished,
+and trials a dead process left RUNNING are failed by Optuna's heartbeat check. TPE is seeded
+afresh before each ask from the number of asks already answered, so a resumed search proposes
+what an uninterrupted one would have.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import threading
+import warnings
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import optuna
+from optuna.storages import BaseStorage, fail_stale_trials
+from optuna.trial import TrialState
 
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
+from cutetune.tuner.interrupt import raise_if_interrupted
 from cutetune.tuner.measure import Measurement
 from cutetune.tuner.plan import Plan
 
 FINALISTS = 3
-# TPE may propose points outside the candidates (invalid or pruned); they cost no GPU time,
-# but a study that proposes only those must still end.
+# TPE may propose points outside the candidates (invalid, pruned or quarantined); they cost no
+# GPU time, but after this many asks in a row without a new point, the best-ranked point not
+# yet tried is queued, so a search always reaches its budget.
 ASKS_PER_TRIAL = 20
 WARM_START_SHARE = 4  # a quarter of a TPE budget goes to the roofline's best-ranked points
+# Failure reasons of points that took their process down: not tried again (quarantine).
+PROCESS_FAILURES = ("hang", "crash", "cuda")
+OUTCOME_ATTR = "cutetune_outcome"
+ANSWERED_ATTR = "cutetune_answered"
 
 
 class TrialFailure(Exception):
@@ -54,14 +72,24 @@ class TrialOutcome:
     def ok(self) -> bool:
         return self.measurement is not None
 
+    @property
+    def took_process_down(self) -> bool:
+        """A hang, a crash or a lost CUDA context: the point is quarantined."""
+        return (self.failure_reason or "").startswith(PROCESS_FAILURES)
+
 
 @dataclass(frozen=True)
 class StudyResult:
+    """`default` is the heuristic default's outcome, re-measured beside the winner when both
+    verified; `resumed` counts the trials taken over from an earlier process."""
+
     problem: Problem
     study_name: str
     exhaustive: bool
     trials: tuple[TrialOutcome, ...]
     winner: TrialOutcome | None
+    default: TrialOutcome | None
+    resumed: int
     started_at: datetime
     finished_at: datetime
 
@@ -80,75 +108,208 @@ def candidate_order(plan: Plan, default: Any, budget: int) -> list[Any]:
     return [default] + [c for c in head if c != default]
 
 
+def candidates_of(plan: Plan, default: Any, excluded: Collection[Any] = ()) -> set[Any]:
+    """The points a study of `plan` may time: the roofline's survivors and the default, less
+    `excluded` (quarantined points)."""
+    return ({p.config for p in plan.kept} | {default}) - set(excluded)
+
+
 def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, budget: int,
-              study_name: str, storage: optuna.storages.BaseStorage | str | None = None,
-              seed: int = 0,
-              on_trial: Callable[[TrialOutcome], None] | None = None) -> StudyResult:
+              study_name: str, storage: BaseStorage | str | None = None, seed: int = 0,
+              on_trial: Callable[[TrialOutcome], None] | None = None,
+              excluded: Collection[Any] = (), retry_failed: bool = False) -> StudyResult:
+    """Search `plan`'s candidates (less `excluded`) within `budget` trials, continuing the
+    study of that name where one is stored. `retry_failed` tries again the points of a stored
+    study that took their process down."""
     if budget < 1:
         raise ValueError(f"the trial budget must be at least 1, got {budget}")
     started = datetime.now(UTC)
     predicted = {p.config: p.prediction.predicted_us for p in plan.kept + plan.pruned}
-    candidates = {p.config for p in plan.kept} | {default}
-    enqueued = candidate_order(plan, default, budget)
-    exhaustive = len(enqueued) == len(candidates)
+    candidates = candidates_of(plan, default, excluded)
+    ranked = [c for c in candidate_order(plan, default, len(plan.kept) + 1) if c in candidates]
+    warm_start = [c for c in candidate_order(plan, default, budget) if c in candidates]
+    exhaustive = len(warm_start) == len(candidates)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if storage is not None:
-        try:  # one study per key: a new tuning run replaces the previous search
-            optuna.delete_study(study_name=study_name, storage=storage)
-        except KeyError:
-            pass
     study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
-                                sampler=optuna.samplers.TPESampler(seed=seed))
-    for config in enqueued:
-        study.enqueue_trial(dataclasses.asdict(config))
+                                load_if_exists=True)
+    _fail_abandoned_trials(study)
+    outcomes = _stored_outcomes(study, kernel)
+    if retry_failed:
+        outcomes = {c: o for c, o in outcomes.items() if not o.took_process_down}
+    resumed = len(outcomes)
+    _requeue(study, [c for c in warm_start if c not in outcomes])
+    answered = sum(1 for t in study.get_trials(deepcopy=False)
+                   if t.state.is_finished() and ANSWERED_ATTR in t.user_attrs)
 
     distributions = _distributions(kernel)
-    outcomes: dict[Any, TrialOutcome] = {}
-    for _ in range(budget * ASKS_PER_TRIAL):
-        if len(outcomes) >= min(budget, len(candidates)):
-            break
-        trial = study.ask(distributions)
+    numbers = iter(range(max((o.number for o in outcomes.values()), default=-1) + 1, 2**31))
+    asks_without_news = 0
+    while len(outcomes) < min(budget, len(candidates)):
+        raise_if_interrupted()
+        if asks_without_news >= ASKS_PER_TRIAL:
+            _requeue(study, [next(c for c in ranked if c not in outcomes)], keep_waiting=True)
+            asks_without_news = 0
+        study.sampler = optuna.samplers.TPESampler(seed=seed + answered)
+        with _heartbeat_warnings_silenced():
+            trial = study.ask(distributions)
+        _beat(study, trial)  # at once: a trial without a heartbeat never goes stale
+        answered += 1
         config = kernel.space.config_from_dict(trial.params)
         if config not in candidates:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            _tell(study, trial, state=TrialState.PRUNED)
+            asks_without_news += 1
             continue
         if config in outcomes:  # TPE repeats itself; the point is not timed twice
             seen = outcomes[config]
-            study.tell(trial, seen.measurement.median_us if seen.ok else None,
-                       state=None if seen.ok else optuna.trial.TrialState.FAIL)
+            _tell(study, trial, seen.measurement.median_us if seen.ok else None,
+                  state=None if seen.ok else TrialState.FAIL)
+            asks_without_news += 1
             continue
+        asks_without_news = 0
         try:
-            measurement, reason = runner.measure(config), None
+            with _heartbeat(study, trial):
+                measurement, reason = runner.measure(config), None
         except TrialFailure as failure:
             measurement, reason = None, str(failure)
-        outcome = TrialOutcome(len(outcomes), config, measurement, reason, predicted[config])
+        except BaseException:  # Ctrl-C, or a bug: the trial is not left RUNNING
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        outcome = TrialOutcome(next(numbers), config, measurement, reason, predicted[config])
         outcomes[config] = outcome
-        if outcome.ok:
-            study.tell(trial, measurement.median_us)
-        else:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        trial.set_user_attr(OUTCOME_ATTR, _outcome_attr(outcome))
+        _tell(study, trial, measurement.median_us if outcome.ok else None,
+              state=None if outcome.ok else TrialState.FAIL)
         if on_trial is not None:
             on_trial(outcome)
 
-    trials = tuple(outcomes.values())
-    winner = _pick_winner(trials, runner, default)
-    return StudyResult(plan.problem, study_name, exhaustive, trials, winner, started,
+    trials = tuple(sorted(outcomes.values(), key=lambda t: t.number))
+    winner, remeasured_default = _pick_winner(trials, runner, default)
+    return StudyResult(plan.problem, study_name, exhaustive, trials, winner,
+                       remeasured_default or outcomes.get(default), resumed, started,
                        datetime.now(UTC))
 
 
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None,
+          state: TrialState | None = None) -> None:
+    trial.set_user_attr(ANSWERED_ATTR, True)
+    study.tell(trial, value, state=state)
+
+
+def _outcome_attr(outcome: TrialOutcome) -> dict[str, Any]:
+    m = outcome.measurement
+    return {"number": outcome.number, "failure": outcome.failure_reason,
+            "predicted_us": outcome.predicted_us,
+            "median_us": m.median_us if m else None, "iqr_us": m.iqr_us if m else None,
+            "repeats": m.repeats if m else None}
+
+
+def _stored_outcomes(study: optuna.Study, kernel: KernelDef) -> dict[Any, TrialOutcome]:
+    """The outcomes finished trials of the study carry, by config, in trial order."""
+    outcomes = {}
+    for trial in study.get_trials(deepcopy=False):
+        attr = trial.user_attrs.get(OUTCOME_ATTR)
+        if attr is None or not trial.state.is_finished():
+            continue
+        config = kernel.space.config_from_dict(trial.params)
+        measurement = (Measurement(attr["median_us"], attr["iqr_us"], attr["repeats"])
+                       if attr["median_us"] is not None else None)
+        outcomes[config] = TrialOutcome(attr["number"], config, measurement, attr["failure"],
+                                        attr["predicted_us"])
+    return outcomes
+
+
+def _fail_abandoned_trials(study: optuna.Study) -> None:
+    """Fail the trials a dead process left RUNNING: those whose heartbeat stopped (Optuna's
+    check), and those it died asking for, before the trial had its point or a heartbeat."""
+    storage = study._storage
+    interval = _heartbeat_interval(study)
+    if interval is None:  # no heartbeats: only this process uses the storage
+        return
+    with _heartbeat_warnings_silenced():
+        fail_stale_trials(study)
+    # An ask takes milliseconds: a trial still without its point after two heartbeats is dead.
+    cutoff = datetime.now() - timedelta(seconds=2 * interval)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not trial.params and trial.datetime_start < cutoff:
+            storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+
+
+def _requeue(study: optuna.Study, configs: Sequence[Any], keep_waiting: bool = False) -> None:
+    """Queue `configs` in order. Trials a previous process queued and never asked are failed
+    first (unless `keep_waiting`), so that the points are asked in the order an uninterrupted
+    search asks them."""
+    if not keep_waiting:
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+    for config in configs:
+        study.enqueue_trial(dataclasses.asdict(config))
+
+
+def _heartbeat_interval(study: optuna.Study) -> int | None:
+    return getattr(study._storage, "get_heartbeat_interval", lambda: None)()
+
+
+def _beat(study: optuna.Study, trial: optuna.Trial) -> None:
+    if _heartbeat_interval(study) is not None:
+        study._storage.record_heartbeat(trial._trial_id)
+
+
+@contextmanager
+def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Record the trial's heartbeat while it runs, where the storage keeps heartbeats, so
+    that a trial whose process died is failed by `fail_stale_trials` in the next process.
+    (Optuna beats its heart only inside Study.optimize; this study asks and tells.)"""
+    interval = _heartbeat_interval(study)
+    if interval is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            _beat(study, trial)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _pick_winner(trials: Sequence[TrialOutcome], runner: TrialRunner,
-                 default: Any) -> TrialOutcome | None:
-    """The best of the fastest few, re-measured side by side. The default is always among
-    them: timed in the same rounds, a tuned point cannot lose to it by the drift between two
-    moments of a search."""
+                 default: Any) -> tuple[TrialOutcome | None, TrialOutcome | None]:
+    """The best of the fastest few, re-measured side by side, and the default as re-measured
+    with them. The default is always among them: timed in the same rounds, a tuned point
+    cannot lose to it by the drift between two moments of a search."""
     ok = sorted((t for t in trials if t.ok), key=lambda t: t.measurement.median_us)
     if not ok:
-        return None
+        return None, None
     finalists = ok[:FINALISTS]
     finalists += [t for t in ok[FINALISTS:] if t.config == default]
     if len(finalists) == 1:
-        return finalists[0]
-    remeasured = runner.remeasure([t.config for t in finalists])
-    best = min(range(len(finalists)), key=lambda i: remeasured[i].median_us)
-    return dataclasses.replace(finalists[best], measurement=remeasured[best])
+        return finalists[0], None
+    remeasured = [dataclasses.replace(t, measurement=m) for t, m in
+                  zip(finalists, runner.remeasure([t.config for t in finalists]), strict=True)]
+    winner = min(remeasured, key=lambda t: t.measurement.median_us)
+    return winner, next((t for t in remeasured if t.config == default), None)
+
+
+def open_storage(url: str, heartbeat_interval_s: int = 10,
+                 grace_period_s: int = 30) -> optuna.storages.RDBStorage:
+    """Optuna's storage in the results database, with heartbeats: a trial whose heartbeat is
+    older than `grace_period_s` belongs to a dead process and is failed by the next study."""
+    with _heartbeat_warnings_silenced():
+        return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_interval_s,
+                                          grace_period=grace_period_s)
+
+
+@contextmanager
+def _heartbeat_warnings_silenced() -> Iterator[None]:
+    """Optuna calls heartbeats and fail_stale_trials experimental, and warns when heartbeats
+    are used outside Study.optimize; all three are deliberate here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(heartbeat|fail_stale_trials).*")
+        yield

@@ -1,10 +1,13 @@
-"""One tuning run end to end: plan, search, and store the result atomically."""
+"""One bucket's tuning end to end: plan, search, and store the result atomically."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from dataclasses import asdict
+from collections.abc import Callable, Collection
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import optuna
 
 from cutetune.kernels.registry import KernelDef
 from cutetune.results_db import (
@@ -17,26 +20,53 @@ from cutetune.results_db import (
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.plan import make_plan
+from cutetune.tuner.plan import Plan, make_plan
 from cutetune.tuner.roofline import Ceilings, DeviceSpec, achieved_gbps, percent_of_roofline
 from cutetune.tuner.study import StudyResult, TrialOutcome, TrialRunner, run_study
 
 
+@dataclass(frozen=True)
+class BucketPlan:
+    """What tuning one bucket starts from: the problem at the bucket's own token count (the
+    size the dispatcher serves it for), the roofline's plan and the heuristic default."""
+
+    kernel: KernelDef
+    problem: Problem
+    plan: Plan
+    default: Any
+    spec: DeviceSpec
+    ceilings: Ceilings
+
+    @property
+    def bucket(self) -> int:
+        return self.problem.num_tokens
+
+
+def plan_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spec: DeviceSpec,
+                ceilings: Ceilings) -> BucketPlan:
+    """The plan of the bucket that serves `num_tokens`."""
+    problem = static_problem.with_tokens(bucket_of(num_tokens))
+    default = kernel.default_config(problem, spec)
+    kernel.space.check(problem, default, spec)
+    return BucketPlan(kernel, problem, make_plan(kernel, problem, spec, ceilings), default,
+                      spec, ceilings)
+
+
 def study_name(kernel: KernelDef, problem: Problem, fingerprint: DeviceFingerprint) -> str:
-    """One study per (kernel, static problem, token bucket, device)."""
+    """One study per (kernel, static problem, token bucket, device, kernel source), named
+    kernel / problem / bucket / device / source."""
 
     def digest(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()[:10]
 
     device = digest(repr(sorted(asdict(fingerprint).items())))
-    return (f"{kernel.name}:{digest(problem.static_key())}:b{bucket_of(problem.num_tokens)}:"
-            f"{device}")
+    return (f"{kernel.name} / {digest(problem.static_key())} / {problem.num_tokens} tokens / "
+            f"{device} / {kernel.source_hash()[:8]}")
 
 
-def trial_record(kernel: KernelDef, problem: Problem, spec: DeviceSpec, ceilings: Ceilings,
-                 outcome: TrialOutcome) -> TrialRecord:
+def trial_record(planned: BucketPlan, outcome: TrialOutcome) -> TrialRecord:
     m = outcome.measurement
-    cost = kernel.cost(problem, outcome.config, spec)
+    cost = planned.kernel.cost(planned.problem, outcome.config, planned.spec)
     return TrialRecord(
         number=outcome.number,
         config_json=config_to_json(outcome.config),
@@ -46,34 +76,39 @@ def trial_record(kernel: KernelDef, problem: Problem, spec: DeviceSpec, ceilings
         iqr_us=m.iqr_us if m else None,
         repeats=m.repeats if m else None,
         gbps=achieved_gbps(cost, m.median_us) if m else None,
-        pct_roofline=percent_of_roofline(cost, spec, ceilings, m.median_us) if m else None,
+        pct_roofline=(percent_of_roofline(cost, planned.spec, planned.ceilings, m.median_us)
+                      if m else None),
         predicted_us=outcome.predicted_us,
     )
 
 
-def tune_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spec: DeviceSpec,
-                ceilings: Ceilings, runner_for: Callable[[Problem], TrialRunner], db: Database,
+def tune_bucket(planned: BucketPlan, runner: TrialRunner, db: Database,
                 fingerprint: DeviceFingerprint, budget: int, seed: int = 0,
-                on_trial: Callable[[TrialOutcome], None] | None = None) -> StudyResult:
-    """Tune `static_problem` for the bucket of `num_tokens` (measured at the bucket's own token
-    count, the size the dispatcher serves it for) and record every trial and the winner."""
-    bucket = bucket_of(num_tokens)
-    problem = static_problem.with_tokens(bucket)
-    plan = make_plan(kernel, problem, spec, ceilings)
-    default = kernel.default_config(problem, spec)
-    kernel.space.check(problem, default, spec)
-    result = run_study(kernel, plan, default, runner_for(problem), budget,
-                       study_name(kernel, problem, fingerprint), storage=db.url, seed=seed,
-                       on_trial=on_trial)
+                storage: optuna.storages.BaseStorage | None = None,
+                on_trial: Callable[[TrialOutcome], None] | None = None,
+                excluded: Collection[Any] = (), retry_failed: bool = False,
+                fresh: bool = False) -> StudyResult:
+    """Search the bucket and record every trial and the winner in one transaction.
+
+    The bucket's Optuna study (in `storage`, else the results database) is continued where
+    one is stored, or deleted first when `fresh`. `excluded` points are not tried."""
+    kernel, problem = planned.kernel, planned.problem
+    name = study_name(kernel, problem, fingerprint)
+    storage = storage if storage is not None else db.url
+    if fresh and name in {s.study_name for s in optuna.get_all_study_summaries(storage)}:
+        optuna.delete_study(study_name=name, storage=storage)
+    result = run_study(kernel, planned.plan, planned.default, runner, budget, name,
+                       storage=storage, seed=seed, on_trial=on_trial, excluded=excluded,
+                       retry_failed=retry_failed)
     # The winner's trial is stored with its interleaved re-measurement: the numbers that named
     # it the winner, and the ones the winner row carries.
     winner = result.winner.number if result.winner is not None else None
-    records = tuple(trial_record(kernel, problem, spec, ceilings,
-                                 result.winner if t.number == winner else t)
+    records = tuple(trial_record(planned, result.winner if t.number == winner else t)
                     for t in result.trials)
     record_tuning_result(db, fingerprint, TuningResult(
         kernel_name=kernel.name, source_hash=kernel.source_hash(),
-        static_key=problem.static_key(), bucket=bucket, num_tokens=problem.num_tokens,
-        study_name=result.study_name, started_at=result.started_at,
-        finished_at=result.finished_at, trials=records, winner_number=winner))
+        static_key=problem.static_key(), bucket=problem.num_tokens,
+        num_tokens=problem.num_tokens, study_name=result.study_name,
+        started_at=result.started_at, finished_at=result.finished_at, trials=records,
+        winner_number=winner))
     return result

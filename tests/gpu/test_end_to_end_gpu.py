@@ -12,7 +12,7 @@ from cutetune.results_db import Database, DeviceFingerprint, winners
 from cutetune.spaces.models import load_model
 from cutetune.tuner.roofline import Ceilings, device_spec_for
 from cutetune.tuner.trials import GpuTrialRunner
-from cutetune.tuner.tune import tune_bucket
+from cutetune.tuner.tune import plan_bucket, tune_bucket
 from cutetune.tuner.verify import check_outputs
 
 pytestmark = pytest.mark.gpu
@@ -24,9 +24,9 @@ def test_tune_store_warmup_serve(tmp_path):
     fingerprint = DeviceFingerprint.current()
     spec = device_spec_for(fingerprint.gpu_name)
     static = qk.problems_for_model(load_model("qwen3-0.6b"), "bfloat16")[0]
-    result = tune_bucket(qk.KERNEL, static, 8, spec, Ceilings.from_datasheet(spec),
-                         lambda p: GpuTrialRunner(qk.KERNEL, p, spec), db, fingerprint,
-                         budget=4)
+    planned = plan_bucket(qk.KERNEL, static, 8, spec, Ceilings.from_datasheet(spec))
+    result = tune_bucket(planned, GpuTrialRunner(qk.KERNEL, planned.problem, spec), db,
+                         fingerprint, budget=4)
     assert result.winner is not None and len(result.trials) == 4
     stored = winners(db, fingerprint, "qk_norm")
     assert [(w.bucket, w.static_key) for w in stored] == [(8, static.static_key())]

@@ -5,41 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
 
 from cutetune.kernels import qk_norm as qk
-from cutetune.results_db import Database, DeviceFingerprint, trials_frame, winners
+from cutetune.results_db import Database, trials_frame, winners
 from cutetune.spaces.models import load_model
 from cutetune.tuner.measure import Measurement
 from cutetune.tuner.plan import make_plan
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
 from cutetune.tuner.study import TrialFailure, run_study
-from cutetune.tuner.tune import tune_bucket
-
-SPEC = DEVICE_SPECS["H200"]
-CEILINGS = Ceilings.from_datasheet(SPEC)
-FINGERPRINT = DeviceFingerprint("NVIDIA H200", "9.0", 132, "13.0", "13.0", "2.11", "4.8.1")
-
-
-class FakeRunner:
-    """Time = a smooth function of the config; points with 32-bit vectors fail to 'verify'."""
-
-    def __init__(self):
-        self.measured = []
-        self.remeasured = []
-
-    @staticmethod
-    def time_of(config) -> float:
-        return 10.0 + abs(config.warps_per_block - 4) + abs(config.heads_per_warp - 2) * 0.5
-
-    def measure(self, config):
-        self.measured.append(config)
-        if config.vector_bits == 32:
-            raise TrialFailure("wrong result: q: 3 of 10 elements off")
-        return Measurement(self.time_of(config), 0.1, 25)
-
-    def remeasure(self, configs):
-        self.remeasured.append(list(configs))
-        return [Measurement(self.time_of(c) - 0.01, 0.05, 3) for c in configs]
+from cutetune.tuner.tune import plan_bucket, tune_bucket
 
 
 def _plan(tokens):
@@ -99,7 +73,7 @@ def test_bad_budget_is_rejected():
 def test_tune_bucket_stores_trials_and_winner_with_optuna_in_the_same_db(tmp_path):
     db = Database.open(f"sqlite:///{tmp_path / 'cutetune.db'}")
     static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
-    result = tune_bucket(qk.KERNEL, static, 3, SPEC, CEILINGS, lambda p: FakeRunner(), db,
+    result = tune_bucket(plan_bucket(qk.KERNEL, static, 3, SPEC, CEILINGS), FakeRunner(), db,
                          FINGERPRINT, budget=12)
     (winner,) = winners(db, FINGERPRINT, "qk_norm")
     assert winner.bucket == 4  # 3 tokens are served by the 4-token bucket
@@ -113,11 +87,19 @@ def test_tune_bucket_stores_trials_and_winner_with_optuna_in_the_same_db(tmp_pat
 
     names = [s.study_name for s in optuna.get_all_study_summaries(db.url)]
     assert names == [result.study_name]
-    # Tuning the bucket again replaces the study instead of piling trials onto it.
-    tune_bucket(qk.KERNEL, static, 4, SPEC, CEILINGS, lambda p: FakeRunner(), db,
-                FINGERPRINT, budget=12)
-    assert len(optuna.load_study(study_name=result.study_name, storage=db.url).trials) >= 12
+    # Tuning the bucket again continues its study: no point is timed again.
+    again = FakeRunner()
+    tune_bucket(plan_bucket(qk.KERNEL, static, 4, SPEC, CEILINGS), again, db, FINGERPRINT,
+                budget=12)
+    assert again.measured == [] and len(again.remeasured) == 1
     assert len(optuna.get_all_study_summaries(db.url)) == 1
+    # ... unless asked to start afresh.
+    fresh = FakeRunner()
+    tune_bucket(plan_bucket(qk.KERNEL, static, 4, SPEC, CEILINGS), fresh, db, FINGERPRINT,
+                budget=12, fresh=True)
+    assert len(fresh.measured) == 12
+    study = optuna.load_study(study_name=result.study_name, storage=db.url)
+    assert len([t for t in study.trials if t.state.is_finished()]) >= 12
 
 
 def test_the_default_is_always_remeasured_beside_the_finalists():
