@@ -8,8 +8,11 @@ from dataclasses import dataclass
 import click
 
 from cutetune.settings import load_settings
+from cutetune.spaces.buckets import MAX_BUCKET
+from cutetune.tuner.defaults import DEFAULT_BUDGET, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TUNE_TOKENS
 
 DEFAULT_TOKENS = "1,8,64,512,4096,32768"
+TUNE_TOKENS = ",".join(map(str, DEFAULT_TUNE_TOKENS))
 DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -17,17 +20,34 @@ DTYPES = ("bfloat16", "float16", "float32")
 class Context:
     db_url: str
 
-    def open_db(self):
-        from sqlalchemy.exc import OperationalError
+    @property
+    def shown_url(self) -> str:
+        """The URL with its password masked."""
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            return make_url(self.db_url).render_as_string(hide_password=True)
+        except ArgumentError:
+            return self.db_url
+
+    def open_db(self, writable: bool = False):
+        """The results database; `writable` checks now that it takes writes, before any work
+        whose results could not be stored."""
+        from sqlalchemy.exc import DatabaseError
 
         from cutetune.results_db import Database
 
         try:
-            return Database.open(self.db_url)
+            db = Database.open(self.db_url)
+            if writable:
+                db.check_writable()
+            return db
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--db") from None
-        except OperationalError as err:
-            raise click.BadParameter(f"cannot reach the database {self.db_url!r}: "
+        except DatabaseError as err:
+            verb = "write to" if writable else "open"
+            raise click.BadParameter(f"cannot {verb} the database {self.shown_url}: "
                                      f"{str(err.orig).strip().splitlines()[0]}",
                                      param_hint="--db") from None
 
@@ -44,12 +64,14 @@ def parse_tokens(ctx, param, value: str) -> tuple[int, ...]:
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of token counts, "
                                  "e.g. 1,8,64") from None
-    if not tokens or min(tokens) < 1:
-        raise click.BadParameter(f"token counts must be positive integers, got {value!r}")
+    if not tokens or min(tokens) < 1 or max(tokens) > MAX_BUCKET:
+        raise click.BadParameter(f"token counts must be integers from 1 to {MAX_BUCKET}, "
+                                 f"got {value!r}")
     return tokens
 
 
-def _model_problems(kernel, model: str, dtype: str):
+def _model_problems(kernel, model: str, dtype: str, skip_if_absent: bool = False):
+    """The kernel's problems in the model; none if it does not apply and `skip_if_absent`."""
     from cutetune.kernels.registry import NotApplicableError
     from cutetune.spaces.models import UnknownModelError, load_model
 
@@ -58,6 +80,8 @@ def _model_problems(kernel, model: str, dtype: str):
     except UnknownModelError as err:
         raise click.BadParameter(str(err), param_hint="--model") from None
     except NotApplicableError as err:
+        if skip_if_absent:
+            return []
         raise click.UsageError(str(err)) from None
 
 
@@ -116,64 +140,64 @@ def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device_na
 
 
 @cli.command()
-@kernel_argument
+@click.argument("kernel", type=_kernel_choice(), required=False)
 @model_option
 @dtype_option
-@tokens_option
-@click.option("--trials", default=48, show_default=True, type=click.IntRange(min=1),
-              help="trial budget per token bucket")
+@click.option("--tokens", default=TUNE_TOKENS, callback=parse_tokens,
+              help="token counts (one bucket each) [default: every power of two from 1 to "
+                   "32768]")
+@click.option("--trials", default=DEFAULT_BUDGET, show_default=True,
+              type=click.IntRange(min=1), help="trial budget per token bucket")
+@click.option("--force", is_flag=True,
+              help="re-tune buckets already stored, each from its first trial")
+@click.option("--retry-failed", is_flag=True,
+              help="try again the points that hung or crashed (see show --failed)")
+@click.option("--trial-timeout", default=DEFAULT_TRIAL_TIMEOUT_S, show_default=True,
+              type=click.FloatRange(min=1), help="seconds a trial may take beyond ten times "
+              "its predicted GPU time before its worker is killed")
 @click.option("--seed", default=0, show_default=True)
 @click.pass_obj
-def tune(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, ...],
-         trials: int, seed: int) -> None:
-    """Search each token bucket on this GPU and store every trial and the winners."""
+def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple[int, ...],
+         trials: int, force: bool, retry_failed: bool, trial_timeout: float, seed: int) -> None:
+    """Tune KERNEL, or every kernel the model uses, for each token bucket on this GPU.
+
+    Trials run in worker processes (compiles in a pool of CPU processes, verification and
+    timing in one GPU worker) under a watchdog; every trial and each bucket's winner are
+    stored. Stopped at any moment (Ctrl-C, kill), the same command continues: stored buckets
+    are skipped, a bucket in progress continues from its stored trials."""
     import torch
 
-    from cutetune.kernels.registry import get_kernel
+    from cutetune.cli.progress import RunProgress, summary_table, time_split_line
+    from cutetune.kernels.registry import get_kernel, kernel_names
+    from cutetune.spaces.buckets import bucket_of
+    from cutetune.tuner.isolated import Workers
+    from cutetune.tuner.model_run import RunOptions, Unit, tune_model
 
+    kernels = [get_kernel(kernel)] if kernel else [get_kernel(n) for n in kernel_names()]
+    units = [Unit(k, problem) for k in kernels
+             for problem in _model_problems(k, model, dtype, skip_if_absent=kernel is None)]
+    if not units:
+        raise click.UsageError(f"no kernel of cutetune applies to model {model!r}")
     if not torch.cuda.is_available():
         raise click.UsageError("cutetune tune needs a CUDA GPU and none is visible "
                                "(cutetune plan works without one)")
-    from cutetune.results_db import DeviceFingerprint, latest_ceilings, record_ceilings
-    from cutetune.spaces.buckets import bucket_of
-    from cutetune.spaces.space import config_to_json
-    from cutetune.tuner.ceilings import measure_ceilings
-    from cutetune.tuner.roofline import Ceilings, device_spec_for
-    from cutetune.tuner.trials import GpuTrialRunner
-    from cutetune.tuner.tune import tune_bucket
-
-    kdef = get_kernel(kernel)
-    problems = _model_problems(kdef, model, dtype)
-    db = obj.open_db()
-    fingerprint = DeviceFingerprint.current()
-    spec = device_spec_for(fingerprint.gpu_name)
-    click.echo(f"{fingerprint.gpu_name} ({fingerprint.sm_count} SMs), results in {db.url}")
-    measured = latest_ceilings(db, fingerprint)
-    if not measured:
-        click.echo("measuring the copy ceiling and the launch floor ...")
-        measured = measure_ceilings()
-        record_ceilings(db, fingerprint, measured)
-    ceilings = Ceilings.from_measured(spec, measured)
-    click.echo(f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s, launch floor "
-               f"{ceilings.launch_floor_us:.2f} us")
+    db = obj.open_db(writable=True)
     buckets = sorted({bucket_of(n) for n in tokens})
-    for static in problems:
-        for bucket in buckets:
-            label = f"{kernel} tokens={bucket}"
-            with click.progressbar(length=trials, label=label, file=sys.stderr) as bar:
-                result = tune_bucket(
-                    kdef, static, bucket, spec, ceilings,
-                    lambda p: GpuTrialRunner(kdef, p, spec, seed), db, fingerprint, trials,
-                    seed, on_trial=lambda outcome: bar.update(1))
-            failed = sum(1 for t in result.trials if not t.ok)
-            if result.winner is None:
-                click.echo(f"  {label}: every point failed ({failed}); first reason: "
-                           f"{result.trials[0].failure_reason}")
-                continue
-            m = result.winner.measurement
-            click.echo(f"  {label}: winner {config_to_json(result.winner.config)} "
-                       f"{m.median_us:.2f} us (IQR {m.iqr_us:.2f}); {len(result.trials)} "
-                       f"trials, {failed} failed{', exhaustive' if result.exhaustive else ''}")
+    workers = Workers(load_settings().cache_dir, sorted({k.compile_function.__module__
+                                                          for k in kernels}),
+                      seed=seed, trial_timeout_s=trial_timeout)
+    progress = RunProgress()
+    click.echo(f"tuning {len(units)} problems of {model} x {len(buckets)} buckets "
+               f"({trials} trials each at most); results in {obj.shown_url}", err=True)
+    try:
+        summaries = tune_model(units, buckets, db, workers,
+                               RunOptions(trials, seed, force, retry_failed), progress)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: every finished bucket and trial is stored; the same "
+                   "command continues", err=True)
+        sys.exit(130)
+    click.echo(summary_table(summaries))
+    click.echo(time_split_line(workers.split, workers.compile_processes))
 
 
 @cli.command()
@@ -198,7 +222,7 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
     kdef = get_kernel(kernel)
     problems = _model_problems(kdef, model, dtype)
     handle = _open_for_writing(out) if out else None
-    db = obj.open_db()
+    db = obj.open_db(writable=True)
     click.echo(f"benchmarking {kernel} for {model} ({len(problems)} problems x {len(tokens)} "
                f"token counts); measuring the copy ceiling first ...", err=True)
     result = run_bench(kdef, problems, tokens, db,
@@ -206,7 +230,7 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
                        on_candidate=lambda line: click.echo(line, err=True))
     click.echo(f"{result.gpu_name}: copy ceiling {result.copy_gbps:.0f} GB/s; empty kernel "
                f"{result.empty_kernel_us:.2f} us per launch in a CUDA graph; rows stored in "
-               f"{db.url}")
+               f"{obj.shown_url}")
     if handle is not None:
         import csv
 
@@ -230,14 +254,27 @@ def _open_for_writing(path: str):
 @cli.command()
 @click.option("--kernel", default=None, help="only this kernel")
 @click.option("--all-devices", is_flag=True, help="winners of every device, not only this GPU")
+@click.option("--failed", is_flag=True,
+              help="the quarantined points (they hung or crashed a worker) and why, instead")
 @click.pass_obj
-def show(obj: Context, kernel: str | None, all_devices: bool) -> None:
-    """Print the stored winners as a table."""
-    from cutetune.results_db import winners_frame
+def show(obj: Context, kernel: str | None, all_devices: bool, failed: bool) -> None:
+    """Print the stored winners (or the quarantined points) as a table."""
+    import pandas as pd
 
-    frame = winners_frame(obj.open_db(), _fingerprint_or_none(all_devices), kernel)
+    from cutetune.results_db import quarantined_points, winners_frame
+
+    db, fingerprint = obj.open_db(), _fingerprint_or_none(all_devices)
+    if failed:
+        frame = pd.DataFrame(
+            [{"kernel": p.kernel_name, "problem": p.static_key, "bucket": p.bucket,
+              "config": p.config_json, "reason": p.reason, "gpu_name": device.gpu_name,
+              "recorded_at": p.recorded_at.isoformat(timespec="seconds")}
+             for device, p in quarantined_points(db, fingerprint, kernel)])
+        what = "no quarantined points"
+    else:
+        frame, what = winners_frame(db, fingerprint, kernel), "no winners stored"
     if frame.empty:
-        click.echo("no winners stored" + (f" for {kernel}" if kernel else ""))
+        click.echo(what + (f" for {kernel}" if kernel else ""))
         return
     click.echo(frame.to_string(index=False))
 

@@ -8,43 +8,24 @@ from __future__ import annotations
 import csv
 import io
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
+import click
 import pytest
 import torch
 from click.testing import CliRunner
+from fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
 
 from cutetune.cli.main import cli
 from cutetune.kernels import qk_norm as qk
-from cutetune.results_db import Database, DeviceFingerprint
+from cutetune.results_db import Database, QuarantinedPoint, record_quarantine
 from cutetune.spaces.models import load_model
-from cutetune.tuner.measure import Measurement
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
-from cutetune.tuner.study import TrialFailure
-from cutetune.tuner.tune import tune_bucket
+from cutetune.tuner.tune import plan_bucket, tune_bucket
 
-SPEC = DEVICE_SPECS["H200"]
-CEILINGS = Ceilings.from_datasheet(SPEC)
-FINGERPRINT = DeviceFingerprint("NVIDIA H200", "9.0", 132, "13.0", "13.0", "2.11", "4.8.1")
 STORED_BUCKETS = (8, 4096)
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(),
                             reason="checks the behaviour where no CUDA GPU is visible")
-
-
-class FakeRunner:
-    """Time = a smooth function of the config; points with 32-bit vectors fail to 'verify'."""
-
-    @staticmethod
-    def time_of(config) -> float:
-        return 10.0 + abs(config.warps_per_block - 4) + abs(config.heads_per_warp - 2) * 0.5
-
-    def measure(self, config):
-        if config.vector_bits == 32:
-            raise TrialFailure("wrong result: q: 3 of 10 elements off")
-        return Measurement(self.time_of(config), 0.1, 25)
-
-    def remeasure(self, configs):
-        return [Measurement(self.time_of(c) - 0.01, 0.05, 3) for c in configs]
 
 
 def invoke(db_url: str, *args: str):
@@ -75,8 +56,8 @@ def stored_db(tmp_path_factory: pytest.TempPathFactory) -> str:
     db = Database.open(url)
     static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
     for bucket in STORED_BUCKETS:
-        result = tune_bucket(qk.KERNEL, static, bucket, SPEC, CEILINGS, lambda p: FakeRunner(),
-                             db, FINGERPRINT, budget=2)
+        result = tune_bucket(plan_bucket(qk.KERNEL, static, bucket, SPEC, CEILINGS),
+                             FakeRunner(), db, FINGERPRINT, budget=2)
         assert result.winner is not None
     db.dispose()
     return url
@@ -130,12 +111,14 @@ def test_plan_reads_a_hf_config(empty_db, tmp_path, as_dir):
     (["qk_norm", "--model", "no-such-model"], ["unknown model 'no-such-model'", "--model"]),
     (["qk_norm", "--model", "llama-3.1-8b"], ["llama-3.1-8b", "does not normalise q and k"]),
     (["no_such_kernel", "--model", "qwen3-8b"], ["no_such_kernel", "qk_norm"]),
-    (["qk_norm", "--model", "qwen3-8b", "--tokens", "0"], ["--tokens", "positive"]),
-    (["qk_norm", "--model", "qwen3-8b", "--tokens", "1,-4"], ["--tokens", "positive"]),
+    (["qk_norm", "--model", "qwen3-8b", "--tokens", "0"], ["--tokens", "from 1 to 1048576"]),
+    (["qk_norm", "--model", "qwen3-8b", "--tokens", "1,-4"], ["--tokens", "from 1 to 1048576"]),
+    (["qk_norm", "--model", "qwen3-8b", "--tokens", "99999999999999999999"],
+     ["--tokens", "from 1 to 1048576"]),
     (["qk_norm", "--model", "qwen3-8b", "--tokens", "abc"], ["--tokens", "'abc'"]),
     (["qk_norm", "--model", "qwen3-8b", "--dtype", "int8"], ["--dtype", "int8", "bfloat16"]),
 ], ids=["unknown-model", "no-qk-norm", "unknown-kernel", "tokens-0", "tokens-negative",
-        "tokens-abc", "bad-dtype"])
+        "tokens-huge", "tokens-abc", "bad-dtype"])
 def test_plan_errors_are_one_clear_line(empty_db, args, fragments):
     assert_clean_error(invoke(empty_db, "plan", *args), *fragments)
 
@@ -148,10 +131,42 @@ def test_plan_needs_a_model(empty_db):
 
 
 @NO_GPU
-def test_tune_without_a_gpu_says_it_needs_one(empty_db, tmp_path):
-    result = invoke(empty_db, "tune", "qk_norm", "--model", "qwen3-8b", "--tokens", "1")
+@pytest.mark.parametrize("kernel", [["qk_norm"], []], ids=["one-kernel", "whole-model"])
+def test_tune_without_a_gpu_says_it_needs_one(empty_db, tmp_path, kernel):
+    result = invoke(empty_db, "tune", *kernel, "--model", "qwen3-8b", "--tokens", "1")
     assert_clean_error(result, "needs a CUDA GPU")
     assert not (tmp_path / "x.db").exists()  # it stopped before opening the DB
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["--model", "nosuch"], ["--model", "unknown model 'nosuch'"]),
+    (["moe_dispatch", "--model", "qwen3-8b"], ["MoE kernels do not apply", "qwen3-8b"]),
+    (["qk_norm", "--model", "qwen3-8b", "--tokens", "1,2097152"],
+     ["--tokens", "from 1 to 1048576"]),
+    (["nosuch", "--model", "qwen3-8b"], ["'nosuch' is not one of"]),
+    (["--model", "qwen3-8b", "--trials", "0"], ["--trials"]),
+], ids=["unknown-model", "not-in-model", "tokens-too-many", "unknown-kernel", "no-trials"])
+def test_tune_errors_are_one_clear_line_before_any_work(empty_db, tmp_path, args, fragments):
+    assert_clean_error(invoke(empty_db, "tune", *args), *fragments)
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_a_database_that_takes_no_writes_is_one_clear_line(tmp_path):
+    from cutetune.cli.main import Context
+
+    path = tmp_path / "x.db"
+    Database.open(f"sqlite:///{path}").dispose()
+    context = Context(f"sqlite:///file:{path}?mode=ro&uri=true")
+    context.open_db()  # reading is fine
+    with pytest.raises(click.BadParameter, match="cannot write to the database .*readonly"):
+        context.open_db(writable=True)
+
+
+def test_shown_urls_mask_the_password():
+    from cutetune.cli.main import Context
+
+    shown = Context("postgresql://tuner:s3cret@db.example:5432/cutetune").shown_url
+    assert "s3cret" not in shown and shown.startswith("postgresql://tuner:***@db.example")
 
 
 # -- bench ----------------------------------------------------------------------------------
@@ -193,6 +208,18 @@ def test_show_lists_stored_winners(stored_db, flags):
     assert [row[:bucket_end].split()[-1] for row in rows] == [str(b) for b in STORED_BUCKETS]
     assert all(row.split()[0] == "qk_norm" for row in rows)
     assert "NVIDIA H200" in result.output
+
+
+def test_show_failed_lists_the_quarantined_points_with_their_reasons(stored_db, empty_db):
+    record_quarantine(Database.open(stored_db), FINGERPRINT, QuarantinedPoint(
+        "qk_norm", qk.KERNEL.source_hash(), "{}", '{"warps_per_block": 32}', 4096,
+        "hang: no answer in 31 s", datetime.now(UTC)))
+    result = invoke(stored_db, "show", "--failed", "--all-devices")
+    assert result.exit_code == 0, result.output
+    header, row = result.output.strip().splitlines()
+    assert {"kernel", "config", "reason", "gpu_name"} <= set(header.split())
+    assert "hang: no answer in 31 s" in row and "warps_per_block" in row
+    assert invoke(empty_db, "show", "--failed").output.strip() == "no quarantined points"
 
 
 def test_show_filters_by_kernel(stored_db):

@@ -1,0 +1,126 @@
+"""What `cutetune tune` shows while it runs and when it ends.
+
+On stderr: one status line for the run (trials done of those planned, ETA, the bucket in hand,
+its trial k of n and best so far), rewritten in place on a terminal; a line per finished
+bucket. On stdout at the end: the summary table and where the time went.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+import click
+
+from cutetune.tuner.isolated import TimeSplit
+from cutetune.tuner.model_run import BucketSummary, PendingBucket
+from cutetune.tuner.roofline import Ceilings
+from cutetune.tuner.study import TrialOutcome
+from cutetune.tuner.tune import BucketPlan
+
+
+def _problem_label(problem) -> str:
+    return " ".join(f"{k}={v}" for k, v in problem.static_fields().items())
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+class RunProgress:
+    """The model run's Observer."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty()
+        self.planned_trials = 0
+        self.done = 0
+        self.started_at = time.monotonic()
+        self._bucket_done = 0
+        self._bucket_trials = 0
+
+    def _eta(self) -> str:
+        if not self.done:
+            return "?"
+        rate = (time.monotonic() - self.started_at) / self.done
+        return _duration(rate * max(0, self.planned_trials - self.done))
+
+    def _echo(self, line: str) -> None:
+        if self.live:  # rewrite the status line; clear what a longer one left
+            click.echo(f"\r{line}\x1b[K", file=self.stream, nl=False)
+        else:
+            click.echo(line, file=self.stream)
+
+    def started(self, fingerprint, ceilings: Ceilings, pending: Sequence[PendingBucket],
+                skipped: int) -> None:
+        self.planned_trials = sum(bucket.trials for bucket in pending)
+        self.started_at = time.monotonic()
+        click.echo(f"{fingerprint.gpu_name} ({fingerprint.sm_count} SMs): copy ceiling "
+                   f"{ceilings.copy_gbps:.0f} GB/s, launch floor {ceilings.launch_floor_us:.2f} us"
+                   f"; {len(pending)} buckets to tune ({self.planned_trials} trials at most), "
+                   f"{skipped} stored already", file=self.stream)
+
+    def bucket_started(self, planned: BucketPlan, expected_trials: int) -> None:
+        self._bucket_done = 0
+        self._bucket_trials = expected_trials
+
+    def trial(self, planned: BucketPlan, outcome: TrialOutcome,
+              best: TrialOutcome | None) -> None:
+        self.done += 1
+        self._bucket_done += 1
+        if not self.live:
+            return
+        best_text = f"best {best.measurement.median_us:.2f} us" if best else "no point ok yet"
+        self._echo(f"[{self.done}/{self.planned_trials} trials, ETA {self._eta()}] "
+                   f"{planned.kernel.name} {_problem_label(planned.problem)} "
+                   f"{planned.bucket} tokens: trial {self._bucket_done} of "
+                   f"{self._bucket_trials}, {best_text}")
+
+    def bucket_finished(self, summary: BucketSummary) -> None:
+        if summary.median_us is not None:
+            result = f"{summary.median_us:.2f} us"
+        else:
+            result = summary.status + (f" ({summary.note})" if summary.note else "")
+        line = (f"[{self.done}/{self.planned_trials} trials, ETA {self._eta()}] "
+                f"{summary.kernel} {_problem_label(summary.problem)} {summary.bucket} tokens: "
+                f"{result}, {summary.trials} trials, {summary.failures} failed")
+        self._echo(line)
+        if self.live:
+            click.echo(file=self.stream)
+
+
+def summary_table(rows: Sequence[BucketSummary]) -> str:
+    """The run's summary: per problem and bucket, winner, time, % of the roofline (the copy
+    ceiling for memory-bound kernels), speedup over the default, trials, failures."""
+    header = ("kernel", "problem", "tokens", "status", "us", "% roof", "vs default", "trials",
+              "failed", "winner")
+    lines = [header]
+    for row in rows:
+        lines.append((
+            row.kernel, _problem_label(row.problem), str(row.bucket),
+            row.status + (f" ({row.note})" if row.note and row.median_us is None else ""),
+            f"{row.median_us:.2f}" if row.median_us is not None else "-",
+            f"{row.pct_roofline:.1f}" if row.pct_roofline is not None else "-",
+            f"{row.speedup:.2f}x" if row.speedup is not None else "-",
+            str(row.trials), str(row.failures),
+            _config_label(row.winner_json) if row.winner_json else "-"))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+                     .rstrip() for line in lines)
+
+
+def _config_label(config_json: str) -> str:
+    import json
+
+    return " ".join(f"{k}={v}" for k, v in json.loads(config_json).items())
+
+
+def time_split_line(split: TimeSplit, compile_processes: int) -> str:
+    return (f"time: {_duration(split.wall_s)} wall; the GPU worker verified for "
+            f"{split.verify_s:.0f} s, timed for {split.timing_s:.0f} s and was idle for "
+            f"{split.gpu_idle_s:.0f} s ({split.compile_wait_s:.0f} s of it waiting for "
+            f"compiles); compiles took {split.compile_cpu_s:.0f} s of CPU in "
+            f"{compile_processes} processes; {split.workers_lost} workers lost")

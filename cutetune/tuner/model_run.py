@@ -1,0 +1,244 @@
+"""Tuning a whole model: every kernel it uses, every problem of each, every token bucket, in
+one run that can be stopped at any moment and started again.
+
+A bucket whose run is stored for the same kernel source and device (with at least the trials
+asked for, or every candidate) is skipped unless forced. Any other bucket continues its Optuna
+study, so a run killed in the middle of a bucket loses at most the trial in hand. A point that
+hangs, crashes or loses the CUDA context is quarantined at once, in its own transaction, and
+not tried again for that kernel source, problem and device unless asked to. Each bucket's
+trials and winner are written in one transaction when the bucket ends: a bucket never holds a
+winner without its trials.
+
+The run reports what it does to an observer (the CLI's progress display), and returns one
+summary row per problem and bucket.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from optuna.storages import BaseStorage
+
+from cutetune.kernels.registry import KernelDef
+from cutetune.results_db import (
+    Database,
+    DeviceFingerprint,
+    QuarantinedPoint,
+    StoredRun,
+    clear_quarantine,
+    latest_ceilings,
+    quarantined_points,
+    record_ceilings,
+    record_quarantine,
+    stored_runs,
+)
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import config_to_json
+from cutetune.tuner.interrupt import safe_points
+from cutetune.tuner.isolated import Workers
+from cutetune.tuner.roofline import Ceilings, DeviceSpec, device_spec_for, percent_of_roofline
+from cutetune.tuner.study import (
+    StudyResult,
+    TrialOutcome,
+    candidate_order,
+    candidates_of,
+    open_storage,
+)
+from cutetune.tuner.supervised import ProcessLost
+from cutetune.tuner.tune import BucketPlan, plan_bucket, tune_bucket
+
+TUNED, STORED, NO_WINNER, FAILED = "tuned", "stored", "no winner", "failed"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One kernel problem at one token bucket: what one study tunes."""
+
+    kernel: KernelDef
+    problem: Problem  # the static problem
+
+    def describe(self) -> str:
+        return f"{self.kernel.name} {self.problem.describe()}"
+
+
+@dataclass(frozen=True)
+class BucketSummary:
+    """One line of the run's summary. `speedup` is the default's time over the winner's, both
+    re-measured side by side."""
+
+    kernel: str
+    problem: Problem
+    bucket: int
+    status: str  # TUNED, STORED, NO_WINNER or FAILED
+    winner_json: str | None
+    median_us: float | None
+    pct_roofline: float | None
+    speedup: float | None
+    trials: int
+    failures: int
+    note: str = ""
+
+
+class Observer(Protocol):
+    def started(self, fingerprint: DeviceFingerprint, ceilings: Ceilings,
+                pending: Sequence[PendingBucket], skipped: int) -> None:
+        """The device, its ceilings, the buckets to tune and how many are stored already."""
+
+    def bucket_started(self, planned: BucketPlan, expected_trials: int) -> None: ...
+
+    def trial(self, planned: BucketPlan, outcome: TrialOutcome,
+              best: TrialOutcome | None) -> None: ...
+
+    def bucket_finished(self, summary: BucketSummary) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    budget: int
+    seed: int = 0
+    force: bool = False  # re-tune buckets already stored, from their first trial
+    retry_failed: bool = False  # try quarantined points again
+
+
+@dataclass(frozen=True)
+class PendingBucket:
+    """A bucket the run tunes: its plan, the trials it takes at most (budget or candidates),
+    and the points quarantined when the run started."""
+
+    planned: BucketPlan
+    trials: int
+    quarantined: frozenset[Any]
+
+
+def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, workers: Workers,
+               options: RunOptions, observer: Observer,
+               storage: BaseStorage | None = None) -> list[BucketSummary]:
+    """Tune every unit at every bucket with `workers` (started here), storing as it goes; the
+    Optuna studies live in `storage`, by default the results database with heartbeats. Ctrl-C
+    stops the run at its next safe point (interrupt.py), with KeyboardInterrupt."""
+    with safe_points(), workers:
+        fingerprint = workers.fingerprint
+        spec = device_spec_for(fingerprint.gpu_name)
+        measured = latest_ceilings(db, fingerprint)
+        if not measured:
+            measured = workers.measure_ceilings()
+            record_ceilings(db, fingerprint, measured)
+        ceilings = Ceilings.from_measured(spec, measured)
+        storage = storage if storage is not None else open_storage(db.url)
+
+        summaries, pending = _plan_run(units, buckets, db, fingerprint, spec, ceilings, options)
+        _compile_ahead(workers, pending, options.budget)
+        observer.started(fingerprint, ceilings, pending, len(summaries))
+        for bucket in pending:
+            observer.bucket_started(bucket.planned, bucket.trials)
+            summaries.append(_tune_one(bucket.planned, db, workers, storage, options, observer))
+        return summaries
+
+
+def _plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
+              fingerprint: DeviceFingerprint, spec: DeviceSpec, ceilings: Ceilings,
+              options: RunOptions) -> tuple[list[BucketSummary], list[PendingBucket]]:
+    """The summaries of the buckets stored already, and the buckets left to tune. A bucket
+    counts as stored when its latest run took the trials asked for, or every candidate."""
+    stored_summaries, pending = [], []
+    for unit in units:
+        source, static_key = unit.kernel.source_hash(), unit.problem.static_key()
+        if options.retry_failed:
+            clear_quarantine(db, fingerprint, unit.kernel.name, source, static_key)
+        stored = stored_runs(db, fingerprint, unit.kernel.name, source, static_key)
+        quarantined = frozenset(_quarantined(db, fingerprint, unit))
+        for bucket in buckets:
+            planned = plan_bucket(unit.kernel, unit.problem, bucket, spec, ceilings)
+            trials = min(options.budget,
+                         len(candidates_of(planned.plan, planned.default, quarantined)))
+            run = stored.get(planned.bucket)
+            if run is not None and run.trials >= trials and not options.force:
+                stored_summaries.append(_stored_summary(unit, run))
+            else:
+                pending.append(PendingBucket(planned, trials, quarantined))
+    return stored_summaries, pending
+
+
+def _compile_ahead(workers: Workers, pending: Sequence[PendingBucket], budget: int) -> None:
+    """Queue compiles ahead of the GPU: first every bucket's warm start, in the order the
+    buckets are tuned, then every other candidate TPE may propose, best-ranked first."""
+    for warm_start_only in (True, False):
+        for bucket in pending:
+            plan, default = bucket.planned.plan, bucket.planned.default
+            order = candidate_order(plan, default, budget if warm_start_only
+                                    else len(plan.kept) + 1)
+            workers.compile_ahead(bucket.planned.kernel, bucket.planned.problem,
+                                  [c for c in order if c not in bucket.quarantined])
+
+
+def _quarantined(db: Database, fingerprint: DeviceFingerprint, unit: Unit) -> set[Any]:
+    return {unit.kernel.space.config_from_dict(json.loads(point.config_json))
+            for _, point in quarantined_points(db, fingerprint, unit.kernel.name,
+                                               unit.kernel.source_hash(),
+                                               unit.problem.static_key())}
+
+
+def _tune_one(planned: BucketPlan, db: Database, workers: Workers, storage,
+              options: RunOptions, observer: Observer) -> BucketSummary:
+    kernel, problem = planned.kernel, planned.problem
+    fingerprint = workers.fingerprint
+    unit = Unit(kernel, problem.with_tokens(1))
+    best: list[TrialOutcome] = []
+
+    def on_trial(outcome: TrialOutcome) -> None:
+        if outcome.took_process_down:
+            record_quarantine(db, fingerprint, QuarantinedPoint(
+                kernel.name, kernel.source_hash(), problem.static_key(),
+                config_to_json(outcome.config), planned.bucket, outcome.failure_reason,
+                datetime.now(UTC)))
+        if outcome.ok and (not best or outcome.measurement.median_us
+                           < best[0].measurement.median_us):
+            best[:] = [outcome]
+        observer.trial(planned, outcome, best[0] if best else None)
+
+    excluded = () if options.retry_failed else _quarantined(db, fingerprint, unit)
+    runner = workers.runner(kernel, problem, planned.spec, planned.ceilings)
+    try:
+        result = tune_bucket(planned, runner, db, fingerprint, options.budget, options.seed,
+                             storage=storage, on_trial=on_trial, excluded=excluded,
+                             retry_failed=options.retry_failed, fresh=options.force)
+    except ProcessLost as lost:  # the finalists' re-measurement lost the worker
+        summary = BucketSummary(kernel.name, unit.problem, planned.bucket, FAILED, None, None,
+                                None, None, 0, 0, f"re-measuring the finalists: {lost}")
+    else:
+        summary = _tuned_summary(planned, result)
+    observer.bucket_finished(summary)
+    return summary
+
+
+def _tuned_summary(planned: BucketPlan, result: StudyResult) -> BucketSummary:
+    failures = sum(1 for t in result.trials if not t.ok)
+    static = planned.problem.with_tokens(1)
+    winner = result.winner
+    if winner is None:
+        reason = result.trials[0].failure_reason if result.trials else "no candidate"
+        return BucketSummary(planned.kernel.name, static, planned.bucket, NO_WINNER, None, None,
+                             None, None, len(result.trials), failures, f"first failure: {reason}")
+    us = winner.measurement.median_us
+    cost = planned.kernel.cost(planned.problem, winner.config, planned.spec)
+    default = result.default
+    speedup = default.measurement.median_us / us if default is not None and default.ok else None
+    note = f"resumed {result.resumed} trials" if result.resumed else ""
+    return BucketSummary(planned.kernel.name, static, planned.bucket, TUNED,
+                         config_to_json(winner.config), us,
+                         percent_of_roofline(cost, planned.spec, planned.ceilings, us), speedup,
+                         len(result.trials), failures, note)
+
+
+def _stored_summary(unit: Unit, run: StoredRun) -> BucketSummary:
+    winner = run.winner
+    return BucketSummary(unit.kernel.name, unit.problem, run.bucket,
+                         STORED if winner is not None else NO_WINNER,
+                         winner.config_json if winner else None,
+                         winner.median_us if winner else None,
+                         winner.pct_roofline if winner else None, None, run.trials, run.failed,
+                         "stored earlier")

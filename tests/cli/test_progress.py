@@ -1,0 +1,55 @@
+"""What `cutetune tune` prints: the progress lines, the summary table, the time split."""
+
+from __future__ import annotations
+
+import io
+
+from fake_qk_runner import CEILINGS, FINGERPRINT
+
+from cutetune.cli.progress import RunProgress, summary_table, time_split_line
+from cutetune.kernels import qk_norm as qk
+from cutetune.spaces.models import load_model
+from cutetune.tuner.isolated import TimeSplit
+from cutetune.tuner.model_run import NO_WINNER, STORED, TUNED, BucketSummary
+
+PROBLEM = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
+WINNER = '{"heads_per_warp": 2, "vector_bits": 128, "warps_per_block": 4}'
+ROWS = [
+    BucketSummary("qk_norm", PROBLEM, 1, TUNED, WINNER, 1.234, 41.5, 1.087, 16, 2),
+    BucketSummary("qk_norm", PROBLEM, 2, STORED, WINNER, 1.3, 40.0, None, 16, 0,
+                  "stored earlier"),
+    BucketSummary("qk_norm", PROBLEM, 4, NO_WINNER, None, None, None, None, 3, 3,
+                  "first failure: wrong result: q"),
+]
+
+
+def test_the_summary_has_a_row_per_bucket_with_its_numbers():
+    header, *lines = summary_table(ROWS).splitlines()
+    assert header.split()[:5] == ["kernel", "problem", "tokens", "status", "us"]
+    assert len(lines) == 3
+    assert "1.23" in lines[0] and "41.5" in lines[0] and "1.09x" in lines[0]
+    assert "warps_per_block=4" in lines[0] and "heads_per_warp=2" in lines[0]
+    assert "stored" in lines[1] and "1.09x" not in lines[1]
+    assert "no winner (first failure: wrong result: q)" in lines[2]
+    assert all(line.startswith("qk_norm  dtype=bfloat16 head_dim=128") for line in lines)
+
+
+def test_progress_on_a_log_prints_a_line_per_bucket_not_per_trial():
+    stream = io.StringIO()
+    progress = RunProgress(stream)
+    progress.started(FINGERPRINT, CEILINGS, [], 5)
+    progress.bucket_finished(ROWS[0])
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("NVIDIA H200 (132 SMs): copy ceiling 4320 GB/s")
+    assert "0 buckets to tune" in lines[0] and "5 stored already" in lines[0]
+    assert "qk_norm dtype=bfloat16" in lines[1] and "1 tokens: 1.23 us, 16 trials, 2 failed" \
+        in lines[1]
+
+
+def test_the_time_split_names_every_part():
+    split = TimeSplit(verify_s=10.0, timing_s=200.0, compile_wait_s=4.0, compile_cpu_s=150.0,
+                      workers_lost=1, started=0.0, ended=300.0)
+    line = time_split_line(split, 12)
+    assert line == ("time: 5m00s wall; the GPU worker verified for 10 s, timed for 200 s and "
+                    "was idle for 90 s (4 s of it waiting for compiles); compiles took 150 s "
+                    "of CPU in 12 processes; 1 workers lost")

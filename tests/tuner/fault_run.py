@@ -1,0 +1,53 @@
+"""Tunes the fault kernel with the fake GPU worker: in a test, or as a process a test kills.
+
+    python fault_run.py DB_URL CACHE_DIR BUDGET BUCKET [BUCKET ...]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from fault_kernel import KERNEL, FaultProblem  # noqa: E402
+
+from cutetune.results_db import Database  # noqa: E402
+from cutetune.tuner.isolated import Workers  # noqa: E402
+from cutetune.tuner.model_run import BucketSummary, RunOptions, Unit, tune_model  # noqa: E402
+from cutetune.tuner.study import open_storage  # noqa: E402
+
+# Heartbeats every second, stale after two: a test need not wait long for a dead run's trial.
+HEARTBEAT_S, GRACE_S = 1, 2
+TRIAL_TIMEOUT_S = 2.0
+
+
+class Silent:
+    def started(self, *args) -> None:
+        pass
+
+    bucket_started = trial = bucket_finished = started
+
+
+def fault_workers(cache_dir: Path, gpu_worker: str = "fault_kernel:FakeGpuWorker",
+                  trial_timeout_s: float = TRIAL_TIMEOUT_S) -> Workers:
+    return Workers(cache_dir, ["fault_kernel"], compile_processes=1,
+                   trial_timeout_s=trial_timeout_s, gpu_worker=gpu_worker)
+
+
+def run(db_url: str, cache_dir: Path, budget: int, buckets: list[int],
+        retry_failed: bool = False, workers: Workers | None = None) -> list[BucketSummary]:
+    db = Database.open(db_url)
+    try:
+        return tune_model([Unit(KERNEL, FaultProblem(num_tokens=1))], buckets, db,
+                          workers or fault_workers(cache_dir),
+                          RunOptions(budget, retry_failed=retry_failed), Silent(),
+                          storage=open_storage(db_url, HEARTBEAT_S, GRACE_S))
+    finally:
+        db.dispose()
+
+
+if __name__ == "__main__":
+    url, cache, budget, *buckets = sys.argv[1:]
+    run(url, Path(cache), int(budget), [int(b) for b in buckets])
