@@ -23,7 +23,7 @@ from typing import Any
 
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.artifacts import ARCH_VARIABLE, ArtifactStore
+from cutetune.tuner.artifacts import ArtifactStore
 from cutetune.tuner.supervised import ProcessLost, SupervisedProcess
 
 COMPILE_TIMEOUT_S = 300.0
@@ -82,7 +82,7 @@ class CompilePool:
         self._order = itertools.count()
         self._processes = [
             SupervisedProcess(handler, (str(store.directory), store.arch, tuple(kernel_modules)),
-                              {ARCH_VARIABLE: store.arch, "CUDA_VISIBLE_DEVICES": ""})
+                              {"CUDA_VISIBLE_DEVICES": ""})
             for _ in range(processes)]
         self._threads = [threading.Thread(target=self._serve, args=(process,), daemon=True)
                          for process in self._processes]

@@ -11,14 +11,13 @@ one. Requests are tuples: ("ceilings",), ("measure", kernel name, problem, confi
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.artifacts import ARCH_VARIABLE, ArtifactStore, arch_for
+from cutetune.tuner.artifacts import ArtifactStore, arch_for
 from cutetune.tuner.measure import Measurement
 from cutetune.tuner.supervised import Fatal
 
@@ -40,15 +39,12 @@ class GpuWorker:
 
         if not torch.cuda.is_available():
             raise RuntimeError("the GPU worker sees no CUDA device")
-        major, minor = torch.cuda.get_device_capability()
-        # Set before CuTeDSL is first imported (by the kernel modules): points compiled here,
-        # when an artifact is missing, must match the compile pool's.
-        os.environ[ARCH_VARIABLE] = arch_for(f"{major}.{minor}")
         for module in kernel_modules:
             importlib.import_module(module)
         from cutetune.tuner.roofline import device_spec_for
 
-        self.store = ArtifactStore(Path(directory), os.environ[ARCH_VARIABLE])
+        major, minor = torch.cuda.get_device_capability()
+        self.store = ArtifactStore(Path(directory), arch_for(f"{major}.{minor}"))
         self.spec = device_spec_for(torch.cuda.get_device_name())
         self.seed = seed
         self._loaded: dict[str, Any] = {}

@@ -21,6 +21,8 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from cutetune.tuner.interrupt import raise_if_interrupted
@@ -42,8 +44,9 @@ class Fatal(Exception):
 class SupervisedProcess:
     """One child process serving `factory(*args)`'s handler: `handler(request) -> reply`.
 
-    `factory` is "module:attribute"; `environment` is set in the child before the factory's
-    module is imported (CUDA_VISIBLE_DEVICES, CUTE_DSL_ARCH); `hello` is what the handler's
+    `factory` is "module:attribute"; `environment` holds variables the child starts with (set
+    before its interpreter imports anything: the spawn method imports the parent's main module,
+    which may import CUDA libraries, before the factory runs); `hello` is what the handler's
     `hello()` returned when the child came up, kept for the parent to read.
     """
 
@@ -67,9 +70,10 @@ class SupervisedProcess:
         if self.alive:
             return self.hello
         parent, child = _SPAWN.Pipe()
-        self._process = _SPAWN.Process(target=_serve, daemon=True, args=(
-            child, self.factory, self.args, self.environment))
-        self._process.start()
+        self._process = _SPAWN.Process(target=_serve, daemon=True,
+                                       args=(child, self.factory, self.args))
+        with _started_with(self.environment):
+            self._process.start()
         child.close()
         self._connection = parent
         try:
@@ -154,9 +158,29 @@ def _exit_with(parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _serve(connection, factory: str, args: tuple, environment: dict[str, str]) -> None:
+_ENVIRONMENT = threading.Lock()
+
+
+@contextmanager
+def _started_with(environment: dict[str, str]) -> Iterator[None]:
+    """This process's environment plus `environment`, while a child is started (it inherits
+    the environment at its start); one child at a time, since the threads of a compile pool
+    start theirs at once."""
+    with _ENVIRONMENT:
+        saved = {name: os.environ.get(name) for name in environment}
+        os.environ.update(environment)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
+
+
+def _serve(connection, factory: str, args: tuple) -> None:
     """The child's loop: build the handler, say hello, answer requests until told to stop."""
-    os.environ.update(environment)
     # Ctrl-C in a terminal reaches the whole process group; the parent decides what stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with(os.getppid())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
+from pathlib import Path
 
 import pytest
 from fault_kernel import KERNEL, FaultConfig, FaultProblem
@@ -38,9 +40,19 @@ def test_an_artifact_is_found_loaded_and_a_damaged_one_is_dropped(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind either
 
 
-def test_a_store_refuses_to_compile_for_another_arch(tmp_path):
-    with pytest.raises(RuntimeError, match="sm_100a"):
-        ArtifactStore(tmp_path, "sm_100a").compile(KERNEL, PROBLEM, OK)
+def cubin_arch(artifact: Path) -> int:
+    """The SM version of the cubin an artifact embeds, from its ELF e_flags: the low byte in
+    the ELF ABI of sm_90 cubins, the second byte in that of sm_100 ones (whose low byte is the
+    ABI's small version number)."""
+    data = artifact.read_bytes()
+    flags = struct.unpack_from("<I", data, data.index(b"\x7fELF", 1) + 0x30)[0]
+    return flags & 0xFF if flags & 0xFF >= 0x20 else (flags >> 8) & 0xFF
+
+
+@pytest.mark.parametrize(("arch", "sm"), [("sm_90a", 90), ("sm_100a", 100)])
+def test_a_store_compiles_for_its_arch_whatever_the_environment_says(tmp_path, arch, sm):
+    assert os.environ["CUTE_DSL_ARCH"] == "sm_90a"  # tests/conftest.py
+    assert cubin_arch(ArtifactStore(tmp_path, arch).compile(KERNEL, PROBLEM, OK)) == sm
 
 
 def test_the_pool_compiles_once_per_point_and_reports_every_failure(tmp_path):
