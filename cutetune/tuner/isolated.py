@@ -79,8 +79,9 @@ class TimeSplit:
 
 class Workers:
     """The processes of one tuning run: the GPU worker, the compile pool, and the artifact
-    store between them. Use as a context manager; the GPU worker comes up first, since the
-    pool compiles for the arch of its GPU."""
+    store between them. Use as a context manager. The GPU worker comes up first (the run needs
+    its device's fingerprint, and the pool compiles for its arch); the pool comes up with the
+    first compile, so a run with nothing left to tune starts none."""
 
     def __init__(self, cache_dir: Path, kernel_modules: Sequence[str], seed: int = 0,
                  compile_processes: int | None = None,
@@ -95,26 +96,31 @@ class Workers:
         self._compile_timeout_s = compile_timeout_s
         self._compiler = compiler
         self.gpu = SupervisedProcess(gpu_worker, (str(self.directory), self.kernel_modules, seed))
-        self.pool: CompilePool | None = None
+        self._pool: CompilePool | None = None
         self.fingerprint = None
 
     def __enter__(self) -> Workers:
         self.fingerprint = self.gpu.start()
-        store = ArtifactStore(self.directory, arch_for(self.fingerprint.compute_capability))
-        self.pool = CompilePool(store, self.compile_processes, self.kernel_modules,
-                                self._compile_timeout_s, self._compiler)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.split.compile_cpu_s = self.pool.cpu_seconds
+        if self._pool is not None:
+            self._pool.close()
+            self.split.compile_cpu_s = self._pool.cpu_seconds
         self.split.workers_lost = self.gpu.losses
         self.gpu.stop()
         self.split.ended = time.monotonic()
 
     def measure_ceilings(self) -> dict[str, float]:
         return self.gpu.call(("ceilings",), CEILINGS_TIMEOUT_S)
+
+    @property
+    def pool(self) -> CompilePool:
+        if self._pool is None:
+            store = ArtifactStore(self.directory, arch_for(self.fingerprint.compute_capability))
+            self._pool = CompilePool(store, self.compile_processes, self.kernel_modules,
+                                     self._compile_timeout_s, self._compiler)
+        return self._pool
 
     def compile_ahead(self, kernel: KernelDef, problem: Problem, configs: Sequence[Any]) -> None:
         for config in configs:
