@@ -46,8 +46,8 @@ from cutetune.tuner.study import (
     TrialOutcome,
     candidate_order,
     candidates_of,
-    open_storage,
 )
+from cutetune.tuner.study_storage import open_storage
 from cutetune.tuner.supervised import ProcessLost
 from cutetune.tuner.tune import BucketPlan, plan_bucket, tune_bucket
 

@@ -18,16 +18,13 @@ what an uninterrupted one would have.
 from __future__ import annotations
 
 import dataclasses
-import threading
-import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import optuna
-from optuna.storages import BaseStorage, fail_stale_trials
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from cutetune.kernels.registry import KernelDef
@@ -35,6 +32,13 @@ from cutetune.spaces.problem import Problem
 from cutetune.tuner.interrupt import raise_if_interrupted
 from cutetune.tuner.measure import Measurement
 from cutetune.tuner.plan import Plan
+from cutetune.tuner.study_storage import (
+    beat,
+    fail_abandoned_trials,
+    heartbeat,
+    requeue,
+    warnings_silenced,
+)
 
 FINALISTS = 3
 # TPE may propose points outside the candidates (invalid, pruned or quarantined); they cost no
@@ -133,12 +137,12 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=study_name, storage=storage, direction="minimize",
                                 load_if_exists=True)
-    _fail_abandoned_trials(study)
+    fail_abandoned_trials(study)
     outcomes = _stored_outcomes(study, kernel)
     if retry_failed:
         outcomes = {c: o for c, o in outcomes.items() if not o.took_process_down}
     resumed = len(outcomes)
-    _requeue(study, [c for c in warm_start if c not in outcomes])
+    requeue(study, [c for c in warm_start if c not in outcomes])
     answered = sum(1 for t in study.get_trials(deepcopy=False)
                    if t.state.is_finished() and ANSWERED_ATTR in t.user_attrs)
 
@@ -148,12 +152,12 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
     while len(outcomes) < min(budget, len(candidates)):
         raise_if_interrupted()
         if asks_without_news >= ASKS_PER_TRIAL:
-            _requeue(study, [next(c for c in ranked if c not in outcomes)], keep_waiting=True)
+            requeue(study, [next(c for c in ranked if c not in outcomes)], keep_waiting=True)
             asks_without_news = 0
         study.sampler = optuna.samplers.TPESampler(seed=seed + answered)
-        with _heartbeat_warnings_silenced():
+        with warnings_silenced():
             trial = study.ask(distributions)
-        _beat(study, trial)  # at once: a trial without a heartbeat never goes stale
+        beat(study, trial)  # at once: a trial without a heartbeat never goes stale
         answered += 1
         config = kernel.space.config_from_dict(trial.params)
         if config not in candidates:
@@ -168,7 +172,7 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
             continue
         asks_without_news = 0
         try:
-            with _heartbeat(study, trial):
+            with heartbeat(study, trial):
                 measurement, reason = runner.measure(config), None
         except TrialFailure as failure:
             measurement, reason = None, str(failure)
@@ -219,66 +223,6 @@ def _stored_outcomes(study: optuna.Study, kernel: KernelDef) -> dict[Any, TrialO
     return outcomes
 
 
-def _fail_abandoned_trials(study: optuna.Study) -> None:
-    """Fail the trials a dead process left RUNNING: those whose heartbeat stopped (Optuna's
-    check), and those it died asking for, before the trial had its point or a heartbeat."""
-    storage = study._storage
-    interval = _heartbeat_interval(study)
-    if interval is None:  # no heartbeats: only this process uses the storage
-        return
-    with _heartbeat_warnings_silenced():
-        fail_stale_trials(study)
-    # An ask takes milliseconds: a trial still without its point after two heartbeats is dead.
-    cutoff = datetime.now() - timedelta(seconds=2 * interval)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not trial.params and trial.datetime_start < cutoff:
-            storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
-
-
-def _requeue(study: optuna.Study, configs: Sequence[Any], keep_waiting: bool = False) -> None:
-    """Queue `configs` in order. Trials a previous process queued and never asked are failed
-    first (unless `keep_waiting`), so that the points are asked in the order an uninterrupted
-    search asks them."""
-    if not keep_waiting:
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
-    for config in configs:
-        study.enqueue_trial(dataclasses.asdict(config))
-
-
-def _heartbeat_interval(study: optuna.Study) -> int | None:
-    return getattr(study._storage, "get_heartbeat_interval", lambda: None)()
-
-
-def _beat(study: optuna.Study, trial: optuna.Trial) -> None:
-    if _heartbeat_interval(study) is not None:
-        study._storage.record_heartbeat(trial._trial_id)
-
-
-@contextmanager
-def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
-    """Record the trial's heartbeat while it runs, where the storage keeps heartbeats, so
-    that a trial whose process died is failed by `fail_stale_trials` in the next process.
-    (Optuna beats its heart only inside Study.optimize; this study asks and tells.)"""
-    interval = _heartbeat_interval(study)
-    if interval is None:
-        yield
-        return
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(interval):
-            _beat(study, trial)
-
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
 def _pick_winner(trials: Sequence[TrialOutcome], runner: TrialRunner,
                  default: Any) -> tuple[TrialOutcome | None, TrialOutcome | None]:
     """The best of the fastest few, re-measured side by side, and the default as re-measured
@@ -297,19 +241,3 @@ def _pick_winner(trials: Sequence[TrialOutcome], runner: TrialRunner,
     return winner, next((t for t in remeasured if t.config == default), None)
 
 
-def open_storage(url: str, heartbeat_interval_s: int = 10,
-                 grace_period_s: int = 30) -> optuna.storages.RDBStorage:
-    """Optuna's storage in the results database, with heartbeats: a trial whose heartbeat is
-    older than `grace_period_s` belongs to a dead process and is failed by the next study."""
-    with _heartbeat_warnings_silenced():
-        return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_interval_s,
-                                          grace_period=grace_period_s)
-
-
-@contextmanager
-def _heartbeat_warnings_silenced() -> Iterator[None]:
-    """Optuna calls heartbeats and fail_stale_trials experimental, and warns when heartbeats
-    are used outside Study.optimize; all three are deliberate here."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(heartbeat|fail_stale_trials).*")
-        yield

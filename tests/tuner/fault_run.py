@@ -16,7 +16,7 @@ from fault_kernel import KERNEL, FaultProblem  # noqa: E402
 from cutetune.results_db import Database  # noqa: E402
 from cutetune.tuner.isolated import Workers  # noqa: E402
 from cutetune.tuner.model_run import BucketSummary, RunOptions, Unit, tune_model  # noqa: E402
-from cutetune.tuner.study import open_storage  # noqa: E402
+from cutetune.tuner.study_storage import open_storage  # noqa: E402
 
 # Heartbeats every second, stale after two: a test need not wait long for a dead run's trial.
 HEARTBEAT_S, GRACE_S = 1, 2
