@@ -182,7 +182,7 @@ def _quarantined(db: Database, fingerprint: DeviceFingerprint, unit: Unit) -> se
                                                unit.problem.static_key())}
 
 
-def _tune_one(planned: BucketPlan, db: Database, workers: Workers, storage,
+def _tune_one(planned: BucketPlan, db: Database, workers: Workers, storage: BaseStorage,
               options: RunOptions, observer: Observer) -> BucketSummary:
     kernel, problem = planned.kernel, planned.problem
     fingerprint = workers.fingerprint

@@ -162,6 +162,11 @@ class EveryPointWrong(FakeGpuWorker):
         return TrialReply(None, "wrong result: out: every point", 0.01, 0.0)
 
 
+class RemeasureHangs(FakeGpuWorker):
+    def remeasure(self, kernel_name: str, problem: FaultProblem, configs):
+        time.sleep(3600)
+
+
 def measured_log(cache_dir: Path) -> list[tuple[int, int, str]]:
     """(worker pid, tokens, config JSON) of each point the fake worker measured."""
     path = cache_dir / "measured.log"
