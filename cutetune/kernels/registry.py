@@ -7,7 +7,6 @@ tuner, the dispatcher and every CLI verb work from the KernelDef alone.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutetune.kernels.code_hash import code_closure_hash
 from cutetune.spaces.models import ModelShape
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Space
@@ -75,7 +75,8 @@ class KernelDef:
     written_in_place:   the subset of `outputs` that are also inputs (cannot be poisoned)
     tolerance:          output dtype name -> (rtol, atol) for
                         |out - expected| <= atol + rtol |expected|
-    source_file:        hashed into the DB so winners of older source are not served
+    source_file:        the kernel's module; its code closure (code_hash.py) is hashed into
+                        the DB so winners of other code are not served
     peers:              other libraries' implementations for `cutetune bench` (torch eager
                         and torch.compile of the reference are added by the bench itself)
     check:              (outputs, expected, problem) -> None, raising
@@ -117,10 +118,11 @@ class KernelDef:
 
     @functools.cached_property
     def _source_hash(self) -> str:
-        return hashlib.sha256(Path(self.source_file).read_bytes()).hexdigest()[:16]
+        return code_closure_hash(Path(self.source_file))
 
     def source_hash(self) -> str:
-        """Hash of the kernel's file as imported; read once per process."""
+        """Hash of the code the kernel's binaries come from (its module and the helpers it
+        imports, comments and docstrings left out); computed once per process."""
         return self._source_hash
 
 

@@ -1,0 +1,82 @@
+"""The hash that ties a stored winner to the code that produced it.
+
+A kernel's binary depends on its module and on the helper modules it imports for code generation
+(cache_hints, moe_common, ...), so the hash covers all of them: the kernel's file and, followed
+through its imports (those inside functions too), every module that lives in the kernel's own
+folder or in cutetune/kernels/, but the registry and this module, which declare and hash kernels
+and generate no code. Each file is hashed from its syntax tree with comments and
+docstrings left out: editing a comment keeps the winners, changing a helper's code drops those of
+every kernel that uses it.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+from pathlib import Path
+
+KERNELS_DIR = Path(__file__).resolve().parent
+NOT_CODE = {KERNELS_DIR / "registry.py", Path(__file__).resolve()}
+
+
+def code_closure(path: Path) -> list[Path]:
+    """The kernel's file and the modules its code comes from, sorted."""
+    path = path.resolve()
+    roots = {path.parent, KERNELS_DIR}
+    seen: set[Path] = set()
+    pending = [path]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for name in _imported_modules(ast.parse(current.read_text())):
+            found = _module_file(name)
+            if found is not None and found.parent in roots and found not in NOT_CODE:
+                pending.append(found)
+    return sorted(seen)
+
+
+def code_closure_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    for module in code_closure(path):
+        digest.update(module.name.encode())
+        digest.update(_code_of(ast.parse(module.read_text())).encode())
+    return digest.hexdigest()[:16]
+
+
+def _code_of(tree: ast.Module) -> str:
+    """The tree as text without its docstrings; comments are not in a syntax tree at all."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
+def _imported_modules(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of a module name; None for packages, built-ins, attributes and names
+    that are not modules."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # an attribute imported from a module, a missing parent
+        return None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    origin = Path(spec.origin).resolve()
+    return None if origin.name == "__init__.py" else origin

@@ -1,0 +1,56 @@
+"""The code-closure hash: comments and docstrings do not count, a helper's code does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cutetune.kernels import rmsnorm
+from cutetune.kernels.code_hash import KERNELS_DIR, code_closure, code_closure_hash
+
+KERNEL = '''"""A kernel."""
+
+import helper  # the device code
+from cutetune.kernels import cache_hints
+
+
+def body(x):
+    """Doubles x."""
+    return helper.twice(x)
+'''
+HELPER = '''def twice(x):
+    return 2 * x
+'''
+
+
+def write_package(root: Path, kernel: str = KERNEL, helper: str = HELPER) -> Path:
+    (root / "helper.py").write_text(helper)
+    path = root / "kernel.py"
+    path.write_text(kernel)
+    return path
+
+
+def test_the_closure_holds_the_kernel_and_the_helpers_it_generates_code_from(tmp_path,
+                                                                            monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write_package(tmp_path)
+    assert code_closure(path) == sorted([path.resolve(), (tmp_path / "helper.py").resolve(),
+                                         KERNELS_DIR / "cache_hints.py"])
+    names = {p.name for p in code_closure(Path(rmsnorm.__file__))}
+    assert {"rmsnorm.py", "cache_hints.py", "dtypes.py"} <= names
+    assert not {"registry.py", "code_hash.py"} & names
+
+
+def test_comments_and_docstrings_keep_the_hash(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = code_closure_hash(write_package(tmp_path))
+    edited = KERNEL.replace('"""Doubles x."""', '"""Returns two times x."""').replace(
+        "# the device code", "# where the device code lives")
+    assert code_closure_hash(write_package(tmp_path, kernel=edited)) == before
+
+
+def test_a_change_in_a_helper_changes_the_hash(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = code_closure_hash(write_package(tmp_path))
+    assert code_closure_hash(write_package(tmp_path, helper=HELPER.replace("2 *", "3 *"))) \
+        != before
+    assert code_closure_hash(write_package(tmp_path)) == before
