@@ -58,8 +58,8 @@ from cutetune.tuner.roofline import Cost
 
 # The seed heuristic gives a thread at least this many bits of gate (and as many of up) to load
 # before it waits. The space also holds narrower vectors and fewer bits per thread: a small call
-# spread over more threads and SMs can finish sooner (H200, bf16, 8 tokens of I = 14336: 32-bit
-# vectors, one per thread, 4-warp blocks 1.27 us; the best 128-bit point 1.42 us).
+# spread over more threads and SMs can finish sooner (measured on the H200 at a few tokens:
+# BENCHMARKS.md, every output allocated per call).
 MIN_BITS_PER_THREAD = 128
 GELU_FORMS = ("none", "tanh")
 # The compile-time activation names the kernel body branches on.
@@ -123,7 +123,7 @@ class ActivationConfig:
     vector_bits: int
     vectors_per_thread: int
     warps_per_block: int
-    # Winners stored before this knob existed were measured with plain accesses.
+    # Stored winners that lack this field are points of plain accesses.
     cache_hints: str = cache_hints.NORMAL
 
 
@@ -172,10 +172,10 @@ SPACE = Space(
 
 
 def default_config(problem: GatedProblem, device) -> ActivationConfig:
-    """The seed heuristic (SEED.md): 128-bit accesses (or the widest vector that divides I),
-    as many vectors per thread as the 16-byte minimum asks (one at 128 bits); then the
-    largest block of 8 or 4 warps that still gives every SM a block, else one warp per block
-    (decode). DESIGN.md: 4-8 warps reach the copy ceiling, 1 warp does not."""
+    """The seed heuristic: 128-bit accesses (or the widest vector that divides I), as many
+    vectors per thread as the 16-byte minimum asks (one at 128 bits); then the largest block
+    of 8 or 4 warps that still gives every SM a block, else one warp per block (decode).
+    Blocks of 4-8 warps reach the copy ceiling, blocks of 1 warp do not."""
     bits = _widest_vector_bits(problem)
     if not bits:
         # No vector divides I: let the space say which constraint removed every point.
@@ -450,8 +450,8 @@ def _check_inputs(op: str, x: torch.Tensor,
     """Raise one clear error for the first thing wrong with the inputs; else return the dtype
     name, the token count and the intermediate width.
 
-    The valid case reads each attribute once (a tensor attribute costs 0.1-0.4 us of host
-    time, and this runs on every call). Any config of the space may serve the call, so rows,
+    The valid case reads each attribute once (every tensor attribute read costs host time,
+    and this runs on every call). Any config of the space may serve the call, so rows,
     row strides and the up half are held to 16 bytes, the widest vector. Devices are checked
     last, so that everything else is testable on a machine without a GPU."""
     if not isinstance(x, torch.Tensor):

@@ -3,23 +3,19 @@
 "normal" issues plain ld.global / st.global. "streaming" issues ld.global.cs and st.global.cs
 (PTX "cache streaming, likely accessed once": the lines are allocated evict-first in L1 and L2),
 for kernels that read each input byte once and write each output byte once. Whether it pays
-depends on the shape, so it is a point of the space, not a constant. On the H200 (bf16
-silu_and_mul, timed as `cutetune bench` times: rotated inputs, outputs allocated per call):
-I = 6144 at 512 tokens, 5.62 us streaming against 5.82 plain (64-bit vectors, 4 warps); I =
-14336 at 4096 tokens, 82.44 against 82.82 (128-bit, 8 warps). Streaming loads with plain stores
-were slower at the larger size (86.42 us), so the knob sets both together. moe_dispatch's split
-copy (one load of a token, K stores) measured the same way: Mixtral-8x7B at 4096 tokens,
-28.78-28.89 us streaming against 29.40-29.73 plain at its best routing grid (BENCHMARKS.md,
-issue 4, eighth run); in a scratch run streaming loads or stores alone were slower than plain.
+depends on the shape, so it is a point of the space, not a constant (measured on the H200 for
+silu_and_mul and for moe_dispatch's split copy: BENCHMARKS.md, cache hints, and moe_dispatch:
+the copy's cache hints).
+The knob sets loads and stores together: where streaming both pays, streaming either alone
+measures slower than plain accesses.
 
 "evict_last_loads" loads with ld.global.L1::evict_last.L2::cache_hint under an L2 evict_last
 policy (the createpolicy.fractional value of fraction 1.0, as CUTLASS's CacheHintSm90 spells
-it) and stores plainly, as Inductor's Triton kernel loads a row on its first pass. In the
-tuner's search of fused-add RMSNorm at 32768 tokens on the H200 it made the points 1-4% faster
-than plain or streaming accesses (hidden 4096, 128-bit vectors, 16 warps: 254.8 us against
-264.4 plain; hidden 8192, 64-bit, 32 warps: 502.8 against 521.7; only the slow 32-warp points
-of hidden 4096 were level), which drew the fused add level with torch.compile there
-(BENCHMARKS.md, ninth run). A kernel offers it where that was measured (cache_hints_param).
+it) and stores plainly, as Inductor's Triton kernel loads a row on its first pass. For the
+fused-add RMSNorm on calls that move many times the L2 it beats plain and streaming accesses
+and draws level with torch.compile's Inductor kernel (measured on the H200: BENCHMARKS.md,
+RMSNorm loads under L2 evict_last). A kernel offers it (cache_hints_param) only where it is
+measured.
 """
 
 from __future__ import annotations

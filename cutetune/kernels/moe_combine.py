@@ -167,10 +167,10 @@ def _blocks(problem: MoEProblem, config: CombineConfig) -> int:
 
 
 def default_config(problem: MoEProblem, device) -> CombineConfig:
-    """The seed heuristic (SEED.md): 128-bit accesses (or the widest vector that divides H),
-    then the grid that puts a block on the most SMs: a token's row split over one-warp blocks
-    while the warps the problem needs fit one per SM (decode), else whole tokens in blocks of
-    8 (or 4) warps (DESIGN.md: 4-8 warps reach the copy ceiling, 1 warp does not). Among
+    """The seed heuristic: 128-bit accesses (or the widest vector that divides H), then the
+    grid that puts a block on the most SMs: a token's row split over one-warp blocks while
+    the warps the problem needs fit one per SM (decode), else whole tokens in blocks of 8 (or
+    4) warps (blocks of 4-8 warps reach the copy ceiling, blocks of 1 warp do not). Among
     grids that cover the SMs alike: fewer warps in decode, more otherwise; then fewer splits
     and fewer tokens per block. Raises EmptySpaceError naming the constraints when no point
     is valid."""
@@ -406,8 +406,8 @@ def _check_inputs(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: 
                   out: torch.Tensor | None) -> None:
     """Raise one clear error for the first thing wrong with the inputs.
 
-    The valid case reads each attribute once (a tensor attribute costs 0.1-0.4 us of host
-    time, and this runs on every call). Any config of the space may serve the call, so rows
+    The valid case reads each attribute once (every tensor attribute read costs host time,
+    and this runs on every call). Any config of the space may serve the call, so rows
     and row strides are held to the widest vector that divides the hidden size. Devices are
     checked last, so that everything else is testable on a machine without a GPU."""
     named = (("expert_out", expert_out), ("row_of", row_of), ("topk_weights", topk_weights),

@@ -39,10 +39,10 @@ Five forms, chosen by the config's `policy`; each is one compiled callable on on
   the bulk-copy engine (cp.async.bulk): each one-warp block loads `tokens_per_block` rows into
   shared memory (before it waits for routing), then one lane per k stores each row to its k-th
   row of dispatched. Few instructions move many bytes, where the vector copy issues a load
-  and K stores per 16 bytes per thread. Which is faster depends on the shape (on the H200 at
-  4096 tokens the bulk copy was 3-8% faster for the top-8 presets and 2% slower for Mixtral's
-  top-2; at 32768 tokens it lost for two of them: BENCHMARKS.md), so the tuner chooses and the
-  heuristic default stays split.
+  and K stores per 16 bytes per thread. Which is faster depends on the shape (on the H200 the
+  bulk copy wins for some presets and token counts and loses for others: BENCHMARKS.md,
+  moe_dispatch at 4096 and 32768 tokens), so the tuner chooses and the heuristic default is
+  split.
 - split_block_ranks (prefill, few experts): a routing kernel with no grid barrier and no
   cooperative launch. Each block ranks its chunk's pairs in their experts (shared-memory
   atomics), leaves every rank in row_of as a code (_rank_code) and writes its counts and error
@@ -52,8 +52,8 @@ Five forms, chosen by the config's `policy`; each is one compiled callable on on
   rows: the block of a group's first slice stores them to row_of, copy block 0 the counts,
   offsets and error. Routing's latency before the copy's stores shrinks to its id loads and
   atomics; every copy block pays for a read of the table, so it is bounded to small tables
-  (block_ranks_table_fits). On the H200 it was the fastest form for Mixtral at 1024 and 4096
-  tokens (BENCHMARKS.md, ninth run).
+  (block_ranks_table_fits). On the H200 it beats split for Mixtral at 1024 to 8192 tokens
+  (BENCHMARKS.md, moe_dispatch: split_block_ranks).
 
 The copy reads each token once and writes it to each of its K rows (a thread loads one vector
 of `tokens_per_block` tokens, then stores each to the rows row_of names), so x is read once
@@ -165,11 +165,11 @@ BASE_REGISTERS = 40
 # grid barrier reads every block's (BLOCKS * (L + 1) words) to sum the totals and its own base:
 # no atomic round trip before the barrier. Otherwise each block adds its counts to global
 # counters with one returning atomic per expert (its base), and reads the totals after the
-# barrier. On the H200 (benchmarks/moe_dispatch_split_probe.py, BENCHMARKS.md) publishing was
-# 1.9-2.7 us faster for Mixtral (L = 8) at 32768 tokens with 32 routing blocks (288 words), and
-# within 0.52 us of the atomics either way at 1024 and 4096 tokens. In scratch runs (issue 4's
-# note) it was slower with 128 blocks (1152 words) and for L = 128 and 256 at every grid (1032
-# words and more): hence the bound.
+# barrier. Every block reads the whole published table, so publishing pays only while the table
+# is small: on the H200 it is faster than the atomics for Mixtral (L = 8) at 32768 tokens with
+# 32 routing blocks (a table of 32 x 9 words), about level at smaller calls, and slower with 128
+# blocks or with 128 experts and more, tables of over a thousand words (BENCHMARKS.md,
+# moe_dispatch: the count exchange): hence the bound.
 PUBLISHED_COUNT_WORDS = 512
 
 # Workspace layout (int32 words). The barrier word and the epoch sit on their own 128-byte
@@ -197,20 +197,19 @@ def workspace_words(local_experts: int) -> int:
 # resolves it: as -2 - (rank * L + local expert), below the -1 of a pair with no row. So a
 # routing block's chunk of pairs times L must stay below 2^31 - 2.
 RANK_CODES = 2**31 - 2
-# The default takes split_block_ranks (8 routing blocks, 8 warps, streaming; 2 tokens per copy block
-# when this was measured) for prefill calls of at most this many local pairs (expected under uniform
-# routing, _local_pairs) over at most this many local experts: on the H200 it beat split's best
-# point for Mixtral (8 experts, top-2) at 1024 to 8192 tokens (2048 to 16384 pairs) and lost to it
-# at 32768 (benchmarks/moe_dispatch_split_probe.py, BENCHMARKS.md, ninth run). In a scratch probe
-# (issue 4's note) it also beat split's default by 0.5-3.3 us for ranges of 4 and 8 of the experts
-# of Qwen3-30B-A3B, Qwen3-235B-A22B and DeepSeek-V3 at 4096 tokens (1024-2048 local pairs of 32768).
-# With more experts each copy block reads a longer table; that was not timed.
+# The default takes split_block_ranks (8 routing blocks, 8 warps, streaming) for prefill calls
+# of at most this many local pairs (expected under uniform routing, _local_pairs) over at most
+# this many local experts: on the H200, with 2 tokens per copy block, it beats split's best
+# point for Mixtral (8 experts, top-2) at 1024 to 8192 tokens (2048 to 16384 pairs) and loses
+# to it at 32768, and it beats split's default for ranges of 4 and 8 of the experts of the
+# top-8 presets at 4096 tokens (BENCHMARKS.md, moe_dispatch: split_block_ranks). With more
+# local experts each copy block reads a longer table, which no measurement covers.
 BLOCK_RANKS_DEFAULT_MAX_PAIRS = 16384
 BLOCK_RANKS_DEFAULT_MAX_LOCAL_EXPERTS = 8
 # A copy block of 3 tokens (split_block_ranks only): for Mixtral on the H200 (8 routing blocks,
-# 8 warps) it beat 2 and 4 tokens per block by 0.15-0.4 us at 4096 and 8192 tokens, was level
-# with 2 at 1024 and trailed 4 there by 0.15 us (benchmarks/moe_dispatch_split_probe.py,
-# BENCHMARKS.md, issue 4, tenth run), so the default takes it.
+# 8 warps) it beats 2 and 4 tokens per block at 4096 and 8192 tokens, and at 1024 it is level
+# with 2 and slightly behind 4 (BENCHMARKS.md, moe_dispatch: 3 tokens per copy block), so the
+# default takes it.
 BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK = 3
 
 
@@ -441,13 +440,13 @@ SPACE = Space(
 
 def default_config(problem: MoEProblem, device) -> MoEDispatchConfig:
     """128-bit accesses (or the widest vector that divides the hidden size). Decode-sized calls
-    (at most REPLICATED_MAX_PAIRS pairs) replicated over 128 blocks: on the H200 it beat the
-    seed's fused form at 1 to 128 tokens for every preset (benchmarks/moe_dispatch_probe.py;
-    BENCHMARKS.md), with 4 warps per block up to 256 pairs and 8 beyond, as a warp ranks
-    pairs / (32 * warps) steps. Prefill split, 8 warps per block (DESIGN.md: 4-8 warps reach
-    the copy ceiling, 1 warp does not), streaming copy hints, and the routing grid of about
-    ROUTED_PAIRS_PER_BLOCK pairs a block (_routing_grid); narrower where the device holds
-    fewer cooperative blocks. Before split, for few local experts and at most
+    (at most REPLICATED_MAX_PAIRS pairs) replicated over 128 blocks: on the H200 it beats the
+    seed's fused form at 1 to 128 tokens for every preset (BENCHMARKS.md, where decode
+    dispatch time goes), with 4 warps per block up to 256 pairs and 8 beyond, as a warp ranks
+    pairs / (32 * warps) steps. Prefill split, 8 warps per block (blocks of 4-8 warps reach
+    the copy ceiling, blocks of 1 warp do not), streaming copy hints, and the routing grid of
+    about ROUTED_PAIRS_PER_BLOCK pairs a block (_routing_grid); narrower where the device
+    holds fewer cooperative blocks. Before split, for few local experts and at most
     BLOCK_RANKS_DEFAULT_MAX_PAIRS local pairs, split_block_ranks over 8 routing blocks with 3
     tokens per copy block. Where none of these fits the device, the space's first valid point."""
     bits = widest_vector_bits(problem.dtype, problem.hidden)
@@ -482,9 +481,8 @@ def _rank_code_max_tokens(problem: MoEProblem, routing_blocks: int) -> int:
 def _routing_grid(pairs: int) -> int:
     """The default's routing grid for a call of `pairs` pairs: the widest of the space's grids
     with at least ROUTED_PAIRS_PER_BLOCK pairs a block (the narrowest below that). On the H200
-    this was the fastest grid at every point timed (benchmarks/moe_dispatch_split_probe.py,
-    BENCHMARKS.md): 8 blocks for Mixtral at 1024 and 4096 tokens and Qwen3-30B-A3B at 512, 32
-    for Qwen3-235B-A22B and DeepSeek-V3 at 4096 and Mixtral at 32768."""
+    it picks the fastest grid at every point timed (BENCHMARKS.md, moe_dispatch: the routing
+    grid)."""
     fitting = [blocks for blocks in SPLIT_GRIDS if blocks * ROUTED_PAIRS_PER_BLOCK <= pairs]
     return max(fitting, default=SPLIT_GRIDS[0])
 
@@ -809,7 +807,7 @@ def _copy_units(gX: cute.Tensor, row_of, gDisp: cute.Tensor, tokens: Int32, tidx
     """Units first_unit, first_unit + unit_stride, ...: unit u copies vector
     (u % SLICES) * THREADS + tidx (of the row's V) of tokens (u // SLICES) * TPB + [0, TPB) to
     each of their rows, row_of(token, k) (a pair's row, or negative: none). gX and gDisp are
-    divided into vectors: ((1, VEC), (rows, V)). AFTER_ROUTING: this kernel was launched
+    divided into vectors: ((1, VEC), (rows, V)). AFTER_ROUTING: this kernel is launched
     early (programmatic dependent launch) behind the routing kernel, so it loads x (which
     routing does not write) and only then waits for routing to finish before reading row_of.
     HINTS: the cache hints of the loads and stores."""
@@ -934,9 +932,8 @@ def _fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp
 def _same_key_lanes(key: Int32, BITS: cutlass.Constexpr[int]) -> cutlass.Uint32:
     """The lanes of the warp whose key (0 <= key < 2^BITS) equals this lane's: match.any
     built from one ballot per key bit (this lane's bit kept where it is 1, flipped where it is
-    0). On the H200 the rank phase of 512 pairs (DeepSeek-V3, 64 tokens, 8 warps) took 754
-    cycles this way against 1334 with match.any, read with clock64 in an instrumented copy of
-    the kernel that was not kept."""
+    0). On the H200 the rank phase takes markedly fewer cycles this way than with match.any
+    (measured with clock64 in an instrumented copy of the kernel)."""
     same = cutlass.Uint32(0xFFFFFFFF)
     for b in cutlass.range_constexpr(BITS):
         bit = (key >> b) & 1
@@ -1651,8 +1648,7 @@ class CompiledDispatch:
 @dataclass(frozen=True, eq=False)
 class FakeArguments:
     """Compile-time stand-ins for dispatch's tensors, in the order the op passes them: the token
-    count and the dispatched buffer's rows are symbolic, so a compile serves every call. Also
-    used by the probes in benchmarks/ that compile pieces of the op."""
+    count and the dispatched buffer's rows are symbolic, so a compile serves every call."""
 
     problem: MoEProblem
     vec: int  # elements per vector of x and dispatched

@@ -51,7 +51,8 @@ HEAD_DIMS = (64, 128, 256)
 # A thread holds its share of one head in registers between the reduction and the store.
 MAX_ELEMENTS_PER_THREAD = 64
 # A thread's vector accesses are unrolled at compile time. Beyond 16 CuTeDSL warns about the
-# unrolled loop and a compile takes 3-6x longer, while every H200 winner used at most 4.
+# unrolled loop and a compile takes several times longer, while the H200's winners need far
+# fewer.
 MAX_VECTORS_PER_THREAD = 16
 
 
@@ -143,9 +144,9 @@ SPACE = Space(
 
 
 def default_config(problem: QKNormProblem, device) -> QKNormConfig:
-    """The seed heuristic (SEED.md): 128-bit accesses, the fewest threads per head that
-    allows them, one warp per block while the warps needed fit one per SM, else 8 warps
-    (DESIGN.md: 4-8 warps reach the copy ceiling, 1 warp does not)."""
+    """The seed heuristic: 128-bit accesses, the fewest threads per head that allows them,
+    one warp per block while the warps needed fit one per SM, else 8 warps (blocks of 4-8
+    warps reach the copy ceiling, blocks of 1 warp do not)."""
     vector = vector_elements(problem.dtype, 128)
     threads_per_head = min(WARP, problem.head_dim // vector)
     heads_per_warp = WARP // threads_per_head
@@ -405,9 +406,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
                   k_weight: torch.Tensor) -> None:
     """Raise one clear error for the first thing wrong with the inputs.
 
-    The valid case reads each attribute once (a tensor attribute costs 0.1-0.4 us of host
-    time, and this runs on every call); naming the offending tensor is left to the error
-    path."""
+    The valid case reads each attribute once (every tensor attribute read costs host time,
+    and this runs on every call); naming the offending tensor is left to the error path."""
     named = (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight))
     for name, t in named:
         if not isinstance(t, torch.Tensor):

@@ -23,10 +23,10 @@ address stays inside the row) and its contribution and store are dropped.
 
 The config's cache_hints (cache_hints.py) chooses plain or streaming (evict-first) accesses to x,
 residual and out, or loads of x and residual under L1 and L2 evict_last policies with plain
-stores (what lets the fused add at 32768 tokens draw level with torch.compile's Inductor
-kernel on the H200: BENCHMARKS.md, ninth run); the weight, which every row reads again, always
-keeps plain loads. The tuner picks per shape; the heuristic default picks by the bytes the call
-moves against the L2 (default_cache_hints).
+stores (what draws the fused add on calls many times the L2 level with torch.compile's
+Inductor kernel on the H200: BENCHMARKS.md, RMSNorm loads under L2 evict_last); the weight,
+which every row reads again, always keeps plain loads. The tuner picks per shape; the
+heuristic default picks by the bytes the call moves against the L2 (default_cache_hints).
 """
 
 from __future__ import annotations
@@ -56,15 +56,16 @@ from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
 from cutetune.tuner.roofline import Cost
 
-# Down to 64 so that per-head norms (head dims 64, 128, 256) can run on this kernel too, the
-# comparison the published design makes against its QK-norm.
+# Down to 64 so that per-head norms (head dims 64, 128, 256) can run on this kernel too, to
+# compare it with qk_norm on the same head tensors (BENCHMARKS.md, QK-norm against our regular
+# RMSNorm).
 MIN_HIDDEN, MAX_HIDDEN = 64, 16384
 BLOCK_PER_ROW, WARP_PER_ROW = "block_per_row", "warp_per_row"
 # A thread holds its share of the row and of the weight in fp32 registers between the
 # reduction and the store.
 MAX_ELEMENTS_PER_THREAD = 64
 # A thread's vector accesses are unrolled at compile time. Beyond 16 CuTeDSL warns about the
-# unrolled loop and a compile takes 3-6x longer (measured on qk_norm).
+# unrolled loop and a compile takes several times longer (measured on qk_norm).
 MAX_VECTORS_PER_THREAD = 16
 # The narrowest access: one 32-bit word.
 MIN_VECTOR_BITS = 32
@@ -103,7 +104,7 @@ class RMSNormConfig:
     form: str
     vector_bits: int
     warps_per_block: int
-    # Winners stored before this knob existed were measured with plain accesses.
+    # Stored winners that lack this field are points of plain accesses.
     cache_hints: str = cache_hints.NORMAL
 
 
@@ -205,25 +206,23 @@ SPACE = Space(
 # reduction (4 x 16 bytes in flight per thread at 128 bits).
 TARGET_VECTORS_PER_THREAD = 4
 # Up to DECODE_MAX_TOKENS rows a call is a memory round trip or two deep, and the fewer vectors
-# each thread loads and reduces, the sooner it ends. About 2 vectors per thread (the warps
-# rounded to the nearest power of two) against the seed's 4, on the H200 at 1 to 128 tokens
-# (BENCHMARKS.md, thirteenth run: benchmarks/rmsnorm_default_warps_probe.py): twice the warps at
-# hidden 1536, 2048, 4096, 7168 and 8192, 0.01-0.11 us faster on 47 of those 50 rows (plain and
-# fused), level on one, 0.01 and 0.04 us slower on two (fused 7168 and 8192 at 128 tokens); at
-# 5120 the rounding keeps the seed's 8 warps (16 were slower on all 10 rows).
+# each thread loads and reduces, the sooner it ends. So such calls aim at about 2 vectors per
+# thread (the warps rounded to the nearest power of two) rather than the seed's 4: on the H200
+# the doubled warps are faster on nearly every decode-sized row of the preset widths, and at
+# hidden 5120, where doubling is slower, the rounding keeps the seed's warps (BENCHMARKS.md, the
+# RMSNorm default's block size).
 DECODE_MAX_TOKENS = 128
 DECODE_VECTORS_PER_THREAD = 2
 
 
-# The heuristic default's cache hints. The default point of every preset width (bf16, plain
-# and fused add, 1 to 32768 tokens) timed under each hint as `cutetune bench` times it on the
-# H200 (BENCHMARKS.md, tenth run: benchmarks/rmsnorm_default_hints_probe.py):
-# - calls that move at most twice the L2: streaming was up to 11% faster than plain accesses
-#   at 64 to 4096 tokens and at most 0.05 us slower; at 1 and 8 tokens every hint is within
-#   0.03 us;
-# - rows of 8 KiB or more in calls that move at least 8x the L2: evict_last_loads was 0.2-4.6%
-#   faster than plain (32768 tokens); with smaller rows it was up to 2.3% slower there;
-# - in between, plain accesses were within 0.9% of the best hint.
+# The heuristic default's cache hints, from the default point of every preset width (bf16,
+# plain and fused add) timed under each hint on the H200 (BENCHMARKS.md, the RMSNorm default's
+# hints):
+# - calls that move at most twice the L2: streaming is faster than plain accesses or level with
+#   them (at 1 and 8 tokens every hint is level);
+# - rows of 8 KiB or more in calls that move at least 8x the L2: evict_last_loads is faster than
+#   plain; with smaller rows it is slower there;
+# - in between, plain accesses are about level with the best hint.
 STREAMING_MAX_L2_MULTIPLE = 2
 EVICT_LAST_MIN_L2_MULTIPLE = 8
 EVICT_LAST_MIN_ROW_BYTES = 8192
@@ -247,9 +246,9 @@ def default_cache_hints(problem: RMSNormProblem, device) -> str:
 
 
 def default_config(problem: RMSNormProblem, device) -> RMSNormConfig:
-    """The seed heuristic (SEED.md): the widest access that divides the row (128-bit where it
-    can). A row that fits one warp at a few vectors per lane gets warp_per_row, one warp per
-    block while the rows fit one per SM, else 8 rows per block; a larger row gets a block of
+    """The seed heuristic: the widest access that divides the row (128-bit where it can). A
+    row that fits one warp at a few vectors per lane gets warp_per_row, one warp per block
+    while the rows fit one per SM, else 8 rows per block; a larger row gets a block of
     enough warps that each thread loads about four vectors, or about two in calls of at most
     DECODE_MAX_TOKENS rows. Cache hints by the bytes the call moves (default_cache_hints).
     Falls back to the nearest valid point, and raises EmptySpaceError naming the constraints
@@ -353,8 +352,8 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
             else:
                 cache_hints.store(tRgR[(None, slots[v])], tXrX[v], HINTS)
     # ptxas sinks a load whose value is needed only after the reduction (the weight) down to
-    # its use, so a call would wait for two memory round trips (seen in the SASS of
-    # block_per_row, 128-bit, 8 warps, hidden 4096: the weight loads came after the warp's
+    # its use, so a call would wait for two memory round trips (without the tie below, the SASS
+    # of block_per_row, 128-bit, 8 warps, hidden 4096 loads the weight after the warp's
     # shuffles). Adding 0 * w to the sum ties each weight load before the reduction; IEEE
     # keeps 0 * w (it is NaN for an infinite w), so no compiler stage folds it away.
     square_sum = Float32(0.0)
@@ -603,9 +602,9 @@ def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.
     """Raise one clear error for the first thing wrong with the inputs; return the output
     dtype. `residual` and `out` may be None (plain form; out allocated by the caller).
 
-    The valid case reads each attribute once (a tensor attribute costs 0.1-0.4 us of host
-    time, and this runs on every call); naming the offending tensor is left to the error
-    path. The device is checked last, so that everything else is testable on the CPU."""
+    The valid case reads each attribute once (every tensor attribute read costs host time,
+    and this runs on every call); naming the offending tensor is left to the error path. The
+    device is checked last, so that everything else is testable on the CPU."""
     named = (("x", x), ("residual", residual), ("weight", weight), ("out", out))
     for name, t in named:
         if not isinstance(t, torch.Tensor) and (t is not None or name in ("x", "weight")):

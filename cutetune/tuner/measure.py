@@ -73,8 +73,8 @@ def with_fresh_outputs(tensors: Mapping[str, torch.Tensor], outputs: Sequence[st
     Ours is timed this way because every peer, torch itself and an engine allocate outputs per
     call: in a CUDA graph each replay of such a call writes the same pool block, which stays
     in L2, while an output kept with its input set is cold. Timing ours with kept outputs
-    favoured every peer: RMSNorm 64 x 4096 bf16 on the H200 took 2.38 us kept, 1.95 us
-    allocated per call, against liger's 2.02 (which allocates)."""
+    favours every peer (measured on the H200: BENCHMARKS.md, every output allocated per
+    call)."""
     fresh = dict(tensors)
     for name in outputs:
         if name not in written_in_place:
@@ -128,10 +128,9 @@ def time_interleaved(launch_sets: Sequence[Sequence[Callable[[], None]]],
                      repeats: int = REPEATS) -> list[Measurement]:
     """time_in_graph of each of `launch_sets`, but with every graph captured first and then
     replayed in `rounds` rounds, each replaying every graph in turn, so that a slow spell of
-    the GPU falls on all of them alike. At decode sizes a point read up to 0.2 us slower at
-    one moment than at another on the H200 (silu_and_mul I = 6144 at 8 tokens: 1.25 us in
-    the tuner, 1.47 in a bench that timed each candidate in one block, 1.25-1.27 in six
-    interleaved rounds: BENCHMARKS.md, sixth run)."""
+    the GPU falls on all of them alike. At decode sizes the same point reads slower at one
+    moment than at another on the H200, by more than candidates differ (BENCHMARKS.md, the
+    bench in interleaved rounds)."""
     captured = [_capture(launches) for launches in launch_sets]
     per_call: list[list[float]] = [[] for _ in captured]
     for _ in range(rounds):

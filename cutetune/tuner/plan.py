@@ -13,9 +13,9 @@ from cutetune.tuner.roofline import Ceilings, Cost, DeviceSpec, Prediction, pred
 # model is coarse, so the margin is wide, but a 2x loss is one no calibration error explains.
 PRUNE_FACTOR = 2.0
 # ... and predicted at least this much slower in absolute terms. Decode-sized predictions are
-# latency terms the model knows least (moe_combine, deepseek-v3, 8 tokens: the best point was
-# predicted at 1.04 us and measured at 4.47 us), so there a 2x ratio alone would prune every
-# alternative unmeasured.
+# latency terms the model knows least (a decode-sized point can measure several times its
+# prediction, as moe_combine's best point for deepseek-v3 at 8 tokens does), so there a 2x
+# ratio alone would prune every alternative unmeasured.
 PRUNE_MARGIN_US = 2.0
 
 
