@@ -3,8 +3,15 @@
 import json
 
 import pytest
+from malformed_configs import MALFORMED, POSITIVE_INTEGER_FIELDS
 
-from cutetune.spaces.models import PRESETS, ModelShape, UnknownModelError, load_model
+from cutetune.spaces.models import (
+    CLAMPED_SWIGLU,
+    PRESETS,
+    ModelShape,
+    UnknownModelError,
+    load_model,
+)
 
 # From DESIGN.md's table: hidden, q heads, kv heads, head dim, eps, qk-norm, MoE experts/top-k.
 TABLE = {
@@ -152,7 +159,7 @@ def test_invalid_json_is_a_clear_error(tmp_path):
 
 def test_missing_hidden_size_is_a_clear_error(tmp_path):
     path = _write(tmp_path / "config.json", {"model_type": "qwen3", "num_attention_heads": 32})
-    with pytest.raises(UnknownModelError, match="has no hidden_size"):
+    with pytest.raises(UnknownModelError, match="config .*config.json: no hidden_size"):
         load_model(path)
 
 
@@ -163,7 +170,7 @@ def test_directory_without_config_json_is_unknown(tmp_path):
 
 def test_config_that_is_not_an_object_is_a_clear_error(tmp_path):
     path = _write(tmp_path / "config.json", [1, 2])
-    with pytest.raises(UnknownModelError, match="is not a JSON object"):
+    with pytest.raises(UnknownModelError, match="expected a JSON object, found list"):
         load_model(path)
 
 
@@ -181,7 +188,8 @@ def test_gemma3_normalises_q_and_k_with_weight_plus_one(tmp_path):
 
 def test_mla_low_rank_widths_become_extra_norm_widths(tmp_path):
     raw = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
-           "q_lora_rank": 1536, "kv_lora_rank": 512, "n_routed_experts": 256}
+           "q_lora_rank": 1536, "kv_lora_rank": 512, "n_routed_experts": 256,
+           "num_experts_per_tok": 8}
     model = load_model(_write(tmp_path / "config.json", raw))
     assert model.extra_norm_widths == (1536, 512)
     assert PRESETS["deepseek-v3"].extra_norm_widths == (1536, 512)
@@ -195,3 +203,50 @@ def test_the_mlp_activation_is_read_from_either_key(tmp_path, key, value):
            "head_dim": 256, key: value}
     assert load_model(_write(tmp_path / "config.json", raw)).hidden_act == value
     assert PRESETS["qwen3-8b"].hidden_act == "silu"
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), MALFORMED)
+def test_every_malformed_field_is_one_line_naming_the_file_and_the_field(tmp_path, field, value,
+                                                                       expected):
+    raw = {**QWEN3_8B_HF, "num_experts": 8, "num_experts_per_tok": 2, field: value}
+    path = _write(tmp_path / "config.json", raw)
+    with pytest.raises(UnknownModelError) as info:
+        load_model(path)
+    message = str(info.value)
+    assert message.startswith(f"config {path}: {field} is ") and message.endswith(expected)
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("field", POSITIVE_INTEGER_FIELDS + ("rms_norm_eps", "hidden_act"))
+def test_a_null_field_reads_as_missing(tmp_path, field):
+    raw = {**QWEN3_8B_HF, field: None}
+    if field == "hidden_size":
+        with pytest.raises(UnknownModelError, match="no hidden_size; expected a positive"):
+            load_model(_write(tmp_path / "config.json", raw))
+        return
+    assert load_model(_write(tmp_path / "config.json", raw)).hidden_size == 4096
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"num_experts": 128}, "128 routed experts but no num_experts_per_tok"),
+    ({"num_experts": 8, "num_experts_per_tok": 9}, "num_experts_per_tok is 9, more than its 8"),
+    ({"text_config": "qwen3"}, "text_config is 'qwen3'; expected an object"),
+])
+def test_inconsistent_configs_are_one_line(tmp_path, changes, message):
+    with pytest.raises(UnknownModelError, match=message):
+        load_model(_write(tmp_path / "config.json", {**QWEN3_8B_HF, **changes}))
+
+
+def test_a_file_that_is_not_json_is_named(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("{not json")
+    with pytest.raises(UnknownModelError, match=f"{path} is not valid JSON"):
+        load_model(str(tmp_path))
+
+
+def test_gpt_oss_clamped_swiglu_is_not_read_as_silu(tmp_path):
+    raw = {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64,
+           "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880,
+           "num_local_experts": 32, "num_experts_per_tok": 4, "hidden_act": "silu",
+           "swiglu_limit": 7.0, "rms_norm_eps": 1e-5}
+    assert load_model(_write(tmp_path / "config.json", raw)).hidden_act == CLAMPED_SWIGLU
