@@ -9,7 +9,11 @@
 The ops import their kernel module (and CuTeDSL) on first use.
 """
 
+from importlib.metadata import version as _version
+
 from cutetune.dispatch import current_dispatcher, warmup
+
+__version__ = _version("cutetune")
 
 
 def qk_norm(q, k, q_weight, k_weight, eps: float = 1e-6, weight_bias: float = 0.0):
@@ -66,5 +70,5 @@ def moe_combine(expert_out, row_of, topk_weights, out=None, **model):
     return _moe_combine(expert_out, row_of, topk_weights, out=out, **model)
 
 
-__all__ = ["current_dispatcher", "fused_add_rmsnorm", "gelu_and_mul", "moe_combine",
+__all__ = ["__version__", "current_dispatcher", "fused_add_rmsnorm", "gelu_and_mul", "moe_combine",
            "moe_dispatch", "qk_norm", "rmsnorm", "silu_and_mul", "warmup"]

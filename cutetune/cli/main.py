@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import click
@@ -23,23 +25,20 @@ class Context:
     @property
     def shown_url(self) -> str:
         """The URL with its password masked."""
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
+        from cutetune.results_db.session import shown_url
 
-        try:
-            return make_url(self.db_url).render_as_string(hide_password=True)
-        except ArgumentError:
-            return self.db_url
+        return shown_url(self.db_url)
 
     def open_db(self, writable: bool = False):
-        """The results database; `writable` checks now that it takes writes, before any work
-        whose results could not be stored."""
+        """The results database: read-only (nothing created or changed) unless `writable`,
+        which also checks now that it takes writes, before any work whose results could not
+        be stored."""
         from sqlalchemy.exc import DatabaseError
 
         from cutetune.results_db import Database
 
         try:
-            db = Database.open(self.db_url)
+            db = Database.open(self.db_url, read_only=not writable)
             if writable:
                 db.check_writable()
             return db
@@ -48,14 +47,38 @@ class Context:
         except DatabaseError as err:
             verb = "write to" if writable else "open"
             raise click.BadParameter(f"cannot {verb} the database {self.shown_url}: "
-                                     f"{str(err.orig).strip().splitlines()[0]}",
-                                     param_hint="--db") from None
+                                     f"{_first_line(err.orig)}", param_hint="--db") from None
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Queries of a command that only reads: a database without cutetune's tables (or an
+        older one without the newest) is one line, not a traceback."""
+        from sqlalchemy.exc import DatabaseError
+
+        try:
+            yield
+        except DatabaseError as err:
+            raise click.BadParameter(f"cannot read the database {self.shown_url}: "
+                                     f"{_first_line(err.orig)}", param_hint="--db") from None
 
 
-def _kernel_choice() -> click.Choice:
-    from cutetune.kernels.registry import kernel_names
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
-    return click.Choice(kernel_names())
+
+class KernelName(click.ParamType):
+    """A registered kernel's name. The kernels are imported (and CuTeDSL with them) only when a
+    name is checked, so that --help and the commands that need no kernel start fast."""
+
+    name = "kernel"
+
+    def convert(self, value, param, ctx) -> str:
+        from cutetune.kernels.registry import UnknownKernelError, get_kernel
+
+        try:
+            return get_kernel(value).name
+        except UnknownKernelError as err:
+            self.fail(str(err), param, ctx)
 
 
 def parse_tokens(ctx, param, value: str) -> tuple[int, ...]:
@@ -85,7 +108,7 @@ def _model_problems(kernel, model: str, dtype: str, skip_if_absent: bool = False
         raise click.UsageError(str(err)) from None
 
 
-kernel_argument = click.argument("kernel", type=_kernel_choice())
+kernel_argument = click.argument("kernel", type=KernelName())
 model_option = click.option("--model", "-m", required=True,
                             help="preset name (e.g. qwen3-8b) or path of a HF config.json")
 dtype_option = click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16",
@@ -94,7 +117,21 @@ tokens_option = click.option("--tokens", default=DEFAULT_TOKENS, show_default=Tr
                              callback=parse_tokens, help="token counts (one bucket each)")
 
 
-@click.group()
+class CutetuneGroup(click.Group):
+    """The command group; a problem that no point of its kernel's space can serve (an MLP
+    width no vector divides, say) is the user's input, so it ends as one line too."""
+
+    def invoke(self, ctx: click.Context):
+        from cutetune.spaces.space import EmptySpaceError
+
+        try:
+            return super().invoke(ctx)
+        except EmptySpaceError as err:
+            raise click.UsageError(str(err)) from None
+
+
+@click.group(cls=CutetuneGroup)
+@click.version_option(package_name="cutetune", prog_name="cutetune")
 @click.option("--db", "db_url", default=None,
               help="SQLAlchemy URL of the results DB [env CUTETUNE_DB; default: a SQLite file "
                    "in ~/.cache/cutetune]")
@@ -140,7 +177,7 @@ def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device_na
 
 
 @cli.command()
-@click.argument("kernel", type=_kernel_choice(), required=False)
+@click.argument("kernel", type=KernelName(), required=False)
 @model_option
 @dtype_option
 @click.option("--tokens", default=TUNE_TOKENS, callback=parse_tokens,
@@ -215,12 +252,12 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
 
     from cutetune.kernels.registry import get_kernel
 
+    kdef = get_kernel(kernel)
+    problems = _model_problems(kdef, model, dtype)
     if not torch.cuda.is_available():
         raise click.UsageError("cutetune bench needs a CUDA GPU and none is visible")
     from cutetune.bench import csv_rows, format_rows, run_bench
 
-    kdef = get_kernel(kernel)
-    problems = _model_problems(kdef, model, dtype)
     handle = _open_for_writing(out) if out else None
     db = obj.open_db(writable=True)
     click.echo(f"benchmarking {kernel} for {model} ({len(problems)} problems x {len(tokens)} "
@@ -251,8 +288,12 @@ def _open_for_writing(path: str):
                                  param_hint="--out") from None
 
 
+kernel_filter = click.option("--kernel", type=KernelName(), default=None,
+                             help="only this kernel")
+
+
 @cli.command()
-@click.option("--kernel", default=None, help="only this kernel")
+@kernel_filter
 @click.option("--all-devices", is_flag=True, help="winners of every device, not only this GPU")
 @click.option("--failed", is_flag=True,
               help="the quarantined points (they hung or crashed a worker) and why, instead")
@@ -264,15 +305,16 @@ def show(obj: Context, kernel: str | None, all_devices: bool, failed: bool) -> N
     from cutetune.results_db import quarantined_points, winners_frame
 
     db, fingerprint = obj.open_db(), _fingerprint_or_none(all_devices)
-    if failed:
-        frame = pd.DataFrame(
-            [{"kernel": p.kernel_name, "problem": p.static_key, "bucket": p.bucket,
-              "config": p.config_json, "reason": p.reason, "gpu_name": device.gpu_name,
-              "recorded_at": p.recorded_at.isoformat(timespec="seconds")}
-             for device, p in quarantined_points(db, fingerprint, kernel)])
-        what = "no quarantined points"
-    else:
-        frame, what = winners_frame(db, fingerprint, kernel), "no winners stored"
+    with obj.reading():
+        if failed:
+            frame = pd.DataFrame(
+                [{"kernel": p.kernel_name, "problem": p.static_key, "bucket": p.bucket,
+                  "config": p.config_json, "reason": p.reason, "gpu_name": device.gpu_name,
+                  "recorded_at": p.recorded_at.isoformat(timespec="seconds")}
+                 for device, p in quarantined_points(db, fingerprint, kernel)])
+            what = "no quarantined points"
+        else:
+            frame, what = winners_frame(db, fingerprint, kernel), "no winners stored"
     if frame.empty:
         click.echo(what + (f" for {kernel}" if kernel else ""))
         return
@@ -281,7 +323,7 @@ def show(obj: Context, kernel: str | None, all_devices: bool, failed: bool) -> N
 
 @cli.command()
 @click.option("--format", "fmt", type=click.Choice(["json", "csv"]), required=True)
-@click.option("--kernel", default=None, help="only this kernel")
+@kernel_filter
 @click.option("--all-devices", is_flag=True, help="winners of every device, not only this GPU")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="file to write (default: standard output)")
@@ -291,7 +333,9 @@ def export(obj: Context, fmt: str, kernel: str | None, all_devices: bool,
     """Export the stored winners as JSON or CSV."""
     from cutetune.results_db import export_winners
 
-    text = export_winners(obj.open_db(), fmt, _fingerprint_or_none(all_devices), kernel)
+    db = obj.open_db()
+    with obj.reading():
+        text = export_winners(db, fmt, _fingerprint_or_none(all_devices), kernel)
     if out is None:
         click.echo(text, nl=False)
     else:

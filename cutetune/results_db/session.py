@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, insert
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,34 +24,45 @@ class Database:
         self.engine = engine
         self._sessions = sessionmaker(engine)
 
+    @property
+    def shown_url(self) -> str:
+        """The URL with its password masked: the one to put in messages."""
+        return shown_url(self.url)
+
     @classmethod
-    def open(cls, url: str) -> Database:
+    def open(cls, url: str, read_only: bool = False) -> Database:
         """Open (and create, where missing) the database at a SQLAlchemy URL.
 
         SQLite and PostgreSQL are supported. A SQLite file gets its parent directory created.
-        Raises ValueError, naming the URL, when it is malformed or names an unsupported backend
-        or driver; a server that cannot be reached raises SQLAlchemy's OperationalError.
+        `read_only` creates and changes nothing: a SQLite file is opened read-only, and one that
+        does not exist reads as an empty database. Raises ValueError, naming the URL (password
+        masked), when it is malformed or names an unsupported backend or driver; a server that
+        cannot be reached or a file that is no database raise SQLAlchemy's DatabaseError.
         """
+        shown = shown_url(url)
         try:
             parsed = make_url(url)
             if parsed.get_backend_name() not in BACKENDS:
                 raise ValueError(
-                    f"unsupported database URL {url!r}: the backend must be one of "
+                    f"unsupported database URL {shown!r}: the backend must be one of "
                     f"{', '.join(BACKENDS)}"
                 )
+            if read_only and parsed.get_backend_name() == "sqlite":
+                parsed = _read_only_sqlite(parsed)
             engine = create_engine(parsed)
         except (ArgumentError, NoSuchModuleError) as exc:
-            raise ValueError(f"invalid database URL {url!r}: {exc}") from None
+            raise ValueError(f"invalid database URL {shown!r}: {exc}") from None
         except ImportError as exc:  # the URL's driver (e.g. psycopg) is not installed
-            raise ValueError(f"database URL {url!r} needs a driver that is not installed: "
+            raise ValueError(f"database URL {shown!r} needs a driver that is not installed: "
                              f"{exc}") from None
         if engine.dialect.name == "sqlite":
             try:
                 _prepare_sqlite(engine)
             except OSError as exc:
-                raise ValueError(f"cannot create the directory of database {url!r}: "
+                raise ValueError(f"cannot create the directory of database {shown!r}: "
                                  f"{exc.strerror}") from None
-        Base.metadata.create_all(engine)
+        if not read_only or engine.url.database in (None, "", ":memory:"):
+            Base.metadata.create_all(engine)
         return cls(url, engine)
 
     @contextmanager
@@ -70,6 +81,26 @@ class Database:
     def dispose(self) -> None:
         """Close the engine's pooled connections."""
         self.engine.dispose()
+
+
+def shown_url(url: str) -> str:
+    """`url` with its password masked, for messages; unparsable text as it is."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def _read_only_sqlite(url: URL) -> URL:
+    """A SQLite URL that reads without writing: the file opened in read-only mode, or, where
+    there is no file, an empty database in memory (nothing to read, nothing created)."""
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return url
+    if not Path(database).is_file():
+        return url.set(database=":memory:")
+    return url.set(database=f"file:{Path(database).resolve()}?mode=ro",
+                   query={**url.query, "uri": "true"})
 
 
 def _prepare_sqlite(engine: Engine) -> None:

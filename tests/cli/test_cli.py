@@ -8,7 +8,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 
 import click
@@ -16,6 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
+from malformed_configs import MALFORMED
 
 from cutetune.cli.main import cli
 from cutetune.kernels import qk_norm as qk
@@ -143,7 +147,7 @@ def test_tune_without_a_gpu_says_it_needs_one(empty_db, tmp_path, kernel):
     (["moe_dispatch", "--model", "qwen3-8b"], ["MoE kernels do not apply", "qwen3-8b"]),
     (["qk_norm", "--model", "qwen3-8b", "--tokens", "1,2097152"],
      ["--tokens", "from 1 to 1048576"]),
-    (["nosuch", "--model", "qwen3-8b"], ["'nosuch' is not one of"]),
+    (["nosuch", "--model", "qwen3-8b"], ["unknown kernel 'nosuch'", "qk_norm"]),
     (["--model", "qwen3-8b", "--trials", "0"], ["--trials"]),
 ], ids=["unknown-model", "not-in-model", "tokens-too-many", "unknown-kernel", "no-trials"])
 def test_tune_errors_are_one_clear_line_before_any_work(empty_db, tmp_path, args, fragments):
@@ -180,7 +184,7 @@ def test_bench_without_a_gpu_says_it_needs_one(empty_db):
 
 def test_bench_rejects_an_unknown_kernel(empty_db):
     result = invoke(empty_db, "bench", "no_such_kernel", "--model", "qwen3-8b")
-    assert_clean_error(result, "Invalid value", "'no_such_kernel' is not")
+    assert_clean_error(result, "Invalid value", "unknown kernel 'no_such_kernel'", "rmsnorm")
 
 
 # -- show -----------------------------------------------------------------------------------
@@ -285,12 +289,116 @@ def test_bad_db_url_is_one_clear_line(url, command):
     assert_clean_error(invoke(url, *command), "--db", repr(url))
 
 
-def test_db_path_that_cannot_be_created_is_one_clear_line(tmp_path):
+def test_db_path_that_cannot_be_created_is_one_clear_line_for_a_writer(tmp_path):
+    from cutetune.cli.main import Context
+
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    assert_clean_error(invoke(f"sqlite:///{blocker / 'x.db'}", "show"), "--db")
+    with pytest.raises(click.BadParameter, match="cannot create the directory"):
+        Context(f"sqlite:///{blocker / 'x.db'}").open_db(writable=True)
+
+
+@pytest.mark.parametrize("command", [["show"], ["show", "--failed"],
+                                     ["export", "--format", "json"]])
+def test_commands_that_only_read_create_nothing(tmp_path, command):
+    missing = tmp_path / "folder" / "x.db"
+    result = invoke(f"sqlite:///{missing}", *command)
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "folder").exists()
+
+
+def test_commands_that_only_read_change_nothing(stored_db):
+    path = Path(stored_db.removeprefix("sqlite:///"))
+    before = path.read_bytes()
+    for command in (["show", "--all-devices"], ["show", "--failed", "--all-devices"],
+                    ["export", "--format", "csv", "--all-devices"]):
+        assert invoke(stored_db, *command).exit_code == 0
+    assert path.read_bytes() == before
+
+
+def test_a_file_that_is_no_database_is_one_clear_line(tmp_path):
+    garbage = tmp_path / "x.db"
+    garbage.write_bytes(b"not a database" * 100)
+    assert_clean_error(invoke(f"sqlite:///{garbage}", "show"), "--db",
+                       "file is not a database")
+
+
+def test_a_database_without_cutetunes_tables_is_one_clear_line(tmp_path):
+    import sqlite3
+
+    foreign = tmp_path / "x.db"
+    sqlite3.connect(foreign).execute("CREATE TABLE other (x)").connection.commit()
+    assert_clean_error(invoke(f"sqlite:///{foreign}", "show", "--failed"),
+                       "cannot read the database", "no such table")
+
+
+def test_a_password_never_reaches_a_message():
+    result = invoke("postgresql+nosuchdriver://tuner:s3cret@localhost/cutetune", "show")
+    assert_clean_error(result, "--db", "tuner:***@localhost")
+    assert "s3cret" not in result.output
+
+
+def test_show_rejects_an_unknown_kernel(stored_db):
+    assert_clean_error(invoke(stored_db, "show", "--kernel", "nosuch"),
+                       "unknown kernel 'nosuch'", "qk_norm")
 
 
 def test_export_to_a_missing_directory_is_one_clear_line(empty_db, tmp_path):
     out = tmp_path / "missing" / "winners.csv"
     assert_clean_error(invoke(empty_db, "export", "--format", "csv", "--out", str(out)), "--out")
+
+
+# -- start-up and version -------------------------------------------------------------------
+
+
+def test_version_comes_from_the_package_metadata():
+    import cutetune
+
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"cutetune, version {version('cutetune')}"
+    assert cutetune.__version__ == version("cutetune")
+
+
+def test_the_cli_imports_no_heavy_library_until_a_command_needs_it():
+    """--help and the commands that need no kernel start fast: torch, CuTeDSL, SQLAlchemy,
+    Optuna and pandas are imported by the commands that use them."""
+    heavy = ("torch", "cutlass", "sqlalchemy", "optuna", "pandas")
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys, cutetune.cli.main; "
+         f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == ""
+
+
+# -- malformed model configs ----------------------------------------------------------------
+
+QWEN3_CONFIG = {"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
+                "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
+                "rms_norm_eps": 1e-6}
+
+
+@pytest.mark.parametrize("verb", [["plan", "qk_norm"], ["tune"], ["tune", "rmsnorm"],
+                                  ["bench", "silu_and_mul"]])
+def test_every_verb_refuses_every_malformed_config_field_in_one_line(tmp_path, empty_db, verb):
+    path = tmp_path / "config.json"
+    for field, value, expected in MALFORMED:
+        path.write_text(json.dumps({**QWEN3_CONFIG, field: value}))
+        result = invoke(empty_db, *verb, "--model", str(path), "--tokens", "8")
+        assert_clean_error(result, "--model", f"config {path}: {field} is", expected)
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_a_width_no_point_can_serve_is_one_line(tmp_path, empty_db):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**QWEN3_CONFIG, "intermediate_size": 3}))
+    result = invoke(empty_db, "plan", "silu_and_mul", "--model", str(path))
+    assert_clean_error(result, "no valid point for silu_and_mul")
+
+
+def test_gpt_oss_activation_is_refused_by_name(tmp_path, empty_db):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**QWEN3_CONFIG, "model_type": "gpt_oss", "hidden_act": "silu",
+                                "swiglu_limit": 7.0}))
+    result = invoke(empty_db, "plan", "silu_and_mul", "--model", str(path))
+    assert_clean_error(result, "'swiglu_oai'", "silu_and_mul computes silu")
