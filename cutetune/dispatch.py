@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutetune.kernels.registry import KernelDef
-from cutetune.spaces.buckets import BUCKETS, bucket_index
+from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
 
@@ -60,8 +60,9 @@ def nearest_tuned(bucket: int, tuned: Sequence[int]) -> int | None:
 
 class Dispatcher:
     def __init__(self, spec, winners: Iterable[Any] = ()):
-        """`spec`: the DeviceSpec of the GPU in use; `winners`: results_db Winner records
-        for this device fingerprint (empty: every call runs the heuristic default)."""
+        """`spec`: the DeviceSpec of the GPU in use (None where no GPU is visible: the
+        dispatcher then serves nothing and its report says so); `winners`: results_db Winner
+        records for this device fingerprint (empty: every call runs the heuristic default)."""
         self.spec = spec
         # Every stored winner, stale ones included: which are current depends on the kernel's
         # source, known only when a kernel is warmed up.
@@ -72,6 +73,7 @@ class Dispatcher:
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
         self._default_calls: Counter[tuple[str, tuple, int]] = Counter()
+        self._beyond_calls: Counter[tuple[str, tuple]] = Counter()
         self.stats: dict[str, WarmupStats] = {}
 
     # -- building -------------------------------------------------------------------------
@@ -150,6 +152,8 @@ class Dispatcher:
         compiled, is_default = row[index]
         if is_default:
             self._default_calls[(kernel.name, static_tuple, BUCKETS[index])] += 1
+        if num_tokens > MAX_BUCKET:  # served by the largest bucket, and said so in the report
+            self._beyond_calls[key] += 1
         return compiled
 
     # -- reporting ------------------------------------------------------------------------
@@ -160,7 +164,14 @@ class Dispatcher:
     def default_calls(self) -> dict[tuple[str, tuple, int], int]:
         return dict(self._default_calls)
 
+    def beyond_calls(self) -> dict[tuple[str, tuple], int]:
+        """Calls with more tokens than the largest bucket, by (kernel, static tuple)."""
+        return dict(self._beyond_calls)
+
     def report(self) -> str:
+        if self.spec is None:
+            return ("no CUDA device is visible: this dispatcher serves nothing (the ops run on "
+                    "a CUDA device)")
         lines = [f"warmup of {name}: {st.problems} problems, {st.compiles} compiles in "
                  f"{st.seconds:.2f} s; {st.stale_winners} winners ignored (older kernel source)"
                  for name, st in self.stats.items()]
@@ -171,10 +182,13 @@ class Dispatcher:
             calls = sum(n for (k, s, _), n in self._default_calls.items()
                         if (k, s) == (name, static_tuple))
             state = "warmed up" if table.warmed_up else "NOT warmed up (miss)"
+            beyond = self._beyond_calls[(name, static_tuple)]
             lines.append(
                 f"{name} {table.problem.describe()}: {state}; tuned buckets "
                 f"{_ranges(by_source[TUNED])}; nearest-tuned {_ranges(by_source[NEAREST])}; "
-                f"default {_ranges(by_source[DEFAULT])}; calls served by default: {calls}")
+                f"default {_ranges(by_source[DEFAULT])}; calls served by default: {calls}"
+                + (f"; calls beyond {MAX_BUCKET} tokens, served by that bucket: {beyond}"
+                   if beyond else ""))
         return "\n".join(lines) if lines else "nothing warmed up or served yet"
 
 
@@ -193,7 +207,8 @@ _current: Dispatcher | None = None
 
 
 def current_dispatcher() -> Dispatcher:
-    """The dispatcher set by `warmup`; before any warmup, one that serves defaults."""
+    """The dispatcher set by `warmup`; before any warmup, one that serves defaults (and, where
+    no GPU is visible, one that serves nothing and says so)."""
     global _current
     if _current is None:
         _current = Dispatcher(_current_device_spec())
@@ -201,10 +216,13 @@ def current_dispatcher() -> Dispatcher:
 
 
 def _current_device_spec():
+    """The spec of the GPU in use; None where no GPU is visible."""
     import torch
 
     from cutetune.tuner.roofline import device_spec_for
 
+    if not torch.cuda.is_available():
+        return None
     return device_spec_for(torch.cuda.get_device_name())
 
 

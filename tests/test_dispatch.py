@@ -369,3 +369,25 @@ def test_lookup_maps_token_counts_to_buckets(tokens, bucket):
     served = dispatcher.lookup(kernel, problem.static_tuple(), tokens, lambda: problem)
     assert served.config == TinyConfig(block=bucket)  # the default of that bucket
     assert dispatcher.default_calls() == {("tiny", problem.static_tuple(), bucket): 1}
+
+
+def test_calls_beyond_the_largest_bucket_are_served_by_it_and_reported():
+    kernel, _ = tiny_kernel()
+    problem = TinyProblem(num_tokens=1, width=4)
+    dispatcher = Dispatcher(SPEC)
+    for tokens in (MAX_BUCKET, MAX_BUCKET + 1, 5 * MAX_BUCKET):
+        served = dispatcher.lookup(kernel, problem.static_tuple(), tokens, lambda: problem)
+        assert served.config == TinyConfig(block=MAX_BUCKET)
+    assert dispatcher.beyond_calls() == {("tiny", problem.static_tuple()): 2}
+    assert f"calls beyond {MAX_BUCKET} tokens, served by that bucket: 2" in dispatcher.report()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(),
+                    reason="checks the dispatcher where no CUDA GPU is visible")
+def test_without_a_gpu_the_dispatcher_serves_nothing_and_says_so(monkeypatch):
+    from cutetune import dispatch
+
+    monkeypatch.setattr(dispatch, "_current", None)
+    served = dispatch.current_dispatcher()
+    assert served.spec is None
+    assert served.report().startswith("no CUDA device is visible: this dispatcher serves")
