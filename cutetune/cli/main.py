@@ -106,6 +106,8 @@ def _model_problems(kernel, model: str, dtype: str, skip_if_absent: bool = False
         if skip_if_absent:
             return []
         raise click.UsageError(str(err)) from None
+    except ValueError as err:  # a size or dtype outside what the kernel's problem accepts
+        raise click.UsageError(f"{kernel.name} cannot serve {model}: {err}") from None
 
 
 kernel_argument = click.argument("kernel", type=KernelName())

@@ -389,6 +389,18 @@ def test_every_verb_refuses_every_malformed_config_field_in_one_line(tmp_path, e
     assert not (tmp_path / "x.db").exists()
 
 
+@pytest.mark.parametrize(("field", "kernel"), [
+    ("hidden_size", "rmsnorm"), ("q_lora_rank", "rmsnorm"), ("head_dim", "qk_norm"),
+    ("num_experts", "moe_dispatch")])
+@pytest.mark.parametrize("value", [2**40, 10**30])
+def test_a_size_beyond_a_kernels_range_is_one_line(tmp_path, empty_db, field, kernel, value):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**QWEN3_CONFIG, "num_experts": 8, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 768, field: value}))
+    result = invoke(empty_db, "plan", kernel, "--model", str(path), "--tokens", "8")
+    assert_clean_error(result, str(value))
+
+
 def test_a_width_no_point_can_serve_is_one_line(tmp_path, empty_db):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**QWEN3_CONFIG, "intermediate_size": 3}))
