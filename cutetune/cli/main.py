@@ -94,7 +94,8 @@ def parse_tokens(ctx, param, value: str) -> tuple[int, ...]:
 
 
 def _model_problems(kernel, model: str, dtype: str, skip_if_absent: bool = False):
-    """The kernel's problems in the model; none if it does not apply and `skip_if_absent`."""
+    """The kernel's problems in the model; none, said on stderr, if it does not apply and
+    `skip_if_absent`."""
     from cutetune.kernels.registry import NotApplicableError
     from cutetune.spaces.models import UnknownModelError, load_model
 
@@ -104,6 +105,7 @@ def _model_problems(kernel, model: str, dtype: str, skip_if_absent: bool = False
         raise click.BadParameter(str(err), param_hint="--model") from None
     except NotApplicableError as err:
         if skip_if_absent:
+            click.echo(f"skipping {kernel.name}: {err}", err=True)
             return []
         raise click.UsageError(str(err)) from None
     except ValueError as err:  # a size or dtype outside what the kernel's problem accepts

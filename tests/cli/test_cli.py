@@ -140,6 +140,9 @@ def test_tune_without_a_gpu_says_it_needs_one(empty_db, tmp_path, kernel):
     result = invoke(empty_db, "tune", *kernel, "--model", "qwen3-8b", "--tokens", "1")
     assert_clean_error(result, "needs a CUDA GPU")
     assert not (tmp_path / "x.db").exists()  # it stopped before opening the DB
+    # A whole-model run says which kernels the model does not use, and why.
+    assert ("skipping moe_dispatch: model qwen3-8b has no routed experts" in result.output) \
+        == (not kernel)
 
 
 @pytest.mark.parametrize(("args", "fragments"), [
