@@ -6,7 +6,7 @@
     out, residual = cutetune.fused_add_rmsnorm(x, residual, weight, eps=1e-6)
     h = cutetune.silu_and_mul(gate_up)
 
-The ops import their kernel module (and CuTeDSL) on first use.
+The ops (cutetune.ops) import their kernel module (and CuTeDSL) on first use.
 """
 
 from importlib.metadata import version as _version
@@ -17,46 +17,46 @@ __version__ = _version("cutetune")
 
 
 def qk_norm(q, k, q_weight, k_weight, eps: float = 1e-6, weight_bias: float = 0.0):
-    """Per-head RMSNorm of q and k in place; see cutetune.kernels.qk_norm.qk_norm."""
-    from cutetune.kernels.qk_norm import qk_norm as _qk_norm
+    """Per-head RMSNorm of q and k in place; see cutetune.ops.qk_norm.qk_norm."""
+    from cutetune.ops.qk_norm import qk_norm as _qk_norm
 
     return _qk_norm(q, k, q_weight, k_weight, eps=eps, weight_bias=weight_bias)
 
 
 def rmsnorm(x, weight, eps: float = 1e-6, weight_bias: float = 0.0, out_dtype=None, out=None):
-    """RMSNorm of each row of x; see cutetune.kernels.rmsnorm.rmsnorm."""
-    from cutetune.kernels.rmsnorm import rmsnorm as _rmsnorm
+    """RMSNorm of each row of x; see cutetune.ops.rmsnorm.rmsnorm."""
+    from cutetune.ops.rmsnorm import rmsnorm as _rmsnorm
 
     return _rmsnorm(x, weight, eps=eps, weight_bias=weight_bias, out_dtype=out_dtype, out=out)
 
 
 def fused_add_rmsnorm(x, residual, weight, eps: float = 1e-6, weight_bias: float = 0.0,
                       out_dtype=None, out=None):
-    """residual += x in place, then RMSNorm of it; see cutetune.kernels.rmsnorm."""
-    from cutetune.kernels.rmsnorm import fused_add_rmsnorm as _fused
+    """residual += x in place, then RMSNorm of it; see cutetune.ops.rmsnorm."""
+    from cutetune.ops.rmsnorm import fused_add_rmsnorm as _fused
 
     return _fused(x, residual, weight, eps=eps, weight_bias=weight_bias, out_dtype=out_dtype,
                   out=out)
 
 
 def silu_and_mul(x, out=None):
-    """silu(x[:, :I]) * x[:, I:]; see cutetune.kernels.activation.silu_and_mul."""
-    from cutetune.kernels.activation import silu_and_mul as _silu_and_mul
+    """silu(x[:, :I]) * x[:, I:]; see cutetune.ops.activation.silu_and_mul."""
+    from cutetune.ops.activation import silu_and_mul as _silu_and_mul
 
     return _silu_and_mul(x, out=out)
 
 
 def gelu_and_mul(x, approximate: str = "none", out=None):
-    """gelu(x[:, :I]) * x[:, I:]; see cutetune.kernels.activation.gelu_and_mul."""
-    from cutetune.kernels.activation import gelu_and_mul as _gelu_and_mul
+    """gelu(x[:, :I]) * x[:, I:]; see cutetune.ops.activation.gelu_and_mul."""
+    from cutetune.ops.activation import gelu_and_mul as _gelu_and_mul
 
     return _gelu_and_mul(x, approximate=approximate, out=out)
 
 
 def moe_dispatch(x, topk_ids, num_experts: int, pad: int = 16, expert_range=None,
                  validate: bool = False):
-    """Route (token, k) pairs to per-expert row segments; see cutetune.kernels.moe_dispatch."""
-    from cutetune.kernels.moe_dispatch import moe_dispatch as _moe_dispatch
+    """Route (token, k) pairs to per-expert row segments; see cutetune.ops.moe_dispatch."""
+    from cutetune.ops.moe_dispatch import moe_dispatch as _moe_dispatch
 
     return _moe_dispatch(x, topk_ids, num_experts, pad=pad, expert_range=expert_range,
                          validate=validate)
@@ -64,8 +64,8 @@ def moe_dispatch(x, topk_ids, num_experts: int, pad: int = 16, expert_range=None
 
 def moe_combine(expert_out, row_of, topk_weights, out=None, **model):
     """out[t] = sum_k w[t, k] * expert_out[row_of[t, k]]; `model` (experts, pad, expert_begin,
-    expert_end) finds the tuned kernel; see cutetune.kernels.moe_combine.moe_combine."""
-    from cutetune.kernels.moe_combine import moe_combine as _moe_combine
+    expert_end) finds the tuned kernel; see cutetune.ops.moe_combine.moe_combine."""
+    from cutetune.ops.moe_combine import moe_combine as _moe_combine
 
     return _moe_combine(expert_out, row_of, topk_weights, out=out, **model)
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from cutetune.dispatch import DEFAULT, NEAREST, Dispatcher
-from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors
+from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors, VerificationError
 from cutetune.results_db import (
     BenchRecord,
     Database,
@@ -41,7 +41,7 @@ from cutetune.tuner.measure import (
     with_fresh_outputs,
 )
 from cutetune.tuner.roofline import DeviceSpec, device_spec_for
-from cutetune.tuner.verify import VerificationError, check_outputs
+from cutetune.tuner.verify import check_outputs
 
 TUNED_NAME = "cutetune tuned"
 DEFAULT_NAME = "cutetune default"

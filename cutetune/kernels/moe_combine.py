@@ -37,22 +37,20 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32
 
-from cutetune.dispatch import current_dispatcher
 from cutetune.kernels import moe_common
 from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
+from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
     DTYPE_BYTES,
-    DTYPE_NAMES,
     FLOAT_TOLERANCE,
     TORCH_DTYPES,
     vector_elements,
     widest_vector_bits,
 )
-from cutetune.kernels.moe_common import DEFAULT_PAD, MOE_DTYPES, MoEProblem
+from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.registry import KernelDef, Peer, PeerUnavailable, Tensors, register
 from cutetune.spaces.space import Constraint, Param, Space
-from cutetune.tuner.roofline import Cost
 
 # The pairs of a token are unrolled at compile time (their loads, their multiply-adds): real
 # routers pick 1 to 10 experts per token.
@@ -394,121 +392,3 @@ KERNEL = register(KernelDef(
     source_file=__file__,
     peers=(Peer("liger token aggregation (triton)", _liger_token_aggregation),),
 ))
-
-
-# ---------------------------------------------------------------------------------------------
-# The public op
-
-_VECTOR_BYTES = 16
-
-
-def _check_inputs(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
-                  out: torch.Tensor | None) -> None:
-    """Raise one clear error for the first thing wrong with the inputs.
-
-    The valid case reads each attribute once (every tensor attribute read costs host time,
-    and this runs on every call). Any config of the space may serve the call, so rows
-    and row strides are held to the widest vector that divides the hidden size. Devices are
-    checked last, so that everything else is testable on a machine without a GPU."""
-    named = (("expert_out", expert_out), ("row_of", row_of), ("topk_weights", topk_weights),
-             ("out", out))
-    for name, t in named:
-        if not isinstance(t, torch.Tensor) and (t is not None or name != "out"):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    dtype = expert_out.dtype
-    if DTYPE_NAMES.get(dtype) not in MOE_DTYPES:
-        raise TypeError(f"expert_out has dtype {dtype}: use torch.bfloat16 or torch.float16")
-    if row_of.dtype is not torch.int32:
-        raise TypeError(f"row_of has dtype {row_of.dtype}: it must be torch.int32")
-    if topk_weights.dtype is not torch.float32:
-        raise TypeError(f"topk_weights has dtype {topk_weights.dtype}: it must be "
-                        "torch.float32")
-    e_shape, r_shape = tuple(expert_out.shape), tuple(row_of.shape)
-    if len(e_shape) != 2:
-        raise ValueError(f"expert_out must be (capacity, hidden), got shape {e_shape}")
-    if len(r_shape) != 2:
-        raise ValueError(f"row_of must be (tokens, top_k), got shape {r_shape}")
-    if tuple(topk_weights.shape) != r_shape:
-        raise ValueError(f"topk_weights must have row_of's shape {r_shape}, got "
-                         f"{tuple(topk_weights.shape)}")
-    tokens, top_k = r_shape
-    hidden = e_shape[1]
-    if not 1 <= top_k <= MAX_TOP_K:
-        raise ValueError(f"top_k (row_of's second dim) is {top_k}: moe_combine supports 1 to "
-                         f"{MAX_TOP_K}")
-    if hidden < 1 or hidden % 2:
-        raise ValueError(f"hidden size {hidden} must be positive and even (the narrowest "
-                         f"vector is 32 bits, 2 elements of {dtype})")
-    if not (row_of.is_contiguous() and topk_weights.is_contiguous()):
-        raise ValueError("row_of and topk_weights must be contiguous")
-    if out is not None:
-        if out.dtype is not dtype:
-            raise TypeError(f"out has dtype {out.dtype} but expert_out has {dtype}: they must "
-                            "match")
-        if tuple(out.shape) != (tokens, hidden):
-            raise ValueError(f"out must be (tokens, hidden) = {(tokens, hidden)}, got "
-                             f"{tuple(out.shape)}")
-    e_stride = expert_out.stride()
-    o_stride = e_stride if out is None else out.stride()
-    if e_stride[1] != 1 or o_stride[1] != 1 or (tokens > 1 and o_stride[0] < hidden):
-        raise ValueError(f"expert_out and out must have contiguous rows, out's not overlapping "
-                         f"(strides (>= {hidden}, 1)), got expert_out {e_stride}"
-                         + ("" if out is None else f", out {o_stride}"))
-    # Every valid config's vector divides this (the widest access that divides the hidden
-    # size, at most 16 bytes): row starts and strides aligned to it keep every access whole.
-    align = math.gcd(hidden, _VECTOR_BYTES // DTYPE_BYTES[DTYPE_NAMES[dtype]])
-    if ((e_stride[0] | o_stride[0]) % align or (expert_out.data_ptr() | (
-            0 if out is None else out.data_ptr())) % (align * expert_out.element_size())):
-        raise ValueError(f"expert_out and out must start aligned to {align} elements and their "
-                         f"row strides must be multiples of {align} elements (the widest vector "
-                         f"that divides hidden size {hidden}), got strides expert_out "
-                         f"{e_stride}" + ("" if out is None else f", out {o_stride}"))
-    device = expert_out.get_device()
-    if device < 0:
-        raise ValueError(f"expert_out is on {expert_out.device}: moe_combine runs on a CUDA "
-                         "device")
-    if not (row_of.get_device() == device and topk_weights.get_device() == device
-            and (out is None or out.get_device() == device)):
-        name = next(n for n, t in named if t is not None and t.get_device() != device)
-        raise ValueError(f"{name} is on {dict(named)[name].device} but expert_out is on "
-                         f"{expert_out.device}")
-
-
-def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
-                out: torch.Tensor | None = None, *, experts: int | None = None,
-                pad: int = DEFAULT_PAD, expert_begin: int = 0,
-                expert_end: int | None = None) -> torch.Tensor:
-    """out[t] = sum_k topk_weights[t, k] * expert_out[row_of[t, k]] in one launch on the
-    current stream, accumulated in fp32 and written to `out` (tokens, hidden) in expert_out's
-    dtype (allocated when None).
-
-    expert_out (capacity, hidden) bf16/fp16 holds the experts' outputs in moe_dispatch's
-    layout (rows may be padded, a multiple of the widest vector); row_of (tokens, top_k) int32
-    and topk_weights (tokens, top_k) fp32 are contiguous. Pairs whose row is -1, or outside
-    [0, capacity), add nothing and are never read. `experts`, `pad` and the local range are
-    what moe_dispatch was called with; combine's math does not depend on them, but the kernel
-    tuned for the model is looked up by them (the defaults stand for an untuned problem).
-    The kernel is the winner tuned for this device and token bucket when `cutetune.warmup`
-    loaded one, else the heuristic default."""
-    _check_inputs(expert_out, row_of, topk_weights, out)
-    tokens, top_k = row_of.shape
-    capacity, hidden = expert_out.shape
-    if out is None:
-        out = expert_out.new_empty((tokens, hidden))
-    if tokens == 0:
-        return out
-    if capacity == 0:
-        # No expert rows: every pair is skipped.
-        return out.zero_()
-    experts = top_k if experts is None else experts
-    expert_end = experts if expert_end is None else expert_end
-    # The layout's zero_padding is dispatch's concern: combine never reads padding rows.
-    static = (DTYPE_NAMES[expert_out.dtype], hidden, experts, top_k, pad, expert_begin,
-              expert_end, False)
-    compiled = current_dispatcher().lookup(
-        KERNEL, static, tokens,
-        lambda: MoEProblem(num_tokens=tokens, dtype=static[0], hidden=hidden, experts=experts,
-                           top_k=top_k, pad=pad, expert_begin=expert_begin,
-                           expert_end=expert_end))
-    compiled(expert_out, row_of, topk_weights, out)
-    return out

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from cutetune.kernels.registry import NotApplicableError
+from cutetune.kernels.registry import NotApplicableError, VerificationError
 from cutetune.spaces.models import ModelShape
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.verify import VerificationError
 
 MOE_DTYPES = ("bfloat16", "float16")
 # The presets pad each expert's segment to 16 rows: aligned for a grouped GEMM's row tiles

@@ -93,20 +93,18 @@ from cutlass.experimental.primitives.nvvm_wrapper import (
     cp_async_bulk_shared_cluster_global as bulk_load,
 )
 
-from cutetune.dispatch import current_dispatcher
 from cutetune.kernels import cache_hints
 from cutetune.kernels.block_limits import WARP, block_size_within_device
+from cutetune.kernels.cost import Cost, resident_blocks_per_sm
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
     DTYPE_BYTES,
-    DTYPE_NAMES,
     FLOAT_TOLERANCE,
     TORCH_DTYPES,
     vector_elements,
     widest_vector_bits,
 )
 from cutetune.kernels.moe_common import (
-    MOE_DTYPES,
     MoEProblem,
     check_dispatch,
     make_routing,
@@ -115,7 +113,6 @@ from cutetune.kernels.moe_common import (
 )
 from cutetune.kernels.registry import KernelDef, Tensors, register
 from cutetune.spaces.space import Constraint, Param, Space
-from cutetune.tuner.roofline import Cost, resident_blocks_per_sm
 
 FUSED, REPLICATED, SPLIT, SPLIT_BULK = "fused", "replicated", "split", "split_bulk"
 SPLIT_BLOCK_RANKS = "split_block_ranks"
@@ -1756,142 +1753,3 @@ KERNEL = register(KernelDef(
     check=check_dispatch,
     bind=CompiledDispatch,
 ))
-
-
-# ---------------------------------------------------------------------------------------------
-# The public op
-
-
-@dataclass(frozen=True)
-class DispatchResult:
-    """dispatched (capacity, hidden): each local expert's tokens in its padded segment;
-    counts (L,) and offsets (L + 1,) int32; row_of (tokens, top_k) int32, -1 where a pair's
-    expert is not local (the combine step reads only row_of)."""
-
-    dispatched: torch.Tensor
-    counts: torch.Tensor
-    offsets: torch.Tensor
-    row_of: torch.Tensor
-
-
-# One workspace per (device, stream, local experts): concurrent calls on different streams
-# must not share the barrier word or the counters.
-_WORKSPACES: dict[tuple[int, int, int], torch.Tensor] = {}
-
-
-def _workspace(device: int, local_experts: int) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).cuda_stream
-    key = (device, stream, local_experts)
-    workspace = _WORKSPACES.get(key)
-    if workspace is None:
-        workspace = torch.zeros(workspace_words(local_experts), dtype=torch.int32,
-                                device=torch.device("cuda", device))
-        _WORKSPACES[key] = workspace
-    return workspace
-
-
-def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int, int]:
-    """Raise one clear error for the first thing wrong; else return the dtype name and the
-    local expert range. Devices are checked last, so that everything else is testable on a
-    machine without a GPU."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(topk_ids, torch.Tensor):
-        raise TypeError(f"topk_ids must be a torch.Tensor, got {type(topk_ids).__name__}")
-    if x.dtype not in DTYPE_NAMES or DTYPE_NAMES[x.dtype] not in MOE_DTYPES:
-        raise TypeError(f"x has dtype {x.dtype}: use torch.bfloat16 or torch.float16")
-    if topk_ids.dtype is not torch.int32:
-        raise TypeError(f"topk_ids has dtype {topk_ids.dtype}: use torch.int32")
-    x_shape, ids_shape = tuple(x.shape), tuple(topk_ids.shape)
-    if len(x_shape) != 2:
-        raise ValueError(f"x must be (tokens, hidden), got shape {x_shape}")
-    if len(ids_shape) != 2 or ids_shape[0] != x_shape[0]:
-        raise ValueError(f"topk_ids must be (tokens, top_k) with x's {x_shape[0]} tokens, got "
-                         f"shape {ids_shape}")
-    for name, value in (("num_experts", num_experts), ("pad", pad)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    top_k = ids_shape[1]
-    if not 1 <= top_k <= num_experts:
-        raise ValueError(f"top_k {top_k} (topk_ids.shape[1]) must be between 1 and "
-                         f"num_experts {num_experts}")
-    begin, end = 0, num_experts
-    if expert_range is not None:
-        pair = tuple(expert_range) if isinstance(expert_range, (tuple, list)) else ()
-        if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
-                                     for v in pair):
-            raise ValueError(f"expert_range must be a (begin, end) pair of ints, got "
-                             f"{expert_range!r}")
-        begin, end = pair
-    if not 0 <= begin < end <= num_experts:
-        raise ValueError(f"expert_range [{begin}, {end}) must be a non-empty range within "
-                         f"[0, {num_experts})")
-    if end - begin > MAX_LOCAL_EXPERTS:
-        raise ValueError(f"{end - begin} local experts: moe_dispatch supports at most "
-                         f"{MAX_LOCAL_EXPERTS}")
-    name = DTYPE_NAMES[x.dtype]
-    if x_shape[1] * DTYPE_BYTES[name] % 4:
-        raise ValueError(f"hidden {x_shape[1]} must be a multiple of 4 bytes (2 elements of "
-                         f"{x.dtype}), the narrowest vector the copy uses")
-    if not x.is_contiguous():
-        raise ValueError(f"x must be contiguous, got strides {x.stride()}")
-    if not topk_ids.is_contiguous():
-        raise ValueError(f"topk_ids must be contiguous, got strides {topk_ids.stride()}")
-    if x.data_ptr() % 16:
-        raise ValueError("x must start 16-byte aligned")
-    device = x.get_device()
-    if device < 0:
-        raise ValueError(f"x is on {x.device}: moe_dispatch runs on a CUDA device")
-    if topk_ids.get_device() != device:
-        raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
-    return name, begin, end
-
-
-def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int = 16,
-                 expert_range: tuple[int, int] | None = None, validate: bool = False,
-                 zero_padding: bool = False) -> DispatchResult:
-    """Route the (token, k) pairs of `topk_ids` (tokens, top_k) int32 to the local experts
-    `expert_range` = [begin, end) of `num_experts` (all of them when None) and copy the rows
-    of x (tokens, hidden) bf16/fp16 into each expert's segment, padded to a multiple of `pad`,
-    on the current stream (moe_common describes the layout). The padding rows are left
-    unwritten unless zero_padding=True (then zeros): a grouped GEMM computes each row on its
-    own and combine never reads them, and filling them can cost more than the tokens.
-
-    Pairs of other experts get row -1. An expert id outside [0, num_experts) is skipped (row
-    -1) and raises a flag on the device; with validate=True the call synchronises and raises
-    ValueError if it was raised (off by default: it stalls the host). The kernel is the winner
-    tuned for this device and token bucket when `cutetune.warmup` loaded one, else the
-    heuristic default.
-
-    Scratch (the grid-barrier word, counters) is kept per device and stream; before capturing
-    a CUDA graph, call the op once on the capture stream (the usual warm-up), so that its
-    workspace is not allocated inside the capture."""
-    if not isinstance(zero_padding, bool):
-        raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
-    dtype, begin, end = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
-    tokens, hidden = x.shape
-    top_k = topk_ids.shape[1]
-    local = end - begin
-    capacity = tokens * top_k + local * (pad - 1)
-    # counts, offsets and the error flag in one allocation.
-    small = torch.empty(2 * local + 2, dtype=torch.int32, device=x.device)
-    counts, offsets, error = small[:local], small[local:2 * local + 1], small[2 * local + 1:]
-    dispatched = x.new_empty((capacity, hidden))
-    row_of = torch.empty(tokens, top_k, dtype=torch.int32, device=x.device)
-    if tokens == 0:
-        counts.zero_()
-        offsets.zero_()
-        return DispatchResult(dispatched, counts, offsets, row_of)
-    static = (dtype, hidden, num_experts, top_k, pad, begin, end, zero_padding)
-    compiled = current_dispatcher().lookup(
-        KERNEL, static, tokens,
-        lambda: MoEProblem(num_tokens=tokens, dtype=dtype, hidden=hidden,
-                           experts=num_experts, top_k=top_k, pad=pad, expert_begin=begin,
-                           expert_end=end, zero_padding=zero_padding))
-    device = x.get_device()
-    compiled(x, topk_ids, row_of, dispatched, counts, offsets, error,
-             _workspace(device, local))
-    if validate and int(error.item()):
-        raise ValueError(f"topk_ids holds expert ids outside [0, {num_experts}): those pairs "
-                         "were skipped (row -1)")
-    return DispatchResult(dispatched, counts, offsets, row_of)

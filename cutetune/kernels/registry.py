@@ -32,6 +32,10 @@ class NotApplicableError(ValueError):
     """The kernel has nothing to do for this model (e.g. QK-norm on a model without it)."""
 
 
+class VerificationError(Exception):
+    """The kernel's output does not match the reference; the message says where and by how much."""
+
+
 class PeerUnavailable(Exception):
     """A peer cannot run this problem: its library is missing or computes different math."""
 
@@ -80,7 +84,7 @@ class KernelDef:
     peers:              other libraries' implementations for `cutetune bench` (torch eager
                         and torch.compile of the reference are added by the bench itself)
     check:              (outputs, expected, problem) -> None, raising
-                        tuner.verify.VerificationError, for kernels whose outputs a
+                        VerificationError, for kernels whose outputs a
                         tolerance comparison cannot judge (e.g. rows in any order within a
                         group); None: every output within `tolerance` of `expected`
     bench_inputs:       (problem, device, torch.Generator) -> tensors in the layout every

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cutetune.kernels.cost import Cost
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.roofline import Ceilings, Cost, DeviceSpec, Prediction, predict
+from cutetune.tuner.roofline import Ceilings, DeviceSpec, Prediction, predict
 
 # A point predicted slower than this multiple of the best prediction is not measured: the
 # model is coarse, so the margin is wide, but a 2x loss is one no calibration error explains.

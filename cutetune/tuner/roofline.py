@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cutetune.kernels.cost import Cost, resident_blocks_per_sm
+
 GB = 1e9
 # Bytes each SM must have in flight to keep DRAM busy (Little's law). 32 KiB matches the
 # H200 measurements in DESIGN.md: a row kernel with 16 bytes per thread reached the copy
@@ -97,22 +99,6 @@ class Ceilings:
 
 
 @dataclass(frozen=True)
-class Cost:
-    """What one call of a kernel at one config must do."""
-
-    bytes_moved: int
-    flops: int
-    blocks: int
-    threads_per_block: int
-    registers_per_thread: int
-    smem_per_block: int = 0
-    launches: int = 1
-    grid_barriers: int = 0
-    # Bytes one thread loads before it must wait for them; 0: not modelled.
-    bytes_in_flight_per_thread: int = 0
-
-
-@dataclass(frozen=True)
 class Prediction:
     floor_us: float
     predicted_us: float
@@ -121,13 +107,6 @@ class Prediction:
     sm_fraction: float
     wave_efficiency: float
     latency_hiding: float
-
-
-def resident_blocks_per_sm(cost: Cost, spec: DeviceSpec) -> int:
-    by_threads = spec.max_threads_per_sm // cost.threads_per_block
-    by_registers = spec.registers_per_sm // (cost.registers_per_thread * cost.threads_per_block)
-    by_smem = spec.smem_per_sm // cost.smem_per_block if cost.smem_per_block else by_threads
-    return max(0, min(spec.max_blocks_per_sm, by_threads, by_registers, by_smem))
 
 
 def floor_us(cost: Cost, spec: DeviceSpec, ceilings: Ceilings) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from cutlass.base_dsl.common import DSLBaseError
 
-from cutetune.kernels.registry import KernelDef
+from cutetune.kernels.registry import KernelDef, VerificationError
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
 from cutetune.tuner.measure import (
@@ -23,7 +23,7 @@ from cutetune.tuner.measure import (
 )
 from cutetune.tuner.roofline import DeviceSpec
 from cutetune.tuner.study import TrialFailure
-from cutetune.tuner.verify import VerificationError, verify
+from cutetune.tuner.verify import verify
 
 # A decode-sized point takes about a microsecond, and the GPU's state moves such a time from one
 # moment to the next at the same SM clock by more than such points differ (measured on the

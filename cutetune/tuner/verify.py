@@ -5,12 +5,8 @@ from __future__ import annotations
 import torch
 
 from cutetune.kernels.dtypes import DTYPE_NAMES
-from cutetune.kernels.registry import KernelDef, Tensors
+from cutetune.kernels.registry import KernelDef, Tensors, VerificationError
 from cutetune.spaces.problem import Problem
-
-
-class VerificationError(Exception):
-    """The kernel's output does not match the reference; the message says where and by how much."""
 
 
 def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, rtol: float,

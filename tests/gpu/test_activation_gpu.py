@@ -17,6 +17,7 @@ from cutetune.kernels.activation import (
     SiluAndMulProblem,
 )
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES, FLOAT_TOLERANCE, TORCH_DTYPES
+from cutetune.ops.activation import gelu_and_mul, silu_and_mul
 from cutetune.tuner.roofline import DEVICE_SPECS
 from cutetune.tuner.verify import check_outputs, compare, verify
 
@@ -146,9 +147,9 @@ def _expected(x: torch.Tensor, approximate: str | None) -> torch.Tensor:
 
 
 OPS = [
-    pytest.param(lambda x, out=None: act.silu_and_mul(x, out=out), None, id="silu"),
-    pytest.param(lambda x, out=None: act.gelu_and_mul(x, out=out), "none", id="gelu-none"),
-    pytest.param(lambda x, out=None: act.gelu_and_mul(x, "tanh", out=out), "tanh",
+    pytest.param(lambda x, out=None: silu_and_mul(x, out=out), None, id="silu"),
+    pytest.param(lambda x, out=None: gelu_and_mul(x, out=out), "none", id="gelu-none"),
+    pytest.param(lambda x, out=None: gelu_and_mul(x, "tanh", out=out), "tanh",
                  id="gelu-tanh"),
 ]
 
@@ -180,16 +181,16 @@ def test_public_op_serves_every_token_count(op, approximate, tokens):
 
 def test_public_op_with_no_tokens_launches_nothing():
     x = _x(tokens=0)
-    out = act.silu_and_mul(x)
+    out = silu_and_mul(x)
     assert out.shape == (0, 768)
     given = torch.empty(0, 768, device=CUDA, dtype=torch.bfloat16)
-    assert act.gelu_and_mul(x, "tanh", out=given) is given
+    assert gelu_and_mul(x, "tanh", out=given) is given
 
 
 def test_public_op_goes_through_the_dispatcher():
     from cutetune.dispatch import current_dispatcher
 
-    act.silu_and_mul(_x(tokens=7, width=2048))
+    silu_and_mul(_x(tokens=7, width=2048))
     calls = current_dispatcher().default_calls()
     assert calls[("silu_and_mul", ("bfloat16", 2048), 8)] >= 1
 
@@ -197,12 +198,12 @@ def test_public_op_goes_through_the_dispatcher():
 def test_public_op_captures_into_a_cuda_graph():
     x = _x(tokens=64)
     out = torch.empty(64, 768, device=CUDA, dtype=torch.bfloat16)
-    act.silu_and_mul(x, out=out)  # compile outside the capture
+    silu_and_mul(x, out=out)  # compile outside the capture
     out.fill_(float("nan"))
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        act.silu_and_mul(x, out=out)
+        silu_and_mul(x, out=out)
     graph.replay()
     torch.cuda.synchronize()
     compare("out", out, _expected(x, None), *FLOAT_TOLERANCE["bfloat16"])
@@ -211,4 +212,4 @@ def test_public_op_captures_into_a_cuda_graph():
 def test_public_op_rejects_an_output_on_another_device():
     x = _x()
     with pytest.raises(ValueError, match="out is on cpu but x is on cuda"):
-        act.silu_and_mul(x, out=torch.empty(5, 768, dtype=torch.bfloat16))
+        silu_and_mul(x, out=torch.empty(5, 768, dtype=torch.bfloat16))

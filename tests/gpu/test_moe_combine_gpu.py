@@ -11,11 +11,11 @@ import pytest
 import torch
 from every_point import assert_every_point
 
-from cutetune.kernels import moe_combine as mc
 from cutetune.kernels import moe_common
 from cutetune.kernels.dtypes import FLOAT_TOLERANCE, TORCH_DTYPES
 from cutetune.kernels.moe_combine import KERNEL, CombineConfig
 from cutetune.kernels.moe_common import MoEProblem
+from cutetune.ops.moe_combine import moe_combine
 from cutetune.tuner.roofline import DEVICE_SPECS
 from cutetune.tuner.verify import check_outputs, compare, verify
 
@@ -225,12 +225,12 @@ def test_public_op_matches_reference(dtype, hidden, experts, top_k, tokens):
     tensors = _inputs(problem, seed=tokens, skewed=True)
     expected = KERNEL.reference(tensors, problem)["out"]
     rtol, atol = FLOAT_TOLERANCE[dtype]
-    out = mc.moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"])
+    out = moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"])
     torch.cuda.synchronize()
     assert out.shape == (tokens, hidden) and out.dtype is TORCH_DTYPES[dtype]
     compare("out", out, expected, rtol, atol)
     given = tensors["out"]
-    assert mc.moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"],
+    assert moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"],
                           out=given, experts=experts) is given
     torch.cuda.synchronize()
     compare("out", given, expected, rtol, atol)
@@ -239,13 +239,13 @@ def test_public_op_matches_reference(dtype, hidden, experts, top_k, tokens):
 def test_public_op_identity_experts_and_local_range():
     problem = _problem(tokens=50)
     dispatched, weights, expected = _identity_case(problem, seed=50)
-    out = mc.moe_combine(dispatched["dispatched"], dispatched["row_of"], weights,
+    out = moe_combine(dispatched["dispatched"], dispatched["row_of"], weights,
                          experts=128)
     torch.cuda.synchronize()
     compare("out", out, expected, *FLOAT_TOLERANCE["bfloat16"])
     local = _problem(tokens=50, begin=96, end=128)
     tensors = _inputs(local, seed=1)
-    out = mc.moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"],
+    out = moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"],
                          experts=128, expert_begin=96, expert_end=128)
     torch.cuda.synchronize()
     compare("out", out, KERNEL.reference(tensors, local)["out"], *FLOAT_TOLERANCE["bfloat16"])
@@ -255,7 +255,7 @@ def test_public_op_skips_rows_outside_the_capacity():
     problem = _problem(tokens=100)
     tensors = _inputs(problem, seed=3)
     sane = _corrupt(tensors, problem.capacity)
-    out = mc.moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"])
+    out = moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"])
     torch.cuda.synchronize()
     compare("out", out, moe_common.reference_combine(tensors["expert_out"], sane,
                                                      tensors["topk_weights"]),
@@ -271,7 +271,7 @@ def test_public_op_padded_rows():
     wide[:, :2048] = tensors["expert_out"]
     out_buffer = torch.full((33, 2048 + 3 * 8), 7.0, dtype=torch.bfloat16, device=CUDA)
     out = out_buffer[:, 8: 8 + 2048]
-    mc.moe_combine(wide[:, :2048], tensors["row_of"], tensors["topk_weights"], out=out)
+    moe_combine(wide[:, :2048], tensors["row_of"], tensors["topk_weights"], out=out)
     torch.cuda.synchronize()
     compare("out", out, KERNEL.reference(tensors, problem)["out"],
             *FLOAT_TOLERANCE["bfloat16"])
@@ -281,12 +281,12 @@ def test_public_op_padded_rows():
 def test_public_op_with_no_tokens_or_no_rows():
     expert_out = torch.randn(16, 2048, device=CUDA).bfloat16()
     empty = torch.empty(0, 8, dtype=torch.int32, device=CUDA)
-    out = mc.moe_combine(expert_out, empty, torch.empty(0, 8, device=CUDA))
+    out = moe_combine(expert_out, empty, torch.empty(0, 8, device=CUDA))
     assert out.shape == (0, 2048)
     # No expert rows (e.g. no pair routed to this rank and a buffer sized to the rows used):
     # every pair is skipped, the output is zero.
     row_of = torch.full((3, 8), -1, dtype=torch.int32, device=CUDA)
-    out = mc.moe_combine(expert_out[:0], row_of, torch.rand(3, 8, device=CUDA))
+    out = moe_combine(expert_out[:0], row_of, torch.rand(3, 8, device=CUDA))
     torch.cuda.synchronize()
     assert out.shape == (3, 2048) and bool((out == 0).all())
 
@@ -296,7 +296,7 @@ def test_public_op_goes_through_the_dispatcher():
 
     problem = _problem(tokens=7)
     tensors = _inputs(problem, seed=7)
-    mc.moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"],
+    moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"],
                    experts=128)
     calls = current_dispatcher().default_calls()
     assert calls[("moe_combine", problem.static_tuple(), 8)] >= 1
@@ -308,12 +308,12 @@ def test_public_op_captures_into_a_cuda_graph():
     tensors = _inputs(problem, seed=64)
     args = (tensors["expert_out"], tensors["row_of"], tensors["topk_weights"])
     out = tensors["out"]
-    mc.moe_combine(*args, out=out)  # compile outside the capture
+    moe_combine(*args, out=out)  # compile outside the capture
     out.fill_(float("nan"))
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        mc.moe_combine(*args, out=out)
+        moe_combine(*args, out=out)
     graph.replay()
     torch.cuda.synchronize()
     compare("out", out, KERNEL.reference(tensors, problem)["out"], *FLOAT_TOLERANCE["bfloat16"])
@@ -323,8 +323,8 @@ def test_public_op_rejects_tensors_on_other_devices():
     problem = _problem(tokens=5)
     tensors = _inputs(problem, seed=5)
     with pytest.raises(ValueError, match="out is on cpu but expert_out is on cuda"):
-        mc.moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"],
+        moe_combine(tensors["expert_out"], tensors["row_of"], tensors["topk_weights"],
                        out=torch.empty(5, 2048, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="row_of is on cpu but expert_out is on cuda"):
-        mc.moe_combine(tensors["expert_out"], tensors["row_of"].cpu(),
+        moe_combine(tensors["expert_out"], tensors["row_of"].cpu(),
                        tensors["topk_weights"])

@@ -20,6 +20,7 @@ from every_point import assert_every_point
 
 from cutetune.kernels import moe_common as moe
 from cutetune.kernels import moe_dispatch as md
+from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch
 from cutetune.tuner.roofline import device_spec_for
 from cutetune.tuner.verify import check_outputs, poison
 
@@ -75,7 +76,7 @@ def run_and_check(problem, config, tensors) -> None:
                   label=f"{problem.describe()} {config}: ")
 
 
-def op_outputs(result: md.DispatchResult) -> dict:
+def op_outputs(result: DispatchResult) -> dict:
     """The op's result as check_dispatch reads outputs; the op returns no error flag (it raises
     with validate=True), so these calls use valid ids and expect 0."""
     return {"dispatched": result.dispatched, "counts": result.counts,
@@ -273,13 +274,13 @@ def test_public_op_validate_raises_on_bad_ids():
     x = torch.randn(5, QWEN.hidden, device=DEVICE).bfloat16()
     ids = torch.randint(0, QWEN.experts, (5, QWEN.top_k), device=DEVICE, dtype=torch.int32)
     ids[2, 3] = QWEN.experts + 5
-    result = md.moe_dispatch(x, ids, QWEN.experts)  # no validation: no sync, no error
+    result = moe_dispatch(x, ids, QWEN.experts)  # no validation: no sync, no error
     torch.cuda.synchronize()
     assert int(result.row_of[2, 3]) == -1
     with pytest.raises(ValueError, match=r"expert ids outside \[0, 128\)"):
-        md.moe_dispatch(x, ids, QWEN.experts, validate=True)
+        moe_dispatch(x, ids, QWEN.experts, validate=True)
     ids[2, 3] = 0
-    md.moe_dispatch(x, ids, QWEN.experts, validate=True)
+    moe_dispatch(x, ids, QWEN.experts, validate=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,11 +331,11 @@ def test_public_op_in_a_cuda_graph():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        md.moe_dispatch(x, ids, QWEN.experts)  # compile and make this stream's workspace
+        moe_dispatch(x, ids, QWEN.experts)  # compile and make this stream's workspace
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        result = md.moe_dispatch(x, ids, QWEN.experts)
+        result = moe_dispatch(x, ids, QWEN.experts)
     for replay in range(2):
         fresh = inputs(problem, seed=20 + replay)
         x.copy_(fresh["x"])
@@ -387,7 +388,7 @@ def test_public_op_matches_reference(tokens, pad, expert_range, dtype, zero_padd
     problem = dataclasses.replace(QWEN, num_tokens=tokens, pad=pad, expert_begin=begin,
                                   expert_end=end, dtype=dtype_name, zero_padding=zero_padding)
     tensors = inputs(problem, seed=tokens)
-    result = md.moe_dispatch(tensors["x"], tensors["topk_ids"], QWEN.experts, pad=pad,
+    result = moe_dispatch(tensors["x"], tensors["topk_ids"], QWEN.experts, pad=pad,
                              expert_range=expert_range, validate=True,
                              zero_padding=zero_padding)
     assert result.dispatched.shape == (problem.capacity, QWEN.hidden)
@@ -399,7 +400,7 @@ def test_public_op_matches_reference(tokens, pad, expert_range, dtype, zero_padd
 def test_public_op_with_no_tokens():
     x = torch.empty(0, QWEN.hidden, device=DEVICE, dtype=torch.bfloat16)
     ids = torch.empty(0, QWEN.top_k, device=DEVICE, dtype=torch.int32)
-    result = md.moe_dispatch(x, ids, QWEN.experts, pad=4, expert_range=(8, 24))
+    result = moe_dispatch(x, ids, QWEN.experts, pad=4, expert_range=(8, 24))
     assert result.row_of.shape == (0, QWEN.top_k)
     assert result.dispatched.shape == (16 * 3, QWEN.hidden)
     assert result.counts.tolist() == [0] * 16
@@ -410,4 +411,4 @@ def test_public_op_rejects_mismatched_devices():
     x = torch.randn(2, 64, device=DEVICE).bfloat16()
     ids = torch.zeros(2, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match="topk_ids is on cpu but x is on cuda"):
-        md.moe_dispatch(x, ids, 8)
+        moe_dispatch(x, ids, 8)

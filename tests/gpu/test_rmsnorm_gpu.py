@@ -11,6 +11,7 @@ from every_point import assert_every_point
 
 from cutetune.kernels import rmsnorm as rn
 from cutetune.kernels.dtypes import FLOAT_TOLERANCE
+from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
 from cutetune.tuner.roofline import DEVICE_SPECS
 from cutetune.tuner.verify import check_outputs, compare, verify
 
@@ -144,7 +145,7 @@ def test_public_rmsnorm_matches_reference(out_dtype, weight_bias, rows, hidden):
     problem = _problem(out_dtype=rn.DTYPE_NAMES[out_dtype or x.dtype], hidden=hidden,
                        weight_bias=weight_bias, rows=rows, eps=1e-5)
     expected = _expect(problem, x, None, w)
-    out = rn.rmsnorm(x, w, eps=1e-5, weight_bias=weight_bias, out_dtype=out_dtype)
+    out = rmsnorm(x, w, eps=1e-5, weight_bias=weight_bias, out_dtype=out_dtype)
     torch.cuda.synchronize()
     assert out.dtype == (out_dtype or x.dtype) and out.shape == x.shape
     _compare("out", out, expected["out"])
@@ -158,7 +159,7 @@ def test_public_fused_add_rmsnorm_matches_reference(out_dtype, rows, hidden):
                        fused_add=True, rows=rows)
     expected = _expect(problem, x, residual, w)
     x_before = x.clone()
-    out, returned = rn.fused_add_rmsnorm(x, residual, w, out_dtype=out_dtype)
+    out, returned = fused_add_rmsnorm(x, residual, w, out_dtype=out_dtype)
     torch.cuda.synchronize()
     assert returned is residual  # updated in place, as vLLM's fused_add_rms_norm
     _compare("residual", residual, expected["residual"])
@@ -171,14 +172,14 @@ def test_public_ops_write_in_place_into_x():
     x, residual, w = _inputs(rows=33, hidden=2048)
     problem = _problem(hidden=2048, fused_add=True, rows=33)
     expected = _expect(problem, x, residual, w)
-    out, _ = rn.fused_add_rmsnorm(x, residual, w, out=x)
+    out, _ = fused_add_rmsnorm(x, residual, w, out=x)
     torch.cuda.synchronize()
     assert out is x
     _compare("out", x, expected["out"])
     _compare("residual", residual, expected["residual"])
     x, _, w = _inputs(rows=33, hidden=2048, seed=1)
     expected = _expect(_problem(hidden=2048, rows=33), x, None, w)
-    assert rn.rmsnorm(x, w, out=x) is x
+    assert rmsnorm(x, w, out=x) is x
     torch.cuda.synchronize()
     _compare("out", x, expected["out"])
 
@@ -192,7 +193,7 @@ def test_public_ops_take_strided_rows():
     problem = _problem(fused_add=True, rows=9)
     expected = _expect(problem, x, residual, w)
     others = buffer[:, 4096:8192].clone(), buffer[:, 12288:].clone()
-    out, _ = rn.fused_add_rmsnorm(x, residual, w)
+    out, _ = fused_add_rmsnorm(x, residual, w)
     torch.cuda.synchronize()
     _compare("out", out, expected["out"])
     _compare("residual", residual, expected["residual"])
@@ -202,21 +203,21 @@ def test_public_ops_take_strided_rows():
 
 def test_zero_rows_return_at_once():
     x, residual, w = _inputs(rows=0)
-    assert rn.rmsnorm(x, w).shape == (0, 4096)
-    out, returned = rn.fused_add_rmsnorm(x, residual, w, out_dtype=torch.float32)
+    assert rmsnorm(x, w).shape == (0, 4096)
+    out, returned = fused_add_rmsnorm(x, residual, w, out_dtype=torch.float32)
     assert out.shape == (0, 4096) and out.dtype == torch.float32 and returned is residual
 
 
 def test_public_op_captures_into_a_cuda_graph():
     x, residual, w = _inputs(rows=64)
     problem = _problem(fused_add=True, rows=64)
-    rn.fused_add_rmsnorm(x.clone(), residual.clone(), w)  # compile outside the capture
+    fused_add_rmsnorm(x.clone(), residual.clone(), w)  # compile outside the capture
     expected = _expect(problem, x, residual, w)
     out = torch.empty_like(x)
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        rn.fused_add_rmsnorm(x, residual, w, out=out)
+        fused_add_rmsnorm(x, residual, w, out=out)
     graph.replay()
     torch.cuda.synchronize()
     _compare("out", out, expected["out"])
@@ -233,7 +234,7 @@ def test_public_op_captures_into_a_cuda_graph():
 def test_public_op_rejects_bad_input(mutate, message):
     args = mutate(*_inputs())
     with pytest.raises((TypeError, ValueError), match=re.escape(message)):
-        rn.fused_add_rmsnorm(*args)
+        fused_add_rmsnorm(*args)
 
 
 # ---------------------------------------------------------------------------------------------

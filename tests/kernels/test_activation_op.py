@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from cutetune.kernels.activation import gelu_and_mul, silu_and_mul
+from cutetune.ops.activation import gelu_and_mul, silu_and_mul
 
 INTERMEDIATE = 64
 

@@ -17,10 +17,11 @@ from cutetune.kernels.activation import (
     cost,
     default_config,
 )
+from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.registry import NotApplicableError, get_kernel
 from cutetune.spaces.models import PRESETS, ModelShape
 from cutetune.spaces.space import EmptySpaceError
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict, resident_blocks_per_sm
+from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict
 
 H200 = DEVICE_SPECS["H200"]
 DTYPES = ("bfloat16", "float16", "float32")

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from cutetune.kernels.moe_combine import moe_combine
+from cutetune.ops.moe_combine import moe_combine
 
 TOKENS, TOP_K, HIDDEN, CAPACITY = 3, 2, 64, 20
 

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from cutetune.kernels import moe_common
+from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.moe_combine import (
     KERNEL,
     MAX_TOP_K,
@@ -19,7 +20,7 @@ from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.registry import NotApplicableError, PeerUnavailable, get_kernel
 from cutetune.spaces.models import PRESETS
 from cutetune.spaces.space import EmptySpaceError
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict, resident_blocks_per_sm
+from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict
 
 H200 = DEVICE_SPECS["H200"]
 TOKENS = (1, 2, 7, 64, 100, 1000, 4096, 32768, 2**20)

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from cutetune.kernels import moe_common as moe
-from cutetune.kernels.registry import NotApplicableError
+from cutetune.kernels.registry import NotApplicableError, VerificationError
 from cutetune.spaces.models import PRESETS
-from cutetune.tuner.verify import VerificationError
 
 
 def problem(**changes) -> moe.MoEProblem:

@@ -4,7 +4,8 @@ check but the device one runs before the device check)."""
 import pytest
 import torch
 
-from cutetune.kernels.moe_dispatch import MAX_LOCAL_EXPERTS, DispatchResult, moe_dispatch
+from cutetune.kernels.moe_dispatch import MAX_LOCAL_EXPERTS
+from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch
 
 
 def inputs(tokens=3, hidden=64, k=2, dtype=torch.bfloat16):

@@ -10,6 +10,7 @@ import torch
 
 from cutetune.kernels import moe_common as moe
 from cutetune.kernels import moe_dispatch as md
+from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.moe_dispatch import (
     KERNEL,
     SPACE,
@@ -25,7 +26,7 @@ from cutetune.kernels.moe_dispatch import (
 from cutetune.kernels.registry import get_kernel
 from cutetune.spaces.models import PRESETS
 from cutetune.spaces.space import EmptySpaceError
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict, resident_blocks_per_sm
+from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict
 
 H200 = DEVICE_SPECS["H200"]
 MOE_PRESETS = [name for name, m in PRESETS.items() if m.num_experts]

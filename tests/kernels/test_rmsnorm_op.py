@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from cutetune.kernels.rmsnorm import fused_add_rmsnorm, rmsnorm
+from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
 
 
 def _cpu_inputs(rows=4, hidden=4096, dtype=torch.bfloat16):

@@ -6,6 +6,7 @@ import math
 import pytest
 
 from cutetune.kernels.cache_hints import EVICT_LAST_LOADS, NORMAL, STREAMING
+from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.registry import PeerUnavailable, get_kernel
 from cutetune.kernels.rmsnorm import (
     BLOCK_PER_ROW,
@@ -21,7 +22,7 @@ from cutetune.kernels.rmsnorm import (
 )
 from cutetune.spaces.models import PRESETS
 from cutetune.spaces.space import EmptySpaceError
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict, resident_blocks_per_sm
+from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict
 
 H200 = DEVICE_SPECS["H200"]
 DTYPES = ("bfloat16", "float16", "float32")

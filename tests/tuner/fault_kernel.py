@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from cutetune.kernels.cost import Cost
 from cutetune.kernels.registry import KernelDef, NotApplicableError, register
 from cutetune.results_db import DeviceFingerprint
 from cutetune.spaces.problem import Problem
@@ -27,7 +28,6 @@ from cutetune.spaces.space import Constraint, Param, Space, config_to_json
 from cutetune.tuner.artifacts import ArtifactStore
 from cutetune.tuner.gpu_worker import TrialReply
 from cutetune.tuner.measure import Measurement
-from cutetune.tuner.roofline import Cost
 from cutetune.tuner.supervised import Fatal
 
 COLUMNS = 1024

@@ -3,17 +3,16 @@ registers, 32 blocks and 228 KiB shared memory per SM)."""
 
 import pytest
 
+from cutetune.kernels.cost import Cost, resident_blocks_per_sm
 from cutetune.tuner.roofline import (
     BYTES_IN_FLIGHT_PER_SM,
     DEVICE_SPECS,
     Ceilings,
-    Cost,
     achieved_gbps,
     device_spec_for,
     floor_us,
     percent_of_roofline,
     predict,
-    resident_blocks_per_sm,
 )
 
 H200 = DEVICE_SPECS["H200"]

@@ -1,0 +1,109 @@
+"""cutetune.silu_and_mul and cutetune.gelu_and_mul, served by the dispatcher."""
+
+from __future__ import annotations
+
+import torch
+
+from cutetune.dispatch import current_dispatcher
+from cutetune.kernels.activation import (
+    GELU_FORMS,
+    GELU_KERNEL,
+    SILU_KERNEL,
+    GeluAndMulProblem,
+    SiluAndMulProblem,
+)
+from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
+from cutetune.kernels.registry import KernelDef
+
+
+def _check_inputs(op: str, x: torch.Tensor,
+                  out: torch.Tensor | None) -> tuple[str, int, int]:
+    """Raise one clear error for the first thing wrong with the inputs; else return the dtype
+    name, the token count and the intermediate width.
+
+    The valid case reads each attribute once (every tensor attribute read costs host time,
+    and this runs on every call). Any config of the space may serve the call, so rows,
+    row strides and the up half are held to 16 bytes, the widest vector. Devices are checked
+    last, so that everything else is testable on a machine without a GPU."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    dtype = x.dtype
+    if dtype not in DTYPE_NAMES:
+        raise TypeError(f"x has dtype {dtype}: use one of "
+                        f"{', '.join(str(d) for d in DTYPE_NAMES)}")
+    shape = tuple(x.shape)
+    if len(shape) != 2 or shape[1] % 2:
+        raise ValueError(f"x must be (tokens, 2 * intermediate) with an even last dim, got "
+                         f"shape {shape}")
+    name = DTYPE_NAMES[dtype]
+    element_bytes = DTYPE_BYTES[name]
+    intermediate = shape[1] // 2
+    if intermediate * element_bytes % 16:
+        raise ValueError(f"the intermediate width {intermediate} must be a multiple of 16 bytes "
+                         f"({16 // element_bytes} elements of {dtype}), so that the up half "
+                         "starts on a 16-byte boundary")
+    _check_rows("x", x, element_bytes)
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype is not dtype:
+            raise TypeError(f"out has dtype {out.dtype} but x has {dtype}: they must match")
+        if tuple(out.shape) != (shape[0], intermediate):
+            raise ValueError(f"out must be (tokens, intermediate) = {(shape[0], intermediate)} "
+                             f"for x of shape {shape}, got {tuple(out.shape)}")
+        _check_rows("out", out, element_bytes)
+    device = x.get_device()
+    if device < 0:
+        raise ValueError(f"x is on {x.device}: {op} runs on a CUDA device")
+    if out is not None and out.get_device() != device:
+        raise ValueError(f"out is on {out.device} but x is on {x.device}")
+    return name, shape[0], intermediate
+
+
+def _check_rows(name: str, t: torch.Tensor, element_bytes: int) -> None:
+    stride = t.stride()
+    if stride[1] != 1:
+        raise ValueError(f"the rows of {name} must be contiguous (strides (*, 1)), got strides "
+                         f"{stride}")
+    if stride[0] * element_bytes % 16:
+        raise ValueError(f"the row stride of {name} ({stride[0]} elements) must be a multiple "
+                         "of 16 bytes")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} must start 16-byte aligned")
+
+
+def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None, tokens: int,
+                 intermediate: int, static: tuple, make_problem) -> torch.Tensor:
+    if out is None:
+        out = x.new_empty((tokens, intermediate))
+    if tokens == 0:
+        return out
+    compiled = current_dispatcher().lookup(kernel, static, tokens, make_problem)
+    compiled(x, out)
+    return out
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] for x of shape (tokens, 2I), in one launch on the current
+    stream; computed in fp32, written to `out` (tokens, I) in x's dtype (allocated when None).
+
+    x may be a view with a padded row stride (a multiple of 16 bytes); out must not overlap
+    x. The kernel is the winner tuned for this device and token bucket when
+    `cutetune.warmup` loaded one, else the heuristic default."""
+    dtype, tokens, intermediate = _check_inputs("silu_and_mul", x, out)
+    return _act_and_mul(
+        SILU_KERNEL, x, out, tokens, intermediate, (dtype, intermediate),
+        lambda: SiluAndMulProblem(num_tokens=tokens, dtype=dtype, intermediate=intermediate))
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """gelu(x[:, :I]) * x[:, I:] for x of shape (tokens, 2I); `approximate` is "none" (the
+    erf form) or "tanh", as in torch.nn.functional.gelu. Otherwise as `silu_and_mul`."""
+    if approximate not in GELU_FORMS:
+        raise ValueError(f"approximate must be one of {GELU_FORMS}, got {approximate!r}")
+    dtype, tokens, intermediate = _check_inputs("gelu_and_mul", x, out)
+    return _act_and_mul(
+        GELU_KERNEL, x, out, tokens, intermediate, (dtype, intermediate, approximate),
+        lambda: GeluAndMulProblem(num_tokens=tokens, dtype=dtype, intermediate=intermediate,
+                                  approximate=approximate))

@@ -1,0 +1,142 @@
+"""cutetune.rmsnorm and cutetune.fused_add_rmsnorm, served by the dispatcher."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cutetune.dispatch import current_dispatcher
+from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
+from cutetune.kernels.rmsnorm import KERNEL, MAX_HIDDEN, MIN_HIDDEN, MIN_VECTOR_BITS, RMSNormProblem
+
+_VECTOR_BYTES = 16
+
+
+def _row_strides(named) -> str:
+    return ", ".join(f"{n} {t.stride()}" for n, t in named if t is not None and n != "weight")
+
+
+def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                  out: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.dtype:
+    """Raise one clear error for the first thing wrong with the inputs; return the output
+    dtype. `residual` and `out` may be None (plain form; out allocated by the caller).
+
+    The valid case reads each attribute once (every tensor attribute read costs host time,
+    and this runs on every call); naming the offending tensor is left to the error path. The
+    device is checked last, so that everything else is testable on the CPU."""
+    named = (("x", x), ("residual", residual), ("weight", weight), ("out", out))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor) and (t is not None or name in ("x", "weight")):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dtype = x.dtype
+    if dtype not in DTYPE_NAMES:
+        raise TypeError(f"x has dtype {dtype}: use one of "
+                        f"{', '.join(str(d) for d in DTYPE_NAMES)}")
+    if not (weight.dtype is dtype and (residual is None or residual.dtype is dtype)):
+        name = "weight" if weight.dtype is not dtype else "residual"
+        raise TypeError(f"{name} has dtype {dict(named)[name].dtype} but x has {dtype}: "
+                        "they must match")
+    if out_dtype is None:
+        out_dtype = dtype if out is None else out.dtype
+    elif out is not None and out.dtype is not out_dtype:
+        raise TypeError(f"out has dtype {out.dtype} but out_dtype is {out_dtype}")
+    if out_dtype not in DTYPE_NAMES:
+        raise TypeError(f"out_dtype {out_dtype} is not supported: use one of "
+                        f"{', '.join(str(d) for d in DTYPE_NAMES)}")
+    shape = x.shape
+    if len(shape) != 2:
+        raise ValueError(f"x must be (rows, hidden), got shape {tuple(shape)}")
+    rows, hidden = shape
+    if not MIN_HIDDEN <= hidden <= MAX_HIDDEN:
+        raise ValueError(f"hidden size {hidden} is not supported: use {MIN_HIDDEN} to "
+                         f"{MAX_HIDDEN}")
+    in_bytes, out_bytes = DTYPE_BYTES[DTYPE_NAMES[dtype]], DTYPE_BYTES[DTYPE_NAMES[out_dtype]]
+    widest = max(in_bytes, out_bytes)
+    # The narrowest vector (one 32-bit word of the widest dtype) must divide the row.
+    word = MIN_VECTOR_BITS // 8 // widest
+    if hidden % word:
+        raise ValueError(f"hidden size {hidden} must be a multiple of {word} for {dtype} in, "
+                         f"{out_dtype} out (the narrowest vector)")
+    if (residual is not None and residual.shape != shape) or (
+            out is not None and out.shape != shape):
+        name = "residual" if residual is not None and residual.shape != shape else "out"
+        raise ValueError(f"{name} has shape {tuple(dict(named)[name].shape)} but x has "
+                         f"{tuple(shape)}")
+    if weight.shape != (hidden,) or weight.stride() != (1,):
+        raise ValueError(f"weight must be a contiguous ({hidden},) vector, got shape "
+                         f"{tuple(weight.shape)} and strides {weight.stride()}")
+    x_stride = x.stride()
+    r_stride = x_stride if residual is None else residual.stride()
+    o_stride = x_stride if out is None else out.stride()
+    if (x_stride[1] != 1 or r_stride[1] != 1 or o_stride[1] != 1 or rows > 1 and (
+            x_stride[0] < hidden or r_stride[0] < hidden or o_stride[0] < hidden)):
+        raise ValueError(f"x, residual and out must have contiguous, non-overlapping rows "
+                         f"(strides (>= {hidden}, 1)), got "
+                         + _row_strides(named))
+    # Every config's vector divides this (a power of two dividing the row, at most 16 bytes of
+    # the widest dtype): row starts and strides aligned to it keep every access whole.
+    align = math.gcd(hidden, _VECTOR_BYTES // widest)
+    if ((x_stride[0] | r_stride[0] | o_stride[0]) % align
+            or (x.data_ptr() | (0 if residual is None else residual.data_ptr())
+                | weight.data_ptr()) % (align * in_bytes)
+            or (0 if out is None else out.data_ptr()) % (align * out_bytes)):
+        raise ValueError(f"x, residual, weight and out must start aligned to {align} elements "
+                         f"and their row strides must be multiples of {align} elements (the "
+                         f"widest vector that divides hidden size {hidden}), got strides "
+                         + _row_strides(named))
+    device = x.get_device()
+    if device < 0:
+        raise ValueError(f"x is on {x.device}: rmsnorm runs on a CUDA device")
+    if not (weight.get_device() == device
+            and (residual is None or residual.get_device() == device)
+            and (out is None or out.get_device() == device)):
+        name = next(n for n, t in named if t is not None and t.get_device() != device)
+        raise ValueError(f"{name} is on {dict(named)[name].device} but x is on {x.device}")
+    return out_dtype
+
+
+def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+         weight_bias: float, out_dtype: torch.dtype | None,
+         out: torch.Tensor | None) -> torch.Tensor:
+    out_dtype = _check_inputs(x, residual, weight, out, out_dtype)
+    rows, hidden = x.shape
+    if out is None:
+        out = torch.empty((rows, hidden), dtype=out_dtype, device=x.device)
+    if rows == 0:
+        return out
+    fused = residual is not None
+    static = (DTYPE_NAMES[x.dtype], DTYPE_NAMES[out_dtype], hidden, float(eps),
+              float(weight_bias), fused)
+    compiled = current_dispatcher().lookup(
+        KERNEL, static, rows,
+        lambda: RMSNormProblem(num_tokens=rows, dtype=static[0], out_dtype=static[1],
+                               hidden=hidden, eps=static[3], weight_bias=static[4],
+                               fused_add=fused))
+    # The plain form ignores its residual argument: x fills it.
+    compiled(x, residual if fused else x, weight, out)
+    return out
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_bias: float = 0.0,
+            out_dtype: torch.dtype | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of every row of x (rows, hidden): out = (w + weight_bias) * x *
+    rsqrt(mean(x^2) + eps), computed in fp32, written in out_dtype (default: out's dtype, else
+    x's), in one launch on the current stream. `out` may be x itself (in place).
+
+    x's rows may be strided (last dimension contiguous). The kernel is the winner tuned for
+    this device and row-count bucket when `cutetune.warmup` loaded one, else the heuristic
+    default."""
+    return _run(x, None, weight, eps, weight_bias, out_dtype, out)
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float = 1e-6, weight_bias: float = 0.0,
+                      out_dtype: torch.dtype | None = None,
+                      out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's fused_add_rms_norm: residual += x in place (rounded to x's dtype), then out =
+    RMSNorm of that sum as in `rmsnorm`. Returns (out, residual). `out` may be x itself."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    return _run(x, residual, weight, eps, weight_bias, out_dtype, out), residual

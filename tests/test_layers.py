@@ -1,0 +1,61 @@
+"""The package's layers import one way: a test walks every import (those inside functions too)
+and fails on one that reaches a layer the importing layer may not use."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import cutetune
+
+PACKAGE = Path(cutetune.__file__).parent
+# Each layer and the layers it may import. Kernels declare kernels and know nothing of how
+# they are tuned, stored or served; the public ops sit above the dispatcher they call.
+MAY_IMPORT = {
+    "settings": set(),
+    "spaces": set(),
+    "results_db": set(),
+    "kernels": {"spaces"},
+    "tuner": {"spaces", "kernels", "results_db"},
+    "dispatch": {"spaces", "kernels", "tuner", "results_db", "settings"},
+    "ops": {"spaces", "kernels", "dispatch"},
+    "bench": {"spaces", "kernels", "tuner", "results_db", "dispatch"},
+    "cli": {"spaces", "kernels", "tuner", "results_db", "dispatch", "ops", "bench", "settings"},
+    "__init__": {"dispatch", "ops"},
+}
+
+
+def layer_of(module: str) -> str:
+    """cutetune.kernels.rmsnorm -> kernels; cutetune.dispatch -> dispatch; cutetune -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imported_cutetune_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("cutetune"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cutetune"):
+            names.add(node.module)
+    return names
+
+
+def test_every_module_belongs_to_a_layer():
+    layers = {layer_of(".".join(("cutetune", *p.relative_to(PACKAGE).with_suffix("").parts)))
+              for p in PACKAGE.rglob("*.py")}
+    assert layers <= set(MAY_IMPORT), layers - set(MAY_IMPORT)
+
+
+def test_no_import_points_up():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(("cutetune", *path.relative_to(PACKAGE).with_suffix("").parts))
+        if path.name == "__init__.py":
+            module = module.removesuffix(".__init__")
+        layer = layer_of(module)
+        for imported in imported_cutetune_modules(path):
+            target = layer_of(imported)
+            if target != layer and target not in MAY_IMPORT[layer]:
+                upward.append(f"{path.relative_to(PACKAGE.parent)} imports {imported}")
+    assert upward == []
