@@ -1,8 +1,8 @@
 """Ceilings measured on the device: copy bandwidth and the launch floor.
 
-The copy ceiling comes from a CuTeDSL copy kernel timed with events (DESIGN.md: inside a graph
+The copy ceiling comes from a CuTeDSL copy kernel timed with events: inside a CUDA graph,
 torch's copy_ becomes a memcpy node that runs well below what a kernel reaches, which would
-inflate every percent-of-ceiling figure)."""
+inflate every percent-of-ceiling figure."""
 
 from __future__ import annotations
 

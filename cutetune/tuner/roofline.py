@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from cutetune.kernels.cost import Cost, resident_blocks_per_sm
 
 GB = 1e9
-# Bytes each SM must have in flight to keep DRAM busy (Little's law). 32 KiB matches the
-# H200 measurements in DESIGN.md: a row kernel with 16 bytes per thread reached the copy
-# ceiling with 4-8 warps per block (32 KiB per SM) and 40% of it with one warp (16 KiB).
+# Bytes each SM must have in flight to keep DRAM busy (Little's law). On the H200 a row kernel
+# loading 16 bytes per thread reaches the copy ceiling with 4-8 warps per block (32 KiB in
+# flight per SM) and well under half of it with one warp.
 BYTES_IN_FLIGHT_PER_SM = 32 * 1024
 
 
@@ -76,9 +76,9 @@ class Ceilings:
 
     @classmethod
     def from_datasheet(cls, spec: DeviceSpec) -> Ceilings:
-        # Before anything is measured: 90% of the datasheet bandwidth (what a copy kernel
-        # reached on the H200, 4.2 of 4.8 TB/s, rounded up), and the H200's launch floor
-        # and barrier cost from DESIGN.md.
+        # Before anything is measured: 90% of the datasheet bandwidth (about what a copy
+        # kernel reaches on the H200), and the H200's launch floor and grid-barrier cost
+        # (BENCHMARKS.md, machine and run); measured values replace all three.
         return cls(spec.dram_gbps * 0.9, 0.55, 1.0, measured=False)
 
     @classmethod
