@@ -56,13 +56,10 @@ TUNED, STORED, NO_WINNER, FAILED = "tuned", "stored", "no winner", "failed"
 
 @dataclass(frozen=True)
 class Unit:
-    """One kernel problem at one token bucket: what one study tunes."""
+    """One of a model's kernel problems, tuned at every bucket of the run."""
 
     kernel: KernelDef
     problem: Problem  # the static problem
-
-    def describe(self) -> str:
-        return f"{self.kernel.name} {self.problem.describe()}"
 
 
 @dataclass(frozen=True)
