@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import ColumnElement, case, delete, func, or_, select
+from sqlalchemy import ColumnElement, Select, case, delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from cutetune.results_db.dialects import insert_for
@@ -84,8 +84,7 @@ def stored_runs(db: Database, fingerprint: DeviceFingerprint, kernel_name: str,
         .join(ProblemRow, TuningRunRow.problem_id == ProblemRow.id)
         .join(DeviceRow, TuningRunRow.device_id == DeviceRow.id)
         .outerjoin(TrialRow, TrialRow.run_id == TuningRunRow.id)
-        .where(KernelRow.name == kernel_name, KernelRow.source_hash == source_hash,
-               ProblemRow.static_key == static_key, *_is_device(fingerprint))
+        .where(*_filters(fingerprint, kernel_name, source_hash, static_key))
         .group_by(TuningRunRow.id, TuningRunRow.bucket)
         .order_by(TuningRunRow.id)
     )
@@ -125,14 +124,10 @@ def quarantined_points(
 ) -> list[tuple[DeviceFingerprint, QuarantinedPoint]]:
     """Quarantined points with their device, optionally of one device, kernel, kernel source
     and problem; ordered by kernel, problem and time."""
-    statement = (
-        select(QuarantineRow, KernelRow, ProblemRow.static_key, DeviceRow)
-        .join(KernelRow, QuarantineRow.kernel_id == KernelRow.id)
-        .join(ProblemRow, QuarantineRow.problem_id == ProblemRow.id)
-        .join(DeviceRow, QuarantineRow.device_id == DeviceRow.id)
-        .where(*_filters(fingerprint, kernel_name, source_hash, static_key))
-        .order_by(KernelRow.name, ProblemRow.static_key, QuarantineRow.recorded_at)
-    )
+    statement = _quarantine_where(
+        select(QuarantineRow, KernelRow, ProblemRow.static_key, DeviceRow),
+        fingerprint, kernel_name, source_hash, static_key,
+    ).order_by(KernelRow.name, ProblemRow.static_key, QuarantineRow.recorded_at)
     with db.session() as session:
         return [(_fingerprint(device),
                  QuarantinedPoint(kernel.name, kernel.source_hash, key, row.config_json,
@@ -144,13 +139,8 @@ def clear_quarantine(db: Database, fingerprint: DeviceFingerprint, kernel_name: 
                      source_hash: str, static_key: str) -> int:
     """Let the quarantined points of one kernel source, problem and device be tried again;
     returns how many there were."""
-    ids = (
-        select(QuarantineRow.id)
-        .join(KernelRow, QuarantineRow.kernel_id == KernelRow.id)
-        .join(ProblemRow, QuarantineRow.problem_id == ProblemRow.id)
-        .join(DeviceRow, QuarantineRow.device_id == DeviceRow.id)
-        .where(*_filters(fingerprint, kernel_name, source_hash, static_key))
-    )
+    ids = _quarantine_where(select(QuarantineRow.id), fingerprint, kernel_name, source_hash,
+                            static_key)
     with db.session() as session:
         return session.execute(delete(QuarantineRow).where(QuarantineRow.id.in_(ids))).rowcount
 
@@ -312,6 +302,18 @@ def _upsert_winner(session: Session, run: TuningRunRow, trial: TrialRow) -> None
             ),
         )
     )
+
+
+def _quarantine_where(statement: Select, fingerprint: DeviceFingerprint | None,
+                      kernel_name: str | None, source_hash: str | None,
+                      static_key: str | None) -> Select:
+    """`statement` over quarantined points joined to their kernel, problem and device, and
+    filtered by those given."""
+    return (statement
+            .join(KernelRow, QuarantineRow.kernel_id == KernelRow.id)
+            .join(ProblemRow, QuarantineRow.problem_id == ProblemRow.id)
+            .join(DeviceRow, QuarantineRow.device_id == DeviceRow.id)
+            .where(*_filters(fingerprint, kernel_name, source_hash, static_key)))
 
 
 def _filters(fingerprint: DeviceFingerprint | None, kernel_name: str | None,

@@ -128,10 +128,12 @@ class CompilePool:
                     if key in self._taken:
                         continue
                     self._taken.add(key)
+                start = time.perf_counter()
                 try:
                     result = process.call((name, problem, config), self.timeout_s)
                 except ProcessLost as lost:
-                    result = CompileResult(f"{lost} while compiling", self.timeout_s)
+                    result = CompileResult(f"{lost} while compiling",
+                                           time.perf_counter() - start)
                 except BaseException as err:  # a bug in the handler: the waiting study raises it
                     future.set_exception(err)
                     continue

@@ -98,7 +98,6 @@ class GpuWorker:
 
         runner = self._runner
         if runner is None or (runner.kernel.name, runner.problem) != (kernel_name, problem):
-            self._runner = None
             self._runner = GpuTrialRunner(get_kernel(kernel_name), problem, self.spec,
                                           self.seed, compile_point=self._load)
         return self._runner

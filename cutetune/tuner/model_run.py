@@ -46,6 +46,7 @@ from cutetune.tuner.study import (
     TrialOutcome,
     candidate_order,
     candidates_of,
+    ranked_candidates,
 )
 from cutetune.tuner.study_storage import open_storage
 from cutetune.tuner.supervised import ProcessLost
@@ -166,8 +167,8 @@ def _compile_ahead(workers: Workers, pending: Sequence[PendingBucket], budget: i
     for warm_start_only in (True, False):
         for bucket in pending:
             plan, default = bucket.planned.plan, bucket.planned.default
-            order = candidate_order(plan, default, budget if warm_start_only
-                                    else len(plan.kept) + 1)
+            order = (candidate_order(plan, default, budget) if warm_start_only
+                     else ranked_candidates(plan, default))
             workers.compile_ahead(bucket.planned.kernel, bucket.planned.problem,
                                   [c for c in order if c not in bucket.quarantined])
 

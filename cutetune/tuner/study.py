@@ -103,12 +103,19 @@ def _distributions(kernel: KernelDef) -> dict[str, optuna.distributions.Categori
             for p in kernel.space.params}
 
 
+def ranked_candidates(plan: Plan, default: Any) -> list[Any]:
+    """Every candidate in the order a study tries them unprompted: the default first, then the
+    roofline's survivors best-ranked first."""
+    return [default] + [p.config for p in plan.kept if p.config != default]
+
+
 def candidate_order(plan: Plan, default: Any, budget: int) -> list[Any]:
     """The points to enqueue, in order: the default first, then the best-ranked ones; all of
     them when the candidates fit the budget."""
-    ranked = [p.config for p in plan.kept]
-    exhaustive = len(ranked) + (default not in ranked) <= budget
-    head = ranked if exhaustive else ranked[: max(1, budget // WARM_START_SHARE)]
+    ranked = ranked_candidates(plan, default)
+    if len(ranked) <= budget:
+        return ranked
+    head = [p.config for p in plan.kept[: max(1, budget // WARM_START_SHARE)]]
     return [default] + [c for c in head if c != default]
 
 
@@ -130,7 +137,7 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
     started = datetime.now(UTC)
     predicted = {p.config: p.prediction.predicted_us for p in plan.kept + plan.pruned}
     candidates = candidates_of(plan, default, excluded)
-    ranked = [c for c in candidate_order(plan, default, len(plan.kept) + 1) if c in candidates]
+    ranked = [c for c in ranked_candidates(plan, default) if c in candidates]
     warm_start = [c for c in candidate_order(plan, default, budget) if c in candidates]
     exhaustive = len(warm_start) == len(candidates)
 
