@@ -9,11 +9,8 @@
 The ops (cutetune.ops) import their kernel module (and CuTeDSL) on first use.
 """
 
-from importlib.metadata import version as _version
-
 from cutetune.dispatch import current_dispatcher, warmup
-
-__version__ = _version("cutetune")
+from cutetune.version import __version__
 
 
 def qk_norm(q, k, q_weight, k_weight, eps: float = 1e-6, weight_bias: float = 0.0):

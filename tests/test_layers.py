@@ -13,6 +13,7 @@ PACKAGE = Path(cutetune.__file__).parent
 # they are tuned, stored or served; the public ops sit above the dispatcher they call.
 MAY_IMPORT = {
     "settings": set(),
+    "version": set(),
     "spaces": set(),
     "results_db": set(),
     "kernels": {"spaces"},
@@ -20,8 +21,9 @@ MAY_IMPORT = {
     "dispatch": {"spaces", "kernels", "tuner", "results_db", "settings"},
     "ops": {"spaces", "kernels", "dispatch"},
     "bench": {"spaces", "kernels", "tuner", "results_db", "dispatch"},
-    "cli": {"spaces", "kernels", "tuner", "results_db", "dispatch", "ops", "bench", "settings"},
-    "__init__": {"dispatch", "ops"},
+    "cli": {"spaces", "kernels", "tuner", "results_db", "dispatch", "ops", "bench", "settings",
+            "version"},
+    "__init__": {"dispatch", "ops", "version"},
 }
 
 

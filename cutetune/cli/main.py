@@ -12,6 +12,7 @@ import click
 from cutetune.settings import load_settings
 from cutetune.spaces.buckets import MAX_BUCKET
 from cutetune.tuner.defaults import DEFAULT_BUDGET, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TUNE_TOKENS
+from cutetune.version import __version__
 
 DEFAULT_TOKENS = "1,8,64,512,4096,32768"
 TUNE_TOKENS = ",".join(map(str, DEFAULT_TUNE_TOKENS))
@@ -135,7 +136,7 @@ class CutetuneGroup(click.Group):
 
 
 @click.group(cls=CutetuneGroup)
-@click.version_option(package_name="cutetune", prog_name="cutetune")
+@click.version_option(version=__version__, prog_name="cutetune")
 @click.option("--db", "db_url", default=None,
               help="SQLAlchemy URL of the results DB [env CUTETUNE_DB; default: a SQLite file "
                    "in ~/.cache/cutetune]")

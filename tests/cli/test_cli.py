@@ -354,13 +354,30 @@ def test_export_to_a_missing_directory_is_one_clear_line(empty_db, tmp_path):
 # -- start-up and version -------------------------------------------------------------------
 
 
-def test_version_comes_from_the_package_metadata():
+def test_the_version_is_written_once_and_installed_metadata_reads_it():
     import cutetune
 
     result = CliRunner().invoke(cli, ["--version"])
     assert result.exit_code == 0
-    assert result.output.strip() == f"cutetune, version {version('cutetune')}"
+    assert result.output.strip() == f"cutetune, version {cutetune.__version__}"
     assert cutetune.__version__ == version("cutetune")
+
+
+def test_a_checkout_run_from_source_knows_its_version(tmp_path):
+    """Not installed (on PYTHONPATH, as on the GPU machine), the package still imports and
+    says its version: nothing reads the installed metadata at import."""
+    import cutetune
+
+    script = ("import importlib.metadata as m\n"
+              "def missing(name):\n"
+              "    raise m.PackageNotFoundError(name)\n"
+              "m.version = m.distribution = missing\n"
+              "import cutetune\n"
+              "from cutetune.cli.main import cli\n"
+              "print(cutetune.__version__)\n")
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True, cwd=tmp_path)
+    assert shown.stdout.strip() == cutetune.__version__
 
 
 def test_the_cli_imports_no_heavy_library_until_a_command_needs_it():
