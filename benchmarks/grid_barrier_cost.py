@@ -16,7 +16,9 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from cutetune.kernels.moe_dispatch import WS_BARRIER, check_cooperative_grid, grid_barrier
+from cutetune.kernels.moe_dispatch.common import WS_BARRIER
+from cutetune.kernels.moe_dispatch.device import grid_barrier
+from cutetune.kernels.moe_dispatch.launch import check_cooperative_grid
 from cutetune.tuner.measure import time_in_graph
 
 BARRIERS = (0, 1, 2, 4)

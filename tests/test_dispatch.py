@@ -391,3 +391,29 @@ def test_without_a_gpu_the_dispatcher_serves_nothing_and_says_so(monkeypatch):
     served = dispatch.current_dispatcher()
     assert served.spec is None
     assert served.report().startswith("no CUDA device is visible: this dispatcher serves")
+
+
+def test_a_moe_dispatch_winner_stored_before_its_forms_is_not_misread():
+    """Winners stored before moe_dispatch's points came in forms ({"policy": ...,
+    "vector_bits": ...}) carry the code hash of that code: they are skipped as stale, never
+    parsed as points, and the current winners beside them are served."""
+    from cutetune.kernels import moe_dispatch as md
+
+    compiled = []
+    kernel = dataclasses.replace(
+        md.KERNEL, compile_function=lambda p, c, options="": compiled.append(c) or object())
+    (problem,) = kernel.problems_for_model(load_model("qwen3-30b-a3b"), "bfloat16")
+    before = dataclasses.replace(
+        winner(kernel, problem, 8, kernel.default_config(problem.with_tokens(8), SPEC),
+               source_hash="0123456789abcdef"),
+        config_json='{"cache_hints": "normal", "grid_blocks": 128, "policy": "replicated", '
+                    '"tokens_per_block": 1, "vector_bits": 128, "warps_per_block": 4}')
+    current = md.SPACE.config_from_dict({"form": "split", "grid_blocks": 32,
+                                         "warps_per_block": 8, "tokens_per_block": 1,
+                                         "cache_hints": "streaming"})
+    dispatcher = Dispatcher(SPEC, [before, winner(kernel, problem, 4096, current)])
+    stats = dispatcher.warmup(kernel, [problem])
+    entries = entries_by_bucket(dispatcher)
+    assert stats.stale_winners == 1
+    assert (entries[4096].source, entries[4096].config) == (TUNED, current)
+    assert entries[8].source != TUNED

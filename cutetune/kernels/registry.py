@@ -17,7 +17,7 @@ from typing import Any
 from cutetune.kernels.code_hash import code_closure_hash
 from cutetune.spaces.models import ModelShape
 from cutetune.spaces.problem import Problem
-from cutetune.spaces.space import Space
+from cutetune.spaces.space import Alternatives, Space
 
 # Tensors by name; what `make_inputs` returns and what `launch` and `reference` take.
 Tensors = Mapping[str, Any]
@@ -95,7 +95,7 @@ class KernelDef:
     name: str
     description: str
     problem_type: type[Problem]
-    space: Space
+    space: Space | Alternatives
     problems_for_model: Callable[[ModelShape, str], list[Problem]]
     default_config: Callable[[Problem, Any], Any]
     cost: Callable[[Problem, Any, Any], Any]

@@ -9,7 +9,8 @@ import torch
 from cutetune.dispatch import current_dispatcher
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_common import MOE_DTYPES, MoEProblem
-from cutetune.kernels.moe_dispatch import KERNEL, MAX_LOCAL_EXPERTS, workspace_words
+from cutetune.kernels.moe_dispatch import KERNEL
+from cutetune.kernels.moe_dispatch.common import MAX_LOCAL_EXPERTS, workspace_words
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,11 @@
 A kernel's space is the product of its Params, filtered by its Constraints. Enumerating a space
 for a Problem keeps every rejected point together with the name of the first constraint that
 rejected it, so a user can see why a point is not available.
+
+A kernel with several algorithms declares Alternatives: one Space per form (FlashInfer's
+runners), each of its own Config type with only its own knobs and constraints, plus the
+constraints every form shares. A form's Config names its form in a class attribute `form`,
+which its dict and JSON carry, so a stored point reads back as the form it was.
 """
 
 from __future__ import annotations
@@ -139,9 +144,114 @@ class Space(Generic[ConfigT]):
     def config_from_dict(self, values: dict[str, Any]) -> ConfigT:
         return self.config_type(**values)
 
+    def sample(self, choose: Callable[[str, tuple[Any, ...]], Any]) -> ConfigT:
+        """The point whose knobs `choose(name, choices)` picks (an Optuna trial's
+        suggest_categorical, say), knob by knob."""
+        return self.config_type(**{p.name: choose(p.name, p.choices) for p in self.params})
+
+    def sampled_values(self, config: ConfigT) -> dict[str, Any]:
+        """What `sample` chooses to build `config`, by name: the inverse of `sample`."""
+        return dataclasses.asdict(config)
+
+    def config_from_sampled(self, values: dict[str, Any]) -> ConfigT:
+        return self.config_type(**values)
+
+
+FORM_KEY = "form"
+
+
+@dataclass(frozen=True)
+class Alternatives:
+    """The union of several forms of one kernel, each a Space of its own Config type (whose
+    class attribute `form` names it), plus the constraints every form shares (checked first).
+    Sampling chooses the form, then that form's knobs, under names `form.knob`, so that a
+    knob of one form never takes another form's choices."""
+
+    forms: tuple[Space, ...]
+    constraints: tuple[Constraint, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [form.config_type.form for form in self.forms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"forms {names} repeat a name")
+
+    def _form(self, name: str) -> Space:
+        for form in self.forms:
+            if form.config_type.form == name:
+                return form
+        raise ValueError(f"unknown form {name!r}: the forms are "
+                         f"{', '.join(f.config_type.form for f in self.forms)}")
+
+    def _form_of(self, config: Any) -> Space:
+        form = self._form(getattr(config, FORM_KEY, None))
+        if type(config) is not form.config_type:
+            raise TypeError(f"{config!r} is not a point of any form")
+        return form
+
+    def declared_points(self) -> list[Any]:
+        return [config for form in self.forms for config in form.declared_points()]
+
+    def first_violation(self, problem: Problem, config: Any, device: Any) -> Constraint | None:
+        for constraint in self.constraints:
+            if not constraint.holds(problem, config, device):
+                return constraint
+        return self._form_of(config).first_violation(problem, config, device)
+
+    def enumerate(self, problem: Problem, device: Any) -> Enumeration[Any]:
+        valid: list[Any] = []
+        rejected: list[Rejection[Any]] = []
+        for config in self.declared_points():
+            violated = self.first_violation(problem, config, device)
+            if violated is None:
+                valid.append(config)
+            else:
+                rejected.append(Rejection(config, violated.name, violated.reason))
+        return Enumeration(tuple(valid), tuple(rejected))
+
+    def check(self, problem: Problem, config: Any, device: Any) -> None:
+        form = self._form_of(config)
+        for param in form.params:
+            if getattr(config, param.name) not in param.choices:
+                raise ValueError(f"{config.form} {param.name}={getattr(config, param.name)!r} "
+                                 f"is not one of {param.choices}")
+        violated = self.first_violation(problem, config, device)
+        if violated is not None:
+            raise ValueError(f"config {config_to_json(config)} violates {violated.name}: "
+                             f"{violated.reason}")
+
+    def valid_points(self, problem: Problem, device: Any) -> tuple[Any, ...]:
+        enumeration = self.enumerate(problem, device)
+        enumeration.raise_if_empty(problem.describe())
+        return enumeration.valid
+
+    def config_from_dict(self, values: dict[str, Any]) -> Any:
+        """A point from its dict (config_to_dict's): the form named under FORM_KEY."""
+        knobs = dict(values)
+        return self._form(knobs.pop(FORM_KEY, None)).config_from_dict(knobs)
+
+    def sample(self, choose: Callable[[str, tuple[Any, ...]], Any]) -> Any:
+        form = self._form(choose(FORM_KEY, tuple(f.config_type.form for f in self.forms)))
+        name = form.config_type.form
+        return form.sample(lambda knob, choices: choose(f"{name}.{knob}", choices))
+
+    def sampled_values(self, config: Any) -> dict[str, Any]:
+        form = self._form_of(config).config_type.form
+        return {FORM_KEY: form, **{f"{form}.{knob}": value
+                                    for knob, value in dataclasses.asdict(config).items()}}
+
+    def config_from_sampled(self, values: dict[str, Any]) -> Any:
+        form = values[FORM_KEY]
+        prefix = f"{form}."
+        return self._form(form).config_from_dict(
+            {name.removeprefix(prefix): value for name, value in values.items()
+             if name.startswith(prefix)})
+
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    """The point's knobs by name; a point of one of several forms names its form first."""
+    form = getattr(type(config), FORM_KEY, None)
+    knobs = dataclasses.asdict(config)
+    return knobs if form is None else {FORM_KEY: form, **knobs}
 
 
 def config_to_json(config: Any) -> str:

@@ -98,11 +98,6 @@ class StudyResult:
     finished_at: datetime
 
 
-def _distributions(kernel: KernelDef) -> dict[str, optuna.distributions.CategoricalDistribution]:
-    return {p.name: optuna.distributions.CategoricalDistribution(p.choices)
-            for p in kernel.space.params}
-
-
 def ranked_candidates(plan: Plan, default: Any) -> list[Any]:
     """Every candidate in the order a study tries them unprompted: the default first, then the
     roofline's survivors best-ranked first."""
@@ -149,24 +144,24 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
     if retry_failed:
         outcomes = {c: o for c, o in outcomes.items() if not o.took_process_down}
     resumed = len(outcomes)
-    requeue(study, [c for c in warm_start if c not in outcomes])
+    requeue(study, kernel.space, [c for c in warm_start if c not in outcomes])
     answered = sum(1 for t in study.get_trials(deepcopy=False)
                    if t.state.is_finished() and ANSWERED_ATTR in t.user_attrs)
 
-    distributions = _distributions(kernel)
     numbers = iter(range(max((o.number for o in outcomes.values()), default=-1) + 1, 2**31))
     asks_without_news = 0
     while len(outcomes) < min(budget, len(candidates)):
         raise_if_interrupted()
         if asks_without_news >= ASKS_PER_TRIAL:
-            requeue(study, [next(c for c in ranked if c not in outcomes)], keep_waiting=True)
+            requeue(study, kernel.space, [next(c for c in ranked if c not in outcomes)],
+                    keep_waiting=True)
             asks_without_news = 0
         study.sampler = optuna.samplers.TPESampler(seed=seed + answered)
         with warnings_silenced():
-            trial = study.ask(distributions)
+            trial = study.ask()
         beat(study, trial)  # at once: a trial without a heartbeat never goes stale
         answered += 1
-        config = kernel.space.config_from_dict(trial.params)
+        config = kernel.space.sample(trial.suggest_categorical)
         if config not in candidates:
             _tell(study, trial, state=TrialState.PRUNED)
             asks_without_news += 1
@@ -222,7 +217,7 @@ def _stored_outcomes(study: optuna.Study, kernel: KernelDef) -> dict[Any, TrialO
         attr = trial.user_attrs.get(OUTCOME_ATTR)
         if attr is None or not trial.state.is_finished():
             continue
-        config = kernel.space.config_from_dict(trial.params)
+        config = kernel.space.config_from_sampled(trial.params)
         measurement = (Measurement(attr["median_us"], attr["iqr_us"], attr["repeats"])
                        if attr["median_us"] is not None else None)
         outcomes[config] = TrialOutcome(attr["number"], config, measurement, attr["failure"],

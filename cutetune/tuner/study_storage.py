@@ -9,7 +9,6 @@ code uses too and which ask-and-tell has no public handle for.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -90,12 +89,13 @@ def fail_abandoned_trials(study: optuna.Study) -> None:
             storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
 
 
-def requeue(study: optuna.Study, configs: Sequence[Any], keep_waiting: bool = False) -> None:
-    """Queue `configs` in order. Trials a previous process queued and never asked are failed
-    first (unless `keep_waiting`), so that the points are asked in the order an uninterrupted
-    search asks them."""
+def requeue(study: optuna.Study, space: Any, configs: Sequence[Any],
+            keep_waiting: bool = False) -> None:
+    """Queue `configs` (points of `space`) in order. Trials a previous process queued and never
+    asked are failed first (unless `keep_waiting`), so that the points are asked in the order
+    an uninterrupted search asks them."""
     if not keep_waiting:
         for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     for config in configs:
-        study.enqueue_trial(dataclasses.asdict(config))
+        study.enqueue_trial(space.sampled_values(config))

@@ -17,9 +17,12 @@ import functools
 import pytest
 import torch
 from every_point import assert_every_point
+from moe_dispatch_points import point
 
 from cutetune.kernels import moe_common as moe
 from cutetune.kernels import moe_dispatch as md
+from cutetune.kernels.moe_dispatch import common as mdc
+from cutetune.kernels.moe_dispatch import launch as mdl
 from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch
 from cutetune.tuner.roofline import device_spec_for
 from cutetune.tuner.verify import check_outputs, poison
@@ -47,7 +50,7 @@ def spec():
 
 
 @functools.cache
-def _compiled(problem: moe.MoEProblem, config: md.MoEDispatchConfig):
+def _compiled(problem: moe.MoEProblem, config):
     return md.KERNEL.compile(problem, config)
 
 
@@ -85,7 +88,7 @@ def op_outputs(result: DispatchResult) -> dict:
 
 
 def barrier_low_bits(workspace) -> int:
-    return int(workspace[md.WS_BARRIER].item()) & 0x7FFFFFFF
+    return int(workspace[mdc.WS_BARRIER].item()) & 0x7FFFFFFF
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +101,7 @@ def barrier_low_bits(workspace) -> int:
 def test_every_valid_point_matches_reference(tokens, skewed, zero_padding):
     problem = dataclasses.replace(QWEN.with_tokens(tokens), zero_padding=zero_padding)
     points = md.SPACE.valid_points(problem, spec())
-    assert {c.policy for c in points} == {md.FUSED, md.REPLICATED, md.SPLIT, md.SPLIT_BULK}
+    assert {c.form for c in points} == {mdc.FUSED, mdc.REPLICATED, mdc.SPLIT, mdc.SPLIT_BULK}
     workspace = md.new_workspace(problem, DEVICE)
     assert_every_point(points, lambda i, config: run_and_check(
         problem, config, inputs(problem, seed=i, skewed=skewed, workspace=workspace)),
@@ -112,10 +115,10 @@ def test_every_split_point_of_few_experts():
     # found them, and the reverse. (The forms without a routing kernel do not exchange counts;
     # QWEN's every-point tests cover them.)
     problem = dataclasses.replace(MIXTRAL.with_tokens(1000), zero_padding=True)
-    points = [c for c in md.SPACE.valid_points(problem, spec()) if c.policy in md.SPLIT_FORMS]
-    assert {c.policy for c in points} == set(md.SPLIT_FORMS)
-    split = [c for c in points if c.policy == md.SPLIT]
-    assert {md.publishes_counts(problem.local_experts, c.grid_blocks) for c in split} == \
+    points = [c for c in md.SPACE.valid_points(problem, spec()) if c.form in mdc.SPLIT_FORMS]
+    assert {c.form for c in points} == set(mdc.SPLIT_FORMS)
+    split = [c for c in points if c.form == mdc.SPLIT]
+    assert {mdc.publishes_counts(problem.local_experts, c.grid_blocks) for c in split} == \
         {True, False}
     assert {c.cache_hints for c in split} == {"normal", "streaming"}
     workspace = md.new_workspace(problem, DEVICE)
@@ -129,8 +132,8 @@ def test_every_split_point_of_few_experts():
 def test_every_valid_point_of_a_synthetic_problem():
     problem = SYNTHETIC.with_tokens(7)
     points = md.SPACE.valid_points(problem, spec())
-    assert {c.vector_bits for c in points} == {64}
-    assert md.SPLIT_BLOCK_RANKS in {c.policy for c in points}
+    assert mdc.vector_bits(problem) == 64
+    assert mdc.SPLIT_BLOCK_RANKS in {c.form for c in points}
     workspace = md.new_workspace(problem, DEVICE)
     assert_every_point(points, lambda i, config: run_and_check(
         problem, config, inputs(problem, seed=i, workspace=workspace)), problem.describe())
@@ -142,7 +145,7 @@ def test_replicated_form_at_its_most_pairs(skewed):
     # routing puts most lanes of a step on the same few experts.
     problem = dataclasses.replace(QWEN.with_tokens(128), zero_padding=True)
     for i, (blocks, warps) in enumerate(((32, 1), (128, 4), (128, 8))):
-        config = md.MoEDispatchConfig(md.REPLICATED, blocks, warps, 128, 2)
+        config = point(mdc.REPLICATED, blocks, warps, 2)
         run_and_check(problem, config, inputs(problem, seed=i, skewed=skewed))
 
 
@@ -150,8 +153,8 @@ def test_replicated_form_at_its_most_pairs(skewed):
 def test_local_expert_range(tokens):
     problem = dataclasses.replace(LOCAL.with_tokens(tokens), zero_padding=True)
     workspace = md.new_workspace(problem, DEVICE)
-    configs = [md.MoEDispatchConfig(policy, blocks, 4, 128, 2)
-               for policy in (md.FUSED, md.REPLICATED, md.SPLIT, md.SPLIT_BULK)
+    configs = [point(policy, blocks, 4, 2)
+               for policy in (mdc.FUSED, mdc.REPLICATED, mdc.SPLIT, mdc.SPLIT_BULK)
                for blocks in (32, 128)]
     for i, config in enumerate(configs + [md.default_config(problem, spec())]):
         tensors = inputs(problem, seed=i, workspace=workspace)
@@ -172,7 +175,7 @@ def test_local_expert_range(tokens):
 def test_default_config_at_prefill_sizes(tokens, skewed):
     problem = QWEN.with_tokens(tokens)
     config = md.default_config(problem, spec())
-    assert config.policy == md.SPLIT
+    assert config.form == mdc.SPLIT
     run_and_check(problem, config, inputs(problem, seed=tokens, skewed=skewed))
 
 
@@ -183,7 +186,7 @@ def test_split_block_ranks_at_prefill_sizes(tokens, skewed):
     # holds at these sizes, on one workspace (the table is rewritten whole by every call).
     problem = dataclasses.replace(MIXTRAL.with_tokens(tokens), zero_padding=True)
     points = [c for c in md.SPACE.valid_points(problem, spec())
-              if c.policy == md.SPLIT_BLOCK_RANKS and c.cache_hints == "streaming"]
+              if c.form == mdc.SPLIT_BLOCK_RANKS and c.cache_hints == "streaming"]
     assert {c.grid_blocks for c in points} == {8, 32}
     assert {c.tokens_per_block for c in points} == {1, 2, 3, 4}
     workspace = md.new_workspace(problem, DEVICE)
@@ -198,10 +201,9 @@ def test_split_block_ranks_for_eight_experts_of_a_top_8_model(skewed):
     # pairs local: 4096 pairs per routing block), and the widest grid with 4 tokens per block.
     problem = dataclasses.replace(QWEN.with_tokens(4096), expert_end=8, zero_padding=True)
     default = md.default_config(problem, spec())
-    assert default.policy == md.SPLIT_BLOCK_RANKS
+    assert default.form == mdc.SPLIT_BLOCK_RANKS
     workspace = md.new_workspace(problem, DEVICE)
-    for i, config in enumerate((default, md.MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 32, 8, 128,
-                                                                4, "streaming"))):
+    for i, config in enumerate((default, point(mdc.SPLIT_BLOCK_RANKS, 32, 8, 4, "streaming"))):
         run_and_check(problem, config, inputs(problem, seed=i, skewed=skewed,
                                               workspace=workspace))
 
@@ -216,7 +218,7 @@ def test_split_bulk_at_prefill_sizes(tokens, skewed):
                               top_k=8, pad=16, expert_begin=0, expert_end=256)
     cases = [(problem, rows) for rows in (1, 2, 4)] + [(deepseek, 2)]
     for i, (case, rows) in enumerate(cases):
-        config = md.MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, rows)
+        config = point(mdc.SPLIT_BULK, 128, 8, rows)
         md.SPACE.check(case, config, spec())
         run_and_check(case, config, inputs(case, seed=i, skewed=skewed))
 
@@ -228,16 +230,16 @@ BAD_IDS = (-1, QWEN.experts, 2**31 - 1, -(2**31))  # also outside Mixtral's 8
 
 
 @pytest.mark.parametrize(("base", "tokens", "policy", "blocks"), [
-    (QWEN, 7, md.FUSED, 128), (QWEN, 7, md.REPLICATED, 128), (QWEN, 7, md.SPLIT, 128),
-    (QWEN, 1000, md.SPLIT, 128), (QWEN, 1000, md.SPLIT_BULK, 128),
-    (MIXTRAL, 1000, md.SPLIT, 8), (MIXTRAL, 1000, md.SPLIT_BULK, 32),
-    (MIXTRAL, 1000, md.SPLIT_BLOCK_RANKS, 8), (MIXTRAL, 1000, md.SPLIT_BLOCK_RANKS, 32)])
+    (QWEN, 7, mdc.FUSED, 128), (QWEN, 7, mdc.REPLICATED, 128), (QWEN, 7, mdc.SPLIT, 128),
+    (QWEN, 1000, mdc.SPLIT, 128), (QWEN, 1000, mdc.SPLIT_BULK, 128),
+    (MIXTRAL, 1000, mdc.SPLIT, 8), (MIXTRAL, 1000, mdc.SPLIT_BULK, 32),
+    (MIXTRAL, 1000, mdc.SPLIT_BLOCK_RANKS, 8), (MIXTRAL, 1000, mdc.SPLIT_BLOCK_RANKS, 32)])
 def test_ids_outside_the_experts_are_skipped_and_flagged(base, tokens, policy, blocks):
     # Mixtral's publish their counts (or, split_block_ranks, leave them in the same table for
     # the copy): the flag travels in the table.
     problem = base.with_tokens(tokens)
-    config = md.MoEDispatchConfig(policy, blocks, 4, 128, 1)
-    assert md.publishes_counts(problem.local_experts, blocks) == (base is MIXTRAL)
+    config = point(policy, blocks, 4, 1)
+    assert mdc.publishes_counts(problem.local_experts, blocks) == (base is MIXTRAL)
     workspace = md.new_workspace(problem, DEVICE)
     tensors = inputs(problem, seed=1, workspace=workspace)
     for i, bad in enumerate(BAD_IDS):
@@ -255,14 +257,14 @@ def test_ids_outside_the_experts_are_skipped_and_flagged(base, tokens, policy, b
 
 
 @pytest.mark.parametrize(("base", "blocks", "policy"), [
-    (QWEN, 128, md.SPLIT), (MIXTRAL, 8, md.SPLIT), (MIXTRAL, 32, md.SPLIT),
-    (MIXTRAL, 32, md.SPLIT_BLOCK_RANKS)])
+    (QWEN, 128, mdc.SPLIT), (MIXTRAL, 8, mdc.SPLIT), (MIXTRAL, 32, mdc.SPLIT),
+    (MIXTRAL, 32, mdc.SPLIT_BLOCK_RANKS)])
 def test_a_bad_id_only_the_last_routing_block_sees_is_flagged(base, blocks, policy):
     # Block 0 (of split's routing, or of split_block_ranks' copy) writes the flag: it must
     # learn of the last routing block's error through the exchange (the atomic error count for
     # QWEN, the table for Mixtral).
     problem = base.with_tokens(1000)
-    config = md.MoEDispatchConfig(policy, blocks, 8, 128, 1)
+    config = point(policy, blocks, 8, 1)
     tensors = inputs(problem, seed=3)
     tensors["topk_ids"][-1, -1] = problem.experts
     run_and_check(problem, config, tensors)
@@ -288,13 +290,13 @@ def test_public_op_validate_raises_on_bad_ids():
 
 
 @pytest.mark.parametrize(("base", "policy", "tokens", "blocks"), [
-    (QWEN, md.FUSED, 7, 128), (QWEN, md.REPLICATED, 7, 128), (QWEN, md.SPLIT, 300, 128),
-    (QWEN, md.SPLIT_BULK, 300, 128), (MIXTRAL, md.SPLIT, 300, 8),
-    (MIXTRAL, md.SPLIT_BLOCK_RANKS, 300, 8)])
+    (QWEN, mdc.FUSED, 7, 128), (QWEN, mdc.REPLICATED, 7, 128), (QWEN, mdc.SPLIT, 300, 128),
+    (QWEN, mdc.SPLIT_BULK, 300, 128), (MIXTRAL, mdc.SPLIT, 300, 8),
+    (MIXTRAL, mdc.SPLIT_BLOCK_RANKS, 300, 8)])
 def test_graph_replays_twice_and_the_barrier_rearms(base, policy, tokens, blocks):
     problem = dataclasses.replace(base.with_tokens(tokens), zero_padding=True)
-    config = md.MoEDispatchConfig(policy, blocks, 4, 128, 1)
-    atomic_exchange = policy in (md.SPLIT, md.SPLIT_BULK) and not md.publishes_counts(
+    config = point(policy, blocks, 4, 1)
+    atomic_exchange = policy in (mdc.SPLIT, mdc.SPLIT_BULK) and not mdc.publishes_counts(
         problem.local_experts, blocks)
     kernel = compiled(problem, config)
     tensors = inputs(problem, seed=0)
@@ -304,7 +306,7 @@ def test_graph_replays_twice_and_the_barrier_rearms(base, policy, tokens, blocks
     with torch.cuda.stream(stream):
         md.launch(kernel, tensors)  # outside the capture: the residency check, module load
     torch.cuda.synchronize()
-    epoch = int(workspace[md.WS_EPOCH].item())
+    epoch = int(workspace[mdc.WS_EPOCH].item())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         md.launch(kernel, tensors)
@@ -321,7 +323,7 @@ def test_graph_replays_twice_and_the_barrier_rearms(base, policy, tokens, blocks
         assert barrier_low_bits(workspace) == 0
     # The atomic exchange advances its epoch once per call (the published exchange and the
     # fused form do not use it).
-    assert int(workspace[md.WS_EPOCH].item()) == epoch + (2 if atomic_exchange else 0)
+    assert int(workspace[mdc.WS_EPOCH].item()) == epoch + (2 if atomic_exchange else 0)
 
 
 def test_public_op_in_a_cuda_graph():
@@ -355,8 +357,8 @@ def test_every_valid_point_fits_this_device():
     for tokens in (1, 4096):
         problem = QWEN.with_tokens(tokens)
         for config in md.SPACE.valid_points(problem, spec()):
-            cost = md._coop_cost(problem, config)
-            md.check_cooperative_grid(cost.blocks, cost.threads_per_block,
+            cost = mdc.cooperative_cost(problem, config)
+            mdl.check_cooperative_grid(cost.blocks, cost.threads_per_block,
                                       cost.registers_per_thread, cost.smem_per_block,
                                       properties)
 
@@ -365,9 +367,9 @@ def test_a_grid_the_device_cannot_hold_is_refused_before_launch():
     def must_not_launch(*args):
         raise AssertionError("launched a cooperative grid the device cannot hold")
 
-    config = md.MoEDispatchConfig(md.FUSED, 100_000, 1, 128, 1)  # outside the space
-    kernel = md.CompiledDispatch(QWEN, config, must_not_launch)
-    with pytest.raises(md.CooperativeGridError, match="cooperative grid of 100000 blocks"):
+    config = point(mdc.FUSED, 100_000, 1, 1)  # outside the space
+    kernel = mdl.CompiledDispatch(QWEN, config, must_not_launch)
+    with pytest.raises(mdl.CooperativeGridError, match="cooperative grid of 100000 blocks"):
         md.launch(kernel, inputs(QWEN, seed=0))
 
 

@@ -18,10 +18,13 @@ from collections import Counter
 
 import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from moe_dispatch_points import point
 
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.moe_common import MoEProblem
-from cutetune.kernels.moe_dispatch import KERNEL, MoEDispatchConfig
+from cutetune.kernels.moe_dispatch import KERNEL
+from cutetune.kernels.moe_dispatch import common as mdc
+from cutetune.kernels.moe_dispatch.common import FormConfig
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import DEVICE_SPECS
 
@@ -43,11 +46,11 @@ def test_sweep_stays_within_its_budget():
     counts = [len(KERNEL.space.enumerate(p.values[0], H200).valid) for p in PRESET_PARAMS]
     synthetic = KERNEL.space.enumerate(SYNTHETIC, H200).valid
     assert {c.tokens_per_block for c in synthetic} == {1, 2, 3, 4}
-    assert {c.policy for c in synthetic if c.tokens_per_block == 3} == {md.SPLIT_BLOCK_RANKS}
-    assert {c.vector_bits for c in synthetic} == {64}
+    assert {c.form for c in synthetic if c.tokens_per_block == 3} == {mdc.SPLIT_BLOCK_RANKS}
+    assert mdc.vector_bits(SYNTHETIC) == 64
     # 1004 fp16 elements are 2008 bytes, not a whole number of bulk copies.
-    assert {c.policy for c in synthetic} == {md.FUSED, md.REPLICATED, md.SPLIT,
-                                             md.SPLIT_BLOCK_RANKS}
+    assert {c.form for c in synthetic} == {mdc.FUSED, mdc.REPLICATED, mdc.SPLIT,
+                                             mdc.SPLIT_BLOCK_RANKS}
     assert sum(counts) + len(synthetic) <= 310
 
 
@@ -68,13 +71,13 @@ ACQUIRE_SPIN = re.compile(r"\bld\.acquire\.gpu(?:\.global)?\.[bsu]32\b")
 ZERO_STORE = re.compile(r"\bst\.global\.v4\.b32\s+\[[^\]]+\],\s*\{0, 0, 0, 0\}")
 
 
-def _ptx_entries(problem: MoEProblem, config: MoEDispatchConfig, tmp_path,
+def _ptx_entries(problem: MoEProblem, config: FormConfig, tmp_path,
                  monkeypatch) -> dict[str, str]:
     """The PTX of each kernel the point launches, by kernel name (fused, route, copy)."""
     ptx = ptx_of(KERNEL, problem, config, H200, tmp_path, monkeypatch)
     entries = {}
     for chunk in ptx.split(".visible .entry ")[1:]:
-        name = re.match(r"kernel_cutlass__(\w+?)_kernel_", chunk).group(1)
+        name = re.match(r"kernel_cutlass_(\w+?)_kernel_", chunk).group(1)
         entries[name] = chunk
     return entries
 
@@ -97,7 +100,7 @@ QWEN3_30B = MoEProblem(num_tokens=64, dtype="bfloat16", hidden=2048, experts=128
 
 @pytest.mark.parametrize("tokens_per_block", [1, 2])
 def test_ptx_fused_barrier_and_128_bit_copies(tokens_per_block, tmp_path, monkeypatch):
-    config = MoEDispatchConfig(md.FUSED, 128, 4, 128, tokens_per_block)
+    config = point(mdc.FUSED, 128, 4, tokens_per_block)
     entries = _ptx_entries(QWEN3_30B, config, tmp_path, monkeypatch)
     assert set(entries) == {"fused"}
     ptx = entries["fused"]
@@ -117,10 +120,10 @@ def test_ptx_fused_barrier_and_128_bit_copies(tokens_per_block, tmp_path, monkey
     # The barrier comes before the first copy.
     assert ptx.index("ld.acquire.gpu") < ptx.index("ld.global.v4")
     # Block 0 loads its threads' first ids before it clears its counters and waits.
-    assert len(GLOBAL_ACCESS.findall(ptx[:ptx.index("bar.sync")])) == md.IDS_IN_FLIGHT
+    assert len(GLOBAL_ACCESS.findall(ptx[:ptx.index("bar.sync")])) == mdc.IDS_IN_FLIGHT
 
 
-def _route_and_copy_ptx(config: MoEDispatchConfig, copy_name: str, tmp_path,
+def _route_and_copy_ptx(config: FormConfig, copy_name: str, tmp_path,
                         monkeypatch) -> tuple[str, str]:
     """A split form's two kernels: the routing kernel (checked for its grid barrier) and the
     copy kernel `copy_name`."""
@@ -131,7 +134,7 @@ def _route_and_copy_ptx(config: MoEDispatchConfig, copy_name: str, tmp_path,
 
 
 def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
-    route, copy = _route_and_copy_ptx(MoEDispatchConfig(md.SPLIT, 128, 8, 128, 4), "copy",
+    route, copy = _route_and_copy_ptx(point(mdc.SPLIT, 128, 8, 4), "copy",
                                       tmp_path, monkeypatch)
     assert re.search(r"\batom\.shared(\.cta)?\.add\.[us]32\b", route)
     # Block counts are added to the global counters with (relaxed) atomics, and read back
@@ -144,7 +147,7 @@ def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
     # over later batches loads ids and stored slots once each).
     first_barrier = route[:route.index("bar.sync")]
     assert (Counter(op for op, _, _ in GLOBAL_ACCESS.findall(first_barrier))["ld"]
-            == md.IDS_IN_FLIGHT + 1)
+            == mdc.IDS_IN_FLIGHT + 1)
     assert first_barrier.index("ld.global") < first_barrier.index("st.global")
     # The routing kernel touches hidden states only to zero padding rows.
     route_widths = _widths(route)
@@ -163,8 +166,8 @@ def test_ptx_split_route_and_copy_kernels(tmp_path, monkeypatch):
     wait = copy.index("griddepcontrol.wait")
     assert copy.index("ld.global.v4") < wait < copy.index("ld.global.b32")
     (tmp_path / "fused").mkdir()
-    assert "griddepcontrol" not in _ptx_entries(QWEN3_30B, MoEDispatchConfig(
-        md.FUSED, 128, 8, 128, 4), tmp_path / "fused", monkeypatch)["fused"]
+    assert "griddepcontrol" not in _ptx_entries(QWEN3_30B, point(
+        mdc.FUSED, 128, 8, 4), tmp_path / "fused", monkeypatch)["fused"]
 
 
 MIXTRAL = MoEProblem(num_tokens=4096, dtype="bfloat16", hidden=4096, experts=8, top_k=2,
@@ -172,8 +175,8 @@ MIXTRAL = MoEProblem(num_tokens=4096, dtype="bfloat16", hidden=4096, experts=8, 
 
 
 def test_ptx_split_routing_publishes_few_experts_counts(tmp_path, monkeypatch):
-    config = MoEDispatchConfig(md.SPLIT, 8, 8, 128, 1)
-    assert md.publishes_counts(MIXTRAL.local_experts, config.grid_blocks)
+    config = point(mdc.SPLIT, 8, 8, 1)
+    assert mdc.publishes_counts(MIXTRAL.local_experts, config.grid_blocks)
     entries = _ptx_entries(MIXTRAL, config, tmp_path, monkeypatch)
     route = entries["route"]
     _assert_barrier(route)
@@ -184,14 +187,14 @@ def test_ptx_split_routing_publishes_few_experts_counts(tmp_path, monkeypatch):
     # No epoch to read: only the thread's first ids are loaded before the first block barrier.
     first_barrier = route[:route.index("bar.sync")]
     assert Counter(op for op, _, _ in GLOBAL_ACCESS.findall(first_barrier))["ld"] == \
-        md.IDS_IN_FLIGHT
+        mdc.IDS_IN_FLIGHT
 
 
-@pytest.mark.parametrize("tokens_per_block", [2, md.BLOCK_RANKS_ONLY_TOKENS_PER_BLOCK])
+@pytest.mark.parametrize("tokens_per_block", [2, md.space.BLOCK_RANKS_DEFAULT_TOKENS_PER_BLOCK])
 def test_ptx_block_ranks_route_without_barrier_and_copy_resolves_rows(tokens_per_block, tmp_path,
                                                                        monkeypatch):
     problem = dataclasses.replace(MIXTRAL.with_tokens(tokens_per_block), zero_padding=True)
-    config = MoEDispatchConfig(md.SPLIT_BLOCK_RANKS, 8, 8, 128, tokens_per_block, "streaming")
+    config = point(mdc.SPLIT_BLOCK_RANKS, 8, 8, tokens_per_block, "streaming")
     KERNEL.space.check(problem, config, H200)
     entries = _ptx_entries(problem, config, tmp_path, monkeypatch)
     assert set(entries) == {"rank", "block_ranks_copy"}
@@ -219,7 +222,7 @@ def test_ptx_block_ranks_route_without_barrier_and_copy_resolves_rows(tokens_per
 
 
 def test_ptx_streaming_hints_reach_every_access_of_the_copy(tmp_path, monkeypatch):
-    config = MoEDispatchConfig(md.SPLIT, 128, 8, 128, 2, "streaming")
+    config = point(mdc.SPLIT, 128, 8, 2, "streaming")
     copy = _ptx_entries(QWEN3_30B, config, tmp_path, monkeypatch)["copy"]
     # 2 tokens' loads and 2 x 8 stores of 128 bits, all cache-streaming; nothing plain.
     assert len(re.findall(r"\bld\.global\.cs\.v4\.b32\b", copy)) == 2
@@ -232,7 +235,7 @@ def test_ptx_streaming_hints_reach_every_access_of_the_copy(tmp_path, monkeypatc
 
 
 def test_ptx_split_bulk_moves_rows_with_bulk_copies(tmp_path, monkeypatch):
-    _, copy = _route_and_copy_ptx(MoEDispatchConfig(md.SPLIT_BULK, 128, 8, 128, 2),
+    _, copy = _route_and_copy_ptx(point(mdc.SPLIT_BULK, 128, 8, 2),
                                   "bulk_copy", tmp_path, monkeypatch)
     assert ".reqntid 32, 1, 1" in copy
     # x never passes through registers: per token one bulk load into shared memory (completing
@@ -252,7 +255,7 @@ def test_ptx_split_bulk_moves_rows_with_bulk_copies(tmp_path, monkeypatch):
 
 
 def test_ptx_64_bit_vectors_and_no_padding_code_for_pad_1(tmp_path, monkeypatch):
-    config = MoEDispatchConfig(md.FUSED, 32, 1, 64, 1)
+    config = point(mdc.FUSED, 32, 1, 1)
     ptx = _ptx_entries(SYNTHETIC, config, tmp_path, monkeypatch)["fused"]
     _assert_barrier(ptx)
     widths = _widths(ptx)
@@ -265,7 +268,7 @@ def test_ptx_64_bit_vectors_and_no_padding_code_for_pad_1(tmp_path, monkeypatch)
 @pytest.mark.parametrize("zero_padding", [False, True])
 def test_ptx_replicated_ranks_without_barrier_or_atomics(zero_padding, tmp_path, monkeypatch):
     problem = dataclasses.replace(QWEN3_30B, zero_padding=zero_padding)
-    config = MoEDispatchConfig(md.REPLICATED, 128, 1, 128, 1)
+    config = point(mdc.REPLICATED, 128, 1, 1)
     entries = _ptx_entries(problem, config, tmp_path, monkeypatch)
     assert set(entries) == {"replicated"}
     ptx = entries["replicated"]
@@ -283,9 +286,9 @@ def test_ptx_replicated_ranks_without_barrier_or_atomics(zero_padding, tmp_path,
     # of the block's first PRELOADED_VECTORS units (a token each here) and every id a thread
     # routes (1024 pairs over 32 threads); then one vector per unit in the loop over the
     # rest, each stored to the token's 8 rows.
-    preloaded = md.PRELOADED_VECTORS
+    preloaded = mdc.PRELOADED_VECTORS
     before_routing = Counter((op, int(lanes or 1) * int(bits)) for op, lanes, bits
                              in GLOBAL_ACCESS.findall(ptx[:ptx.index("bar.sync")]))
-    assert before_routing == {("ld", 128): preloaded, ("ld", 32): md.REPLICATED_MAX_PAIRS // 32}
+    assert before_routing == {("ld", 128): preloaded, ("ld", 32): mdc.REPLICATED_MAX_PAIRS // 32}
     assert widths[("ld", 128)] == preloaded + 1
     assert widths[("st", 128)] == 8 * (preloaded + 1) + zero_stores

@@ -4,7 +4,7 @@ check but the device one runs before the device check)."""
 import pytest
 import torch
 
-from cutetune.kernels.moe_dispatch import MAX_LOCAL_EXPERTS
+from cutetune.kernels.moe_dispatch.common import MAX_LOCAL_EXPERTS
 from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch
 
 

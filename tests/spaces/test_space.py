@@ -1,6 +1,8 @@
 """Space: params, named constraints, enumeration with reasons, checks and canonical JSON."""
 
+import dataclasses
 import json
+import typing
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -8,6 +10,7 @@ import pytest
 
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import (
+    Alternatives,
     Constraint,
     EmptySpaceError,
     Param,
@@ -168,3 +171,73 @@ def test_problem_static_key_excludes_tokens():
 def test_param_with_a_repeated_choice_is_rejected():
     with pytest.raises(ValueError, match="repeats a choice"):
         Param("warps", (1, 2, 2))
+
+
+# -- Alternatives: a space of several forms ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Narrow:
+    form: typing.ClassVar[str] = "narrow"
+    width: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wide:
+    form: typing.ClassVar[str] = "wide"
+    width: int
+    hint: str = "plain"
+
+
+def _forms(**shared) -> Alternatives:
+    narrow = Space(_Narrow, (Param("width", (1, 2)),), ())
+    wide = Space(_Wide, (Param("width", (4, 8, 16)), Param("hint", ("plain", "stream"))),
+                 (Constraint("wide_fits", "width * problem size <= 64",
+                             lambda p, c, d: c.width * p.size <= 64),))
+    return Alternatives((narrow, wide), **shared)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SizedProblem:
+    size: int
+
+
+def test_forms_enumerate_their_own_knobs_and_constraints_after_the_shared_ones():
+    even = Constraint("even", "width even", lambda p, c, d: c.width % 2 == 0)
+    space = _forms(constraints=(even,))
+    enumeration = space.enumerate(_SizedProblem(8), None)
+    assert enumeration.declared == 2 + 3 * 2
+    assert set(enumeration.valid) == {_Narrow(2), _Wide(4, "plain"), _Wide(8, "plain"),
+                                      _Wide(4, "stream"), _Wide(8, "stream")}
+    assert enumeration.rejections_by_constraint() == {"even": 1, "wide_fits": 2}
+    with pytest.raises(ValueError, match="violates wide_fits"):
+        space.check(_SizedProblem(8), _Wide(16), None)
+    with pytest.raises(ValueError, match="narrow width=4 is not one of"):
+        space.check(_SizedProblem(8), _Narrow(4), None)
+
+
+def test_a_point_of_a_form_round_trips_through_its_dict_and_through_sampling():
+    space = _forms()
+    for config in space.declared_points():
+        assert config_to_dict(config)["form"] == config.form
+        assert space.config_from_dict(config_to_dict(config)) == config
+        assert space.config_from_sampled(space.sampled_values(config)) == config
+    # Sampling names each knob under its form, so forms never share a knob's choices.
+    asked = []
+
+    def choose(name, choices):
+        asked.append((name, choices))
+        return choices[-1]
+
+    assert space.sample(choose) == _Wide(16, "stream")
+    assert asked == [("form", ("narrow", "wide")), ("wide.width", (4, 8, 16)),
+                     ("wide.hint", ("plain", "stream"))]
+    assert config_to_dict(_Narrow(1)) == {"form": "narrow", "width": 1}
+
+
+def test_an_unknown_or_repeated_form_is_refused():
+    with pytest.raises(ValueError, match="unknown form 'bulk': the forms are narrow, wide"):
+        _forms().config_from_dict({"form": "bulk", "width": 1})
+    narrow = Space(_Narrow, (Param("width", (1, 2)),), ())
+    with pytest.raises(ValueError, match="repeat a name"):
+        Alternatives((narrow, narrow))

@@ -124,3 +124,46 @@ def test_the_default_is_always_remeasured_beside_the_finalists():
     (finalists,) = runner.remeasured
     assert len(finalists) == 4 and finalists[-1] == default
     assert result.winner.config == default
+
+
+class _FormRunner:
+    """Time by form and knobs, for a study over moe_dispatch's forms."""
+
+    def __init__(self):
+        self.measured = []
+
+    @staticmethod
+    def time_of(config) -> float:
+        by_form = {"split": 10.0, "split_block_ranks": 9.0, "split_bulk": 12.0}
+        return by_form.get(config.form, 20.0) + config.warps_per_block * 0.1
+
+    def measure(self, config):
+        self.measured.append(config)
+        return Measurement(self.time_of(config), 0.1, 25)
+
+    def remeasure(self, configs):
+        return [Measurement(self.time_of(c), 0.05, 3) for c in configs]
+
+
+def test_a_study_over_forms_samples_each_forms_own_knobs_and_resumes(tmp_path):
+    from cutetune.kernels import moe_dispatch as md
+
+    (static,) = md.KERNEL.problems_for_model(load_model("mixtral-8x7b"), "bfloat16")
+    problem = static.with_tokens(4096)
+    plan = make_plan(md.KERNEL, problem, SPEC, CEILINGS)
+    default = md.default_config(problem, SPEC)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    first = _FormRunner()
+    result = run_study(md.KERNEL, plan, default, first, budget=24, study_name="forms",
+                       storage=storage)
+    kept = {p.config for p in plan.kept} | {default}
+    assert len(first.measured) == 24 == len(set(first.measured))
+    assert set(first.measured) <= kept
+    assert len({c.form for c in first.measured}) > 1
+    assert result.winner.config == min(first.measured, key=_FormRunner.time_of)
+    # A second process finds every trial stored: nothing is timed again.
+    again = _FormRunner()
+    resumed = run_study(md.KERNEL, plan, default, again, budget=24, study_name="forms",
+                        storage=storage)
+    assert again.measured == [] and resumed.resumed == 24
+    assert {t.config for t in resumed.trials} == set(first.measured)
