@@ -5,12 +5,18 @@ bucket: the tuned winner where that bucket was tuned, else the nearest tuned buc
 (if it is a valid point there), else the seed heuristic's default. A call for a static problem
 that was never warmed up is a miss: its row is built from defaults, the miss is logged once, and
 the calls it serves are counted, so `report()` shows what ran untuned.
+
+Every point is loaded from the artifact cache where it is stored there, and otherwise compiled
+and stored for the next start; at warmup, the points missing from the cache are compiled first
+in parallel processes (one per CPU at most), so that a cold start costs the slowest compiles,
+not their sum.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -21,6 +27,7 @@ from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
+from cutetune.tuner.artifacts import ArtifactStore
 
 log = logging.getLogger("cutetune.dispatch")
 
@@ -45,9 +52,13 @@ class ProblemTable:
 
 @dataclass(frozen=True)
 class WarmupStats:
+    """`points`: the distinct points made ready; of them `loaded` came from the artifact
+    cache."""
+
     seconds: float
     problems: int
-    compiles: int
+    points: int
+    loaded: int
     stale_winners: int
 
 
@@ -59,11 +70,18 @@ def nearest_tuned(bucket: int, tuned: Sequence[int]) -> int | None:
 
 
 class Dispatcher:
-    def __init__(self, spec, winners: Iterable[Any] = ()):
+    def __init__(self, spec, winners: Iterable[Any] = (), store: ArtifactStore | None = None,
+                 compile_processes: int = 0):
         """`spec`: the DeviceSpec of the GPU in use (None where no GPU is visible: the
         dispatcher then serves nothing and its report says so); `winners`: results_db Winner
-        records for this device fingerprint (empty: every call runs the heuristic default)."""
+        records for this device fingerprint (empty: every call runs the heuristic default);
+        `store`: the artifact cache points are loaded from and stored to (None: compiled in
+        memory); `compile_processes`: at most this many processes compile a warmup's missing
+        points in parallel (0 or 1: this process compiles them, one after another)."""
         self.spec = spec
+        self.store = store
+        self.compile_processes = compile_processes
+        self._parallel_compiles = 0
         # Every stored winner, stale ones included: which are current depends on the kernel's
         # source, known only when a kernel is warmed up.
         self._winners: dict[tuple[str, str], list[Any]] = {}
@@ -105,11 +123,48 @@ class Dispatcher:
         return table.entries[bucket_index(problem.num_tokens)]
 
     def compiled(self, kernel: KernelDef, problem: Problem, config: Any):
-        """The compiled kernel of one point; compiled once per process and dispatcher."""
+        """The compiled kernel of one point, made ready once per process and dispatcher: loaded
+        from the artifact cache, else compiled (and stored there)."""
         key = (kernel.name, problem.static_key(), config_to_json(config))
         if key not in self._compiled:
-            self._compiled[key] = kernel.compile(problem, config)
+            self._compiled[key] = (kernel.compile(problem, config) if self.store is None
+                                   else self.store.get(kernel, problem, config))
         return self._compiled[key]
+
+    def precompile(self, work: Sequence[tuple[KernelDef, Sequence[Problem]]]) -> tuple[int, int]:
+        """Store in the artifact cache every point the warmup of `work` (kernels and their
+        problems) will serve: those missing are compiled by up to `compile_processes`
+        processes in parallel (by this one where that is 1). Returns (points, compiled)."""
+        if self.store is None:
+            raise ValueError("precompile needs an artifact cache to store the points in")
+        points, missing = set(), {}
+        for kernel, problems in work:
+            for problem in problems:
+                for entry in self._table(kernel, problem, warmed_up=True).entries:
+                    key = (kernel.name, problem.static_key(), config_to_json(entry.config))
+                    if key in points:
+                        continue
+                    points.add(key)
+                    if self.store.find(kernel, problem, entry.config) is None:
+                        missing[key] = (kernel, problem, entry.config)
+        if len(missing) < 2 or self.compile_processes < 2:
+            for point in missing.values():
+                self.store.compile(*point)
+            return len(points), len(missing)
+        from cutetune.tuner.compile_pool import CompilePool
+
+        modules = sorted({kernel.compile_function.__module__ for kernel, _ in work})
+        pool = CompilePool(self.store, min(self.compile_processes, len(missing)), modules)
+        try:
+            futures = [pool.submit(*point) for point in missing.values()]
+            failures = [f.result().failure for f in futures if f.result().failure]
+        finally:
+            pool.close()
+        if failures:  # the point compiles again when it is served, which raises its error
+            log.warning("cutetune: %d of %d points failed to compile in parallel: %s",
+                        len(failures), len(missing), failures[0])
+        self._parallel_compiles += len(missing) - len(failures)
+        return len(points), len(missing) - len(failures)
 
     def _install(self, kernel: KernelDef, problem: Problem, warmed_up: bool,
                  key: tuple[str, tuple]) -> tuple[Any, ...]:
@@ -121,18 +176,23 @@ class Dispatcher:
         return row
 
     def warmup(self, kernel: KernelDef, problems: Iterable[Problem]) -> WarmupStats:
-        """Compile what each static problem will serve, before the first call."""
+        """Make ready what each static problem will serve, before the first call."""
         start = time.perf_counter()
         compiled_before = len(self._compiled)
+        loaded_before = self.store.counts.loaded if self.store is not None else 0
         problems = list(problems)
+        if self.store is not None and self.compile_processes > 1:
+            self.precompile([(kernel, problems)])
         for problem in problems:
             self._install(kernel, problem, True, (kernel.name, problem.static_tuple()))
         source = kernel.source_hash()
         stale = sum(1 for problem in problems
                     for w in self._winners.get((kernel.name, problem.static_key()), ())
                     if w.source_hash != source)
+        loaded = (self.store.counts.loaded if self.store is not None else 0) - loaded_before
         self.stats[kernel.name] = WarmupStats(time.perf_counter() - start, len(problems),
-                                              len(self._compiled) - compiled_before, stale)
+                                              len(self._compiled) - compiled_before, loaded,
+                                              stale)
         return self.stats[kernel.name]
 
     # -- serving (hot path) ---------------------------------------------------------------
@@ -158,6 +218,17 @@ class Dispatcher:
 
     # -- reporting ------------------------------------------------------------------------
 
+    def cache_summary(self) -> str:
+        """Where this dispatcher's points came from: loaded from the artifact cache, or
+        compiled (and how many of those in parallel processes)."""
+        if self.store is None:
+            return "no artifact cache: every point compiled in memory"
+        counts = self.store.counts
+        return (f"artifact cache {self.store.directory}: {counts.loaded} loaded, "
+                f"{counts.compiled + self._parallel_compiles} compiled "
+                f"({self._parallel_compiles} in parallel processes), {counts.unsound} unsound "
+                f"files compiled again")
+
     def tables(self) -> list[ProblemTable]:
         return list(self._tables.values())
 
@@ -172,9 +243,11 @@ class Dispatcher:
         if self.spec is None:
             return ("no CUDA device is visible: this dispatcher serves nothing (the ops run on "
                     "a CUDA device)")
-        lines = [f"warmup of {name}: {st.problems} problems, {st.compiles} compiles in "
-                 f"{st.seconds:.2f} s; {st.stale_winners} winners ignored (older kernel source)"
+        lines = [f"warmup of {name}: {st.problems} problems, {st.points} points "
+                 f"({st.loaded} from the artifact cache) in {st.seconds:.2f} s; "
+                 f"{st.stale_winners} winners ignored (older kernel source)"
                  for name, st in self.stats.items()]
+        lines.append(self.cache_summary())
         for (name, static_tuple), table in self._tables.items():
             by_source: dict[str, list[int]] = {TUNED: [], NEAREST: [], DEFAULT: []}
             for entry in table.entries:
@@ -215,6 +288,24 @@ def current_dispatcher() -> Dispatcher:
     return _current
 
 
+_unwritable_warned: set[str] = set()
+
+
+def artifact_store(cache_dir, fingerprint) -> ArtifactStore | None:
+    """The artifact cache for this GPU's arch under `cache_dir`; None, after one warning per
+    directory, where it cannot be written (the points are then compiled in memory)."""
+    from cutetune.tuner.artifacts import ARTIFACTS_DIR, arch_for
+
+    store = ArtifactStore(cache_dir / ARTIFACTS_DIR, arch_for(fingerprint.compute_capability))
+    if store.writable():
+        return store
+    if str(store.directory) not in _unwritable_warned:
+        _unwritable_warned.add(str(store.directory))
+        log.warning("cutetune: the artifact cache %s cannot be written; compiling in memory",
+                    store.directory)
+    return None
+
+
 def _current_device_spec():
     """The spec of the GPU in use; None where no GPU is visible."""
     import torch
@@ -238,23 +329,27 @@ def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = 
 
     shape = load_model(model)
     fingerprint = DeviceFingerprint.current()
-    db = Database.open(db_url or load_settings().db_url)
+    settings = load_settings()
+    db = Database.open(db_url or settings.db_url)
     try:
-        dispatcher = Dispatcher(_current_device_spec(), winners(db, fingerprint))
+        dispatcher = Dispatcher(_current_device_spec(), winners(db, fingerprint),
+                                artifact_store(settings.cache_dir, fingerprint),
+                                compile_processes=os.cpu_count() or 1)
     finally:
         db.dispose()
-    served = []
+    work = []
     for name in kernels or kernel_names():
         kernel = get_kernel(name)
         try:
-            problems = kernel.problems_for_model(shape, dtype)
+            work.append((kernel, kernel.problems_for_model(shape, dtype)))
         except NotApplicableError:
             if kernels:  # asked for by name: say why not
                 raise
-            continue
-        dispatcher.warmup(kernel, problems)
-        served.append(name)
-    if not served:
+    if not work:
         raise ValueError(f"no kernel of cutetune applies to model {shape.name}")
+    if dispatcher.store is not None:
+        dispatcher.precompile(work)  # every kernel's missing points at once, in parallel
+    for kernel, problems in work:
+        dispatcher.warmup(kernel, problems)
     _current = dispatcher
     return dispatcher

@@ -170,7 +170,7 @@ def test_warmup_serves_tuned_and_nearest_buckets_with_real_compiles(qwen3_8b):
     assert table.warmed_up and table.problem.static_key() == qwen3_8b.static_key()
 
     # Two distinct configs serve all 21 buckets: two compiles, not one per bucket.
-    assert (stats.problems, stats.compiles, stats.stale_winners) == (1, 2, 0)
+    assert (stats.problems, stats.points, stats.stale_winners) == (1, 2, 0)
     assert stats.seconds > 0
     assert dispatcher.stats == {"qk_norm": stats}
 
@@ -184,7 +184,8 @@ def test_warmup_serves_tuned_and_nearest_buckets_with_real_compiles(qwen3_8b):
     assert dispatcher.default_calls() == {}
 
     report = dispatcher.report()
-    assert "warmup of qk_norm: 1 problems, 2 compiles" in report
+    assert "warmup of qk_norm: 1 problems, 2 points (0 from the artifact cache)" in report
+    assert "no artifact cache: every point compiled in memory" in report
     assert "0 winners ignored" in report
     assert "tuned buckets 8,4096" in report
     assert "default none" in report
@@ -204,7 +205,7 @@ def test_stale_winner_is_ignored_and_counted(qwen3_8b, qk_fake_compile):
         NEAREST, LARGE, 4096)
     assert {e.config for e in entries.values()} == {LARGE}
     assert stats.stale_winners == 1
-    assert stats.compiles == 1 == len(calls)
+    assert stats.points == 1 == len(calls)
     assert "1 winners ignored" in dispatcher.report()
 
 
@@ -220,7 +221,7 @@ def test_only_stale_winners_leave_the_heuristic_defaults(qwen3_8b, qk_fake_compi
         assert entry.config == kernel.default_config(qwen3_8b.with_tokens(bucket), SPEC)
     assert stats.stale_winners == 3
     # The heuristic picks one warp per block up to 4 tokens (160 heads) and 8 warps beyond.
-    assert stats.compiles == len({e.config for e in entries.values()}) == 2 == len(calls)
+    assert stats.points == len({e.config for e in entries.values()}) == 2 == len(calls)
     assert "tuned buckets none" in dispatcher.report()
 
 
@@ -348,7 +349,7 @@ def test_compile_cache_returns_the_same_object_for_the_same_config():
 
     # Warming up the same problem again reuses every compiled object.
     stats = dispatcher.warmup(kernel, [a])
-    assert stats.compiles == 0 and len(calls) == 5
+    assert stats.points == 0 and len(calls) == 5
     assert dispatcher.lookup(kernel, a.static_tuple(), 16, lambda: a) is first
 
     # Another static problem with the same config is a different specialisation.
@@ -417,3 +418,27 @@ def test_a_moe_dispatch_winner_stored_before_its_forms_is_not_misread():
     assert stats.stale_winners == 1
     assert (entries[4096].source, entries[4096].config) == (TUNED, current)
     assert entries[8].source != TUNED
+
+
+def test_a_cold_warmup_compiles_in_parallel_and_a_warm_one_loads_every_point(qwen3_8b,
+                                                                              tmp_path):
+    """Two distinct points (the two winners serve every bucket): compiled by two processes into
+    the cache at the first start, loaded from it at the next, and served the same."""
+    import os
+
+    from cutetune.tuner.artifacts import ArtifactStore
+
+    kernel = qk.KERNEL
+    stored = [winner(kernel, qwen3_8b, 8, SMALL), winner(kernel, qwen3_8b, 4096, LARGE)]
+    arch = os.environ["CUTE_DSL_ARCH"]
+    cold = Dispatcher(SPEC, stored, ArtifactStore(tmp_path, arch), compile_processes=2)
+    cold_stats = cold.warmup(kernel, [qwen3_8b.with_tokens(1)])
+    assert (cold_stats.points, cold_stats.loaded) == (2, 2)  # stored by the pool, then loaded
+    assert "2 compiled (2 in parallel processes)" in cold.report()
+
+    warm = Dispatcher(SPEC, stored, ArtifactStore(tmp_path, arch), compile_processes=2)
+    warm_stats = warm.warmup(kernel, [qwen3_8b])
+    assert (warm_stats.points, warm_stats.loaded) == (2, 2)
+    assert "2 loaded, 0 compiled (0 in parallel processes), 0 unsound" in warm.report()
+    assert {e.config for e in entries_by_bucket(warm).values()} == {SMALL, LARGE}
+    assert len(ArtifactStore(tmp_path, arch).entries()) == 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -347,6 +349,88 @@ def export(obj: Context, fmt: str, kernel: str | None, all_devices: bool,
         with _open_for_writing(out) as handle:
             handle.write(text)
         click.echo(f"wrote {out}", err=True)
+
+
+@cli.group()
+def cache() -> None:
+    """The compiled-artifact cache: list it, clear it, or fill it ahead of time."""
+
+
+def _artifacts_dir():
+    from cutetune.tuner.artifacts import ARTIFACTS_DIR
+
+    return load_settings().cache_dir / ARTIFACTS_DIR
+
+
+@cache.command("ls")
+def cache_ls() -> None:
+    """List the stored artifacts: kernel, arch, problem, config, size."""
+    from cutetune.tuner.artifacts import ArtifactStore
+
+    directory = _artifacts_dir()
+    entries = ArtifactStore(directory, "any").entries() if directory.is_dir() else []
+    for entry in entries:
+        click.echo(f"{entry.get('kernel', '?'):<14} {entry.get('arch', '?'):<8} "
+                   f"{entry['bytes'] / 1024:8.1f} KiB  {entry.get('problem', entry['file'])}  "
+                   f"{entry.get('config', '')}")
+    click.echo(f"{len(entries)} artifacts in {directory}", err=True)
+
+
+@cache.command("clear")
+def cache_clear() -> None:
+    """Delete every stored artifact."""
+    from cutetune.tuner.artifacts import clear_artifacts
+
+    directory = _artifacts_dir()
+    removed = clear_artifacts(directory) if directory.is_dir() else 0
+    click.echo(f"removed {removed} files from {directory}", err=True)
+
+
+@cache.command("build")
+@model_option
+@dtype_option
+@click.option("--device", "device_name", type=click.Choice(["H100 SXM", "H200", "B200"]),
+              default="H200", show_default=True,
+              help="the GPU the artifacts are for (its arch, and its winners in the DB)")
+@click.option("--jobs", default=os.cpu_count() or 1, show_default=True,
+              type=click.IntRange(min=1), help="compile processes")
+@click.pass_obj
+def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: int) -> None:
+    """Compile every point a warmup of the model would serve on DEVICE (its winners stored in
+    the DB, the defaults elsewhere) into the cache; runs on a machine without a GPU, for
+    shipping the cache to GPU hosts."""
+    from cutetune.dispatch import Dispatcher
+    from cutetune.kernels.registry import get_kernel, kernel_names
+    from cutetune.results_db import winners_with_devices
+    from cutetune.tuner.artifacts import ArtifactStore, arch_for
+    from cutetune.tuner.roofline import DEVICE_SPECS
+
+    spec = DEVICE_SPECS[device_name]
+    db = obj.open_db()
+    with obj.reading():
+        stored = [winner for device, winner in winners_with_devices(db)
+                  if _names_device(device.gpu_name, spec)
+                  and device.compute_capability == spec.compute_capability]
+    store = ArtifactStore(_artifacts_dir(), arch_for(spec.compute_capability))
+    if not store.writable():
+        raise click.UsageError(f"the artifact cache {store.directory} cannot be written")
+    dispatcher = Dispatcher(spec, stored, store, compile_processes=jobs)
+    work = [(kernel, problems) for kernel in map(get_kernel, kernel_names())
+            if (problems := _model_problems(kernel, model, dtype, skip_if_absent=True))]
+    start = time.perf_counter()
+    points, compiled = dispatcher.precompile(work)
+    click.echo(f"{points} points for {store.arch}: {compiled} compiled ({jobs} processes), "
+               f"{points - compiled} already stored, in {time.perf_counter() - start:.1f} s; "
+               f"cache {store.directory}", err=True)
+
+
+def _names_device(gpu_name: str, spec) -> bool:
+    from cutetune.tuner.roofline import device_spec_for
+
+    try:
+        return device_spec_for(gpu_name) == spec
+    except ValueError:
+        return False
 
 
 def _fingerprint_or_none(all_devices: bool):

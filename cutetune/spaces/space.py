@@ -249,8 +249,10 @@ class Alternatives:
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """The point's knobs by name; a point of one of several forms names its form first."""
-    form = getattr(type(config), FORM_KEY, None)
     knobs = dataclasses.asdict(config)
+    if FORM_KEY in knobs:  # a knob of that name (one form among its kernel's choices)
+        return knobs
+    form = getattr(type(config), FORM_KEY, None)
     return knobs if form is None else {FORM_KEY: form, **knobs}
 
 

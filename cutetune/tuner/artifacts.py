@@ -1,22 +1,26 @@
 """Compiled points as files: one process compiles and exports a point, another loads it.
 
-The tuner compiles in CPU-only processes while its GPU worker times what they wrote. An artifact
-is the object file CuTeDSL's `export_to_c` writes for one point. Its name is a digest of
-everything the binary depends on (kernel and its source, static problem, config, target arch,
-the CuTeDSL and TVM-FFI versions, the host platform) followed by a digest of its content: a file
-is written under a temporary name and renamed, so a reader never sees half a file and processes
-compiling the same point do not clash, and a file whose content does not match its name
-(truncated, or written by something else) is deleted and compiled again, never run.
+Every point cutetune runs comes through here: the tuner's compile processes store what its GPU
+worker times, and the dispatcher and the bench load a stored point instead of compiling it
+again (`get`). An artifact is the object file CuTeDSL's `export_to_c` writes for one point,
+with a JSON manifest beside it saying which point it is (for `cutetune cache ls`). Its name is
+a digest of everything the binary depends on (kernel and its source, static problem, config,
+target arch, the CuTeDSL and TVM-FFI versions, the host platform) followed by a digest of its
+content: a file is written under a temporary name and renamed, so a reader never sees half a
+file and processes compiling the same point do not clash, and a file whose content does not
+match its name (truncated, or written by something else) is deleted and compiled again, never
+run.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import platform
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -45,12 +49,32 @@ def _digest(text: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@dataclass
+class CacheCounts:
+    """What a store did in this process: points loaded from it, points compiled into it, and
+    unsound files (truncated, or not what their name says) deleted and compiled again."""
+
+    loaded: int = 0
+    compiled: int = 0
+    unsound: int = 0
+
+
 @dataclass(frozen=True)
 class ArtifactStore:
     """A directory of compiled points for one target arch."""
 
     directory: Path
     arch: str
+    counts: CacheCounts = field(default_factory=CacheCounts, compare=False)
+
+    def writable(self) -> bool:
+        """Whether artifacts can be stored here (the directory is created if need be)."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.directory):
+                return True
+        except OSError:
+            return False
 
     def key(self, kernel: KernelDef, problem: Problem, config: Any) -> str:
         """The digest of everything the point's binary depends on."""
@@ -63,6 +87,7 @@ class ArtifactStore:
             if _digest(path.read_bytes())[:16] == path.stem.rsplit("-", 1)[1]:
                 return path
             path.unlink(missing_ok=True)
+            self.counts.unsound += 1
         return None
 
     def compile(self, kernel: KernelDef, problem: Problem, config: Any) -> Path:
@@ -70,9 +95,28 @@ class ArtifactStore:
         passed to the compiler: CuTeDSL reads CUTE_DSL_ARCH once, when it is imported, and
         otherwise asks the driver, which in a process that sees no GPU answers its default
         (sm_100)."""
+        return self._compile_and_store(kernel, problem, config)[0]
+
+    def get(self, kernel: KernelDef, problem: Problem, config: Any) -> Any:
+        """The point ready to launch: loaded from its stored artifact, else compiled in this
+        process and stored for the next."""
+        loaded = self.load(kernel, problem, config)
+        if loaded is not None:
+            self.counts.loaded += 1
+            return loaded
+        function = self._compile_and_store(kernel, problem, config)[1]
+        return kernel.bound(problem, config, function)
+
+    def _compile_and_store(self, kernel: KernelDef, problem: Problem,
+                           config: Any) -> tuple[Path, Any]:
         key = self.key(kernel, problem, config)
         function = kernel.compile_function(problem, config, f"--gpu-arch {self.arch}")
         self.directory.mkdir(parents=True, exist_ok=True)
+        manifest = {"kernel": kernel.name, "source_hash": kernel.source_hash(),
+                    "problem": problem.describe(), "static_key": problem.static_key(),
+                    "config": config_to_json(config), "arch": self.arch,
+                    "toolchain": _toolchain()}
+        _write_atomically(self.directory / f"{key}.json", json.dumps(manifest).encode())
         descriptor, temporary = tempfile.mkstemp(suffix=".o", dir=self.directory)
         os.close(descriptor)
         try:
@@ -82,7 +126,20 @@ class ArtifactStore:
             os.replace(temporary, final)
         finally:
             Path(temporary).unlink(missing_ok=True)
-        return final
+        self.counts.compiled += 1
+        return final, function
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every stored artifact's manifest, with its file and size; for `cutetune cache ls`."""
+        found = []
+        for path in sorted(self.directory.glob("*-*.o")):
+            manifest_file = path.with_name(f"{path.stem.rsplit('-', 1)[0]}.json")
+            try:
+                manifest = json.loads(manifest_file.read_text())
+            except (OSError, ValueError):
+                manifest = {}
+            found.append({**manifest, "file": path.name, "bytes": path.stat().st_size})
+        return found
 
     def load(self, kernel: KernelDef, problem: Problem, config: Any) -> Any | None:
         """The point's stored artifact loaded into this process, bound as `launch` takes it;
@@ -95,6 +152,28 @@ class ArtifactStore:
         module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
         function = getattr(module, _function_name(path.stem.rsplit("-", 1)[0]))
         return kernel.bound(problem, config, function)
+
+
+ARTIFACTS_DIR = "artifacts"  # under the settings' cache dir; the key names the arch
+
+
+def clear_artifacts(directory: Path) -> int:
+    """Delete every artifact and manifest in `directory` (of every arch); the count of files."""
+    removed = 0
+    for path in [*directory.glob("*-*.o"), *directory.glob("*.json")]:
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
 
 
 def _function_name(key: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.artifacts import ArtifactStore, arch_for
+from cutetune.tuner.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
 from cutetune.tuner.compile_pool import COMPILE_TIMEOUT_S, CompilePool
 from cutetune.tuner.defaults import DEFAULT_TRIAL_TIMEOUT_S
 from cutetune.tuner.interrupt import raise_if_interrupted
@@ -88,7 +88,7 @@ class Workers:
                  trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
                  compile_timeout_s: float = COMPILE_TIMEOUT_S,
                  gpu_worker: str = GPU_WORKER, compiler: str = COMPILER):
-        self.directory = cache_dir / "artifacts"
+        self.directory = cache_dir / ARTIFACTS_DIR
         self.kernel_modules = tuple(kernel_modules)
         self.trial_timeout_s = trial_timeout_s
         self.split = TimeSplit()

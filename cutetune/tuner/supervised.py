@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import multiprocessing.spawn
 import os
 import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -165,18 +166,33 @@ _ENVIRONMENT = threading.Lock()
 def _started_with(environment: dict[str, str]) -> Iterator[None]:
     """This process's environment plus `environment`, while a child is started (it inherits
     the environment at its start); one child at a time, since the threads of a compile pool
-    start theirs at once."""
+    start theirs at once. The child does not import this process's main module, as the spawn
+    method otherwise does: it needs nothing from it (its handler is named by module), and an
+    engine's script without a main guard would run again in every child."""
     with _ENVIRONMENT:
         saved = {name: os.environ.get(name) for name in environment}
         os.environ.update(environment)
+        preparation = multiprocessing.spawn.get_preparation_data
+        multiprocessing.spawn.get_preparation_data = _without_main_module(preparation)
         try:
             yield
         finally:
+            multiprocessing.spawn.get_preparation_data = preparation
             for name, value in saved.items():
                 if value is None:
                     del os.environ[name]
                 else:
                     os.environ[name] = value
+
+
+def _without_main_module(preparation: Callable[[str], dict]) -> Callable[[str], dict]:
+    def prepare(name: str) -> dict:
+        data = preparation(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    return prepare
 
 
 def _serve(connection, factory: str, args: tuple) -> None:

@@ -23,7 +23,7 @@ from malformed_configs import MALFORMED
 
 from cutetune.cli.main import cli
 from cutetune.kernels import qk_norm as qk
-from cutetune.results_db import Database, QuarantinedPoint, record_quarantine
+from cutetune.results_db import Database, QuarantinedPoint, record_quarantine, winners
 from cutetune.spaces.models import load_model
 from cutetune.tuner.tune import plan_bucket, tune_bucket
 
@@ -434,3 +434,34 @@ def test_gpt_oss_activation_is_refused_by_name(tmp_path, empty_db):
                                 "swiglu_limit": 7.0}))
     result = invoke(empty_db, "plan", "silu_and_mul", "--model", str(path))
     assert_clean_error(result, "'swiglu_oai'", "silu_and_mul computes silu")
+
+
+# -- cache ------------------------------------------------------------------------------------
+
+
+def test_cache_build_fills_the_cache_for_a_model_then_ls_lists_and_clear_empties_it(
+        stored_db, tmp_path, monkeypatch):
+    """On a machine without a GPU: every point a warmup of Qwen3-8B would serve on the H200
+    (its stored qk_norm winners, the defaults elsewhere) compiled for sm_90a."""
+    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(tmp_path))
+    built = invoke(stored_db, "cache", "build", "--model", "qwen3-8b", "--jobs", "2")
+    assert built.exit_code == 0, built.output
+    assert "points for sm_90a: " in built.output and "0 already stored" in built.output
+    listed = CliRunner().invoke(cli, ["cache", "ls"])
+    rows = [line for line in listed.output.splitlines() if "sm_90a" in line]
+    assert {row.split()[0] for row in rows} == {"qk_norm", "rmsnorm", "silu_and_mul"}
+    stored_configs = {w.config_json for w in winners(Database.open(stored_db))}
+    assert all(any(c in row for row in rows) for c in stored_configs)
+    again = invoke(stored_db, "cache", "build", "--model", "qwen3-8b", "--jobs", "2")
+    assert f"{len(rows)} points for sm_90a: 0 compiled" in again.output
+    cleared = CliRunner().invoke(cli, ["cache", "clear"])
+    assert f"removed {2 * len(rows)} files" in cleared.output
+    assert "0 artifacts" in CliRunner().invoke(cli, ["cache", "ls"]).output
+
+
+def test_cache_build_into_an_unwritable_directory_says_so(empty_db, tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(blocked))
+    assert_clean_error(invoke(empty_db, "cache", "build", "--model", "qwen3-8b"),
+                       "cannot be written")

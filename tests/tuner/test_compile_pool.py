@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from fault_kernel import KERNEL, FaultConfig, FaultProblem
 
-from cutetune.tuner.artifacts import ArtifactStore
+from cutetune.spaces.space import config_to_json
+from cutetune.tuner.artifacts import ArtifactStore, clear_artifacts
 from cutetune.tuner.compile_pool import CompileHandler, CompilePool
 
 PROBLEM = FaultProblem(num_tokens=1)
@@ -37,7 +38,30 @@ def test_an_artifact_is_found_loaded_and_a_damaged_one_is_dropped(tmp_path):
     assert ArtifactStore(tmp_path, "sm_100a").find(KERNEL, PROBLEM, OK) is None
     path.write_bytes(path.read_bytes()[:100])  # truncated, e.g. by a full disk
     assert store.find(KERNEL, PROBLEM, OK) is None and not path.exists()
-    assert list(tmp_path.iterdir()) == []  # no temporary file left behind either
+    assert store.counts.unsound == 1
+    # No temporary file left behind either: only the point's manifest.
+    assert [p.suffix for p in tmp_path.iterdir()] == [".json"]
+
+
+def test_get_loads_a_stored_point_and_otherwise_compiles_and_stores_it(tmp_path):
+    store = ArtifactStore(tmp_path, os.environ["CUTE_DSL_ARCH"])
+    assert callable(store.get(KERNEL, PROBLEM, OK))
+    assert (store.counts.loaded, store.counts.compiled) == (0, 1)
+    again = ArtifactStore(tmp_path, store.arch)  # another process
+    assert callable(again.get(KERNEL, PROBLEM, OK))
+    assert (again.counts.loaded, again.counts.compiled) == (1, 0)
+    (entry,) = again.entries()
+    assert (entry["kernel"], entry["config"], entry["arch"]) == (
+        KERNEL.name, config_to_json(OK), store.arch)
+    assert entry["file"].startswith(store.key(KERNEL, PROBLEM, OK)) and entry["bytes"] > 0
+    assert clear_artifacts(tmp_path) == 2 and again.entries() == []
+
+
+def test_an_unwritable_directory_is_reported(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert not ArtifactStore(blocked / "artifacts", "sm_90a").writable()
+    assert ArtifactStore(tmp_path / "new", "sm_90a").writable()
 
 
 def cubin_arch(artifact: Path) -> int:

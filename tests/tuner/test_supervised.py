@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +50,24 @@ def test_a_child_that_cannot_start_says_why():
     process = SupervisedProcess("toy_handler:BrokenAtStart")
     with pytest.raises(RuntimeError, match="ImportError: no such library"):
         process.start()
+
+
+def test_a_child_does_not_run_the_parents_main_module_again(tmp_path):
+    """An engine's script without a main guard starts a child: the script runs once, not once
+    more in the child (the spawn method's habit)."""
+    script = tmp_path / "engine.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from pathlib import Path\n"
+        "with Path(__file__).with_suffix('.runs').open('a') as runs:\n"
+        "    runs.write('run\\n')\n"
+        "from cutetune.tuner.supervised import SupervisedProcess\n"
+        "child = SupervisedProcess('toy_handler:Toy', ('hi',))\n"
+        "print(child.start()[0])\n"
+        "child.stop()\n")
+    shown = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "hi"
+    assert script.with_suffix(".runs").read_text() == "run\n"
