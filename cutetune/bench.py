@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from cutetune.dispatch import DEFAULT, NEAREST, Dispatcher
+from cutetune.dispatch import DEFAULT, NEAREST, Dispatcher, artifact_store
 from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors, VerificationError
 from cutetune.results_db import (
     BenchRecord,
@@ -201,9 +202,11 @@ def speedup_over_best_peer(rows: Sequence[BenchRow]) -> float | None:
 
 def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[int],
               db: Database, on_problem: Callable[[list[BenchRow]], None],
-              on_candidate: Callable[[str], None] = lambda message: None) -> BenchRun:
+              on_candidate: Callable[[str], None] = lambda message: None,
+              cache_dir: Path | None = None) -> BenchRun:
     """Bench every static problem at every token count; store the timed rows, all or none.
-    on_problem receives each problem's rows, on_candidate bench_problem's progress lines."""
+    on_problem receives each problem's rows, on_candidate bench_problem's progress lines;
+    our points are loaded from (and stored to) the artifact cache under `cache_dir`."""
     # torch.compile specialises on every shape benchmarked; let it keep them all.
     torch._dynamo.config.recompile_limit = 256
     fingerprint = DeviceFingerprint.current()
@@ -211,7 +214,8 @@ def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[i
     copy_gbps = measure_copy_gbps()
     empty_us = measure_launch_floor_us()
     record_ceilings(db, fingerprint, {"copy_gbps": copy_gbps, "launch_floor_us": empty_us})
-    dispatcher = Dispatcher(spec, winners(db, fingerprint, kernel.name))
+    store = artifact_store(cache_dir, fingerprint) if cache_dir is not None else None
+    dispatcher = Dispatcher(spec, winners(db, fingerprint, kernel.name), store)
     rows: list[BenchRow] = []
     for static in problems:
         for n in tokens:

@@ -271,7 +271,8 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
                f"token counts); measuring the copy ceiling first ...", err=True)
     result = run_bench(kdef, problems, tokens, db,
                        on_problem=lambda rows: click.echo(format_rows(rows) + "\n"),
-                       on_candidate=lambda line: click.echo(line, err=True))
+                       on_candidate=lambda line: click.echo(line, err=True),
+                       cache_dir=load_settings().cache_dir)
     click.echo(f"{result.gpu_name}: copy ceiling {result.copy_gbps:.0f} GB/s; empty kernel "
                f"{result.empty_kernel_us:.2f} us per launch in a CUDA graph; rows stored in "
                f"{obj.shown_url}")
