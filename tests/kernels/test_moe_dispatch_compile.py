@@ -8,8 +8,9 @@ split_bulk's rows moved by bulk copies through shared memory, the published coun
 few experts, streaming copies, and split_block_ranks' routing with no barrier and no global
 atomic.
 
-About 310 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
-spreads them.
+By default the covering points compile (every pair of knob values, and the defaults served at
+every bucket: about 80); the `sweep` marker compiles every valid point (about 310 at about a
+second of CPU each).
 """
 
 import dataclasses
@@ -18,10 +19,12 @@ from collections import Counter
 
 import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from covering_points import covering_configs
 
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.moe_dispatch import KERNEL, MoEDispatchConfig
+from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import DEVICE_SPECS
 
@@ -51,6 +54,12 @@ def test_sweep_stays_within_its_budget():
     assert sum(counts) + len(synthetic) <= 310
 
 
+@pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
+def test_covering_points_compile(problem):
+    assert_points_compile(KERNEL, problem, covering_configs(KERNEL, problem, H200, BUCKETS))
+
+
+@pytest.mark.sweep
 @pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
 def test_every_valid_point_compiles(problem):
     valid = KERNEL.space.enumerate(problem, H200).valid
