@@ -15,6 +15,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import pytest
+
 # A knob and its value, as dataclasses.asdict gives them (None is a value like any other).
 Setting = tuple[str, Any]
 
@@ -58,3 +60,20 @@ def covering_configs(kernel, problem, device, default_buckets: Iterable[int] | N
     valid = kernel.space.enumerate(problem, device).valid
     return covering_points(valid, served_defaults(kernel, problem, device, buckets))
 
+
+
+# Parametrise a test over this to check the covering points by default and every valid point
+# under the `sweep` marker.
+WHICH_POINTS = ("covering", pytest.param("every", marks=pytest.mark.sweep))
+
+
+def narrowed(which: str, points: Sequence[Any]) -> list[Any]:
+    """The covering points of `points` ("covering") or all of them ("every")."""
+    return list(points) if which == "every" else covering_points(points)
+
+
+def selected_points(which: str, kernel, problem, device) -> list[Any]:
+    """The covering points of `problem` ("covering") or all its valid points ("every")."""
+    if which == "every":
+        return list(kernel.space.enumerate(problem, device).valid)
+    return covering_configs(kernel, problem, device)
