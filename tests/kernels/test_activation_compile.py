@@ -71,7 +71,6 @@ def test_sweep_covers_every_preset():
     swept = {p.values[0] for p in SILU_PRESETS}
     for model in PRESETS.values():
         assert set(SILU_KERNEL.problems_for_model(model, "bfloat16")) <= swept
-    assert len(SILU_PRESETS) == 9
 
 
 @pytest.mark.parametrize("problem", SILU_PRESETS + SYNTHETIC)

@@ -75,7 +75,6 @@ def test_sweep_covers_every_preset_problem():
     for model in PRESETS.values():
         for problem in KERNEL.problems_for_model(model, "bfloat16"):
             assert problem.static_key() in covered
-    assert len(PRESET_PARAMS) == 16
 
 
 @pytest.mark.parametrize("problem", PRESET_PARAMS + SYNTHETIC_PARAMS)
