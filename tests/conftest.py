@@ -1,4 +1,5 @@
-"""Shared test setup: compile for sm_90a on machines without a GPU, skip GPU tests there."""
+"""Shared test setup: compile for sm_90a on machines without a GPU, skip GPU tests there, and
+run the every-point sweeps only when asked for."""
 
 import os
 
@@ -10,6 +11,23 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
+    _skip_sweeps_unless_selected(config, items)
+    _skip_gpu_tests_without_a_gpu(items)
+
+
+def _skip_sweeps_unless_selected(config, items) -> None:
+    # A sweep repeats, at every point, what the covering points already check on every code
+    # path: too slow for every run. `-m sweep` (or `-m "gpu and sweep"`) runs them. An addopts
+    # `-m "not sweep"` would not do: a user's `-m gpu` replaces it and runs the sweeps.
+    if "sweep" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="every-point sweep: run with -m sweep")
+    for item in items:
+        if item.get_closest_marker("sweep"):
+            item.add_marker(skip)
+
+
+def _skip_gpu_tests_without_a_gpu(items) -> None:
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

@@ -1,10 +1,13 @@
-"""The gated activations on the GPU: every valid point against the fp32 reference, dynamic
-token counts, padded rows, indices past 2^31, and the public ops."""
+"""The gated activations on the GPU: the covering points (every valid point under the `sweep`
+marker) against the fp32 reference, dynamic token counts, padded rows, indices past 2^31, and the
+public ops."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from compiled_points import compile_all, compiled
+from covering_points import WHICH_POINTS, selected_points
 from every_point import assert_every_point
 
 from cutetune.kernels import activation as act
@@ -58,13 +61,15 @@ PROBLEMS = [
 ]
 
 
+@pytest.mark.parametrize("which", WHICH_POINTS)
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.describe())
-def test_every_valid_point_matches_reference(problem):
+def test_points_match_reference(problem, which):
     kernel = _kernel(problem)
-    points = kernel.space.enumerate(problem, H200).valid
+    points = selected_points(which, kernel, problem, H200)
     assert points
+    compile_all(kernel, problem, points)
     assert_every_point(points, lambda i, config: verify(
-        kernel, problem, kernel.compile(problem, config), CUDA, seed=i), problem.describe())
+        kernel, problem, compiled(kernel, problem, config), CUDA, seed=i), problem.describe())
 
 
 @pytest.mark.parametrize("config", [ActivationConfig(128, 1, 1), ActivationConfig(128, 4, 8),
@@ -73,13 +78,14 @@ def test_every_valid_point_matches_reference(problem):
 @pytest.mark.parametrize("tokens", [1, 2, 37, 1000, 4097])
 def test_token_count_is_dynamic(config, tokens):
     problem = _silu("bfloat16", 14336, tokens=1)
-    compiled = SILU_KERNEL.compile(problem, config)
-    verify(SILU_KERNEL, problem.with_tokens(tokens), compiled, CUDA, seed=tokens)
+    verify(SILU_KERNEL, problem.with_tokens(tokens), compiled(SILU_KERNEL, problem, config), CUDA,
+           seed=tokens)
 
 
+@pytest.mark.parametrize("which", WHICH_POINTS)
 @pytest.mark.parametrize("problem", [_silu("bfloat16", 768), _gelu("float32", 1000, "tanh"),
                                      _silu("float16", 1002)], ids=lambda p: p.describe())
-def test_padded_rows_are_read_and_written_in_place(problem):
+def test_padded_rows_are_read_and_written_in_place(problem, which):
     """x as a view into a wider gate-up buffer and out into a wider output buffer, the way an
     engine's workspace may hand them over: the padding must stay untouched."""
     kernel = _kernel(problem)
@@ -94,14 +100,15 @@ def test_padded_rows_are_read_and_written_in_place(problem):
 
     def check(_, config):
         tensors["out"].fill_(float("nan"))
-        kernel.launch(kernel.compile(problem, config), tensors)
+        kernel.launch(compiled(kernel, problem, config), tensors)
         torch.cuda.synchronize()
         check_outputs(kernel, problem, tensors, expected)
         assert torch.all(out_buffer[:, :pad] == 7.0) and torch.all(
             out_buffer[:, pad + width:] == 7.0), "wrote into the row padding"
 
-    assert_every_point(kernel.space.enumerate(problem, H200).valid, check,
-                       f"{problem.describe()} with padded rows")
+    points = selected_points(which, kernel, problem, H200)
+    compile_all(kernel, problem, points)
+    assert_every_point(points, check, f"{problem.describe()} with padded rows")
 
 
 def test_vector_indices_past_2_to_the_31():
@@ -113,7 +120,7 @@ def test_vector_indices_past_2_to_the_31():
     SILU_KERNEL.space.check(problem, config, H200)
     x = torch.empty(problem.num_tokens, 12, device=CUDA, dtype=torch.bfloat16).uniform_(-4, 4)
     out = torch.full((problem.num_tokens, 6), float("nan"), device=CUDA, dtype=torch.bfloat16)
-    SILU_KERNEL.launch(SILU_KERNEL.compile(problem, config), {"x": x, "out": out})
+    SILU_KERNEL.launch(compiled(SILU_KERNEL, problem, config), {"x": x, "out": out})
     torch.cuda.synchronize()
     rtol, atol = FLOAT_TOLERANCE["bfloat16"]
     crossing = 2**31 // 3  # the row whose vectors straddle flat index 2^31

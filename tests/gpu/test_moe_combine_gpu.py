@@ -1,14 +1,15 @@
-"""moe_combine on the GPU: every valid point against the fp32 reference on uniform and skewed
+"""moe_combine on the GPU: the covering points (every valid point under the `sweep` marker)
+against the fp32 reference on uniform and skewed
 routing at dynamic token counts, the default at 32768 tokens, a local expert range (pairs of
 row -1), rows outside the capacity skipped without a fault, combine of identity experts, row
 offsets past 2^31 elements, and the public op."""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
+from compiled_points import compile_all, compiled
+from covering_points import WHICH_POINTS, selected_points
 from every_point import assert_every_point
 
 from cutetune.kernels import moe_common
@@ -43,11 +44,15 @@ PROBLEMS = [
 ]
 
 
-@functools.cache
 def _compiled(problem: MoEProblem, config: CombineConfig):
-    """One compile per static problem and config for the whole module (the token count is
-    dynamic)."""
-    return KERNEL.compile(problem.with_tokens(1), config)
+    return compiled(KERNEL, problem, config)
+
+
+def _points(which: str, problem: MoEProblem) -> list[CombineConfig]:
+    points = selected_points(which, KERNEL, problem, H200)
+    assert points
+    compile_all(KERNEL, problem, points)
+    return points
 
 
 def _inputs(problem: MoEProblem, seed: int, skewed: bool = False) -> dict[str, torch.Tensor]:
@@ -73,10 +78,10 @@ def _check(compiled, problem: MoEProblem, tensors, label: str = "") -> None:
     check_outputs(KERNEL, problem, tensors, expected, label=label)
 
 
+@pytest.mark.parametrize("which", WHICH_POINTS)
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.describe())
-def test_every_valid_point_matches_reference(problem):
-    points = KERNEL.space.enumerate(problem, H200).valid
-    assert points
+def test_points_match_reference(problem, which):
+    points = _points(which, problem)
 
     def check(i, config):
         compiled = _compiled(problem, config)
@@ -99,8 +104,9 @@ def test_default_at_32768_tokens(problem):
     verify(KERNEL, sized, compiled, CUDA, seed=32768)
 
 
+@pytest.mark.parametrize("which", WHICH_POINTS)
 @pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
-def test_local_expert_range_skips_other_experts_pairs(skewed):
+def test_local_expert_range_skips_other_experts_pairs(skewed, which):
     """Experts [32, 64) of 128 are local: about three quarters of the pairs are -1 (under
     skewed routing the hot experts 0-3 are remote, and some tokens have no local pair at
     all: their row must come out zero)."""
@@ -114,7 +120,7 @@ def test_local_expert_range_skips_other_experts_pairs(skewed):
             assert bool((tensors["row_of"] < 0).any())
             _check(compiled, sized, tensors, f"tokens={tokens} ")
 
-    assert_every_point(KERNEL.space.enumerate(problem, H200).valid, check, problem.describe())
+    assert_every_point(_points(which, problem), check, problem.describe())
 
 
 def _corrupt(tensors: dict[str, torch.Tensor], capacity: int) -> torch.Tensor:
@@ -129,8 +135,9 @@ def _corrupt(tensors: dict[str, torch.Tensor], capacity: int) -> torch.Tensor:
     return torch.where((row_of >= 0) & (row_of < capacity), row_of, -1)
 
 
+@pytest.mark.parametrize("which", WHICH_POINTS)
 @pytest.mark.parametrize("problem", [PROBLEMS[0], PROBLEMS[4]], ids=lambda p: p.describe())
-def test_rows_outside_the_capacity_are_skipped_without_a_fault(problem):
+def test_rows_outside_the_capacity_are_skipped_without_a_fault(problem, which):
     """Every third pair points past the capacity (just past it, far past it, at 2^31 - 1) or
     below -1. expert_out is a view into a larger buffer whose rows past the capacity are NaN,
     so a kernel that reads row `capacity` fails instead of faulting."""
@@ -152,7 +159,7 @@ def test_rows_outside_the_capacity_are_skipped_without_a_fault(problem):
             compare(f"tokens={tokens} out", tensors["out"], expected,
                     *FLOAT_TOLERANCE[sized.dtype])
 
-    assert_every_point(KERNEL.space.enumerate(problem, H200).valid, check,
+    assert_every_point(_points(which, problem), check,
                        f"{problem.describe()} with rows outside the capacity")
 
 
@@ -167,9 +174,10 @@ def _identity_case(problem: MoEProblem, seed: int):
     return dispatched, weights, expected
 
 
+@pytest.mark.parametrize("which", WHICH_POINTS)
 @pytest.mark.parametrize("problem", [PROBLEMS[0], PROBLEMS[3], PROBLEMS[5]],
                          ids=lambda p: p.describe())
-def test_combine_of_identity_experts_is_the_weighted_token(problem):
+def test_combine_of_identity_experts_is_the_weighted_token(problem, which):
     sized = problem.with_tokens(37)
     dispatched, weights, expected = _identity_case(sized, seed=37)
 
@@ -182,8 +190,7 @@ def test_combine_of_identity_experts_is_the_weighted_token(problem):
         torch.cuda.synchronize()
         compare("out", tensors["out"], expected, *FLOAT_TOLERANCE[sized.dtype])
 
-    assert_every_point(KERNEL.space.enumerate(sized, H200).valid, check,
-                       f"{sized.describe()} with identity experts")
+    assert_every_point(_points(which, sized), check, f"{sized.describe()} with identity experts")
 
 
 def test_row_offsets_past_2_to_the_31_elements():

@@ -1,4 +1,5 @@
-"""moe_dispatch on the GPU: every valid point against moe_common's check (uniform and skewed
+"""moe_dispatch on the GPU: the covering points (every valid point under the `sweep` marker)
+against moe_common's check (uniform and skewed
 routing, padding zeroed or left alone, a local expert range, pad 1, 64-bit vectors; the split
 forms' points for Mixtral's few experts, whose routing blocks publish their counts or leave
 their ranks to the copy), the most pairs the replicated form ranks, the heuristic default and
@@ -16,6 +17,9 @@ import functools
 
 import pytest
 import torch
+from compiled_points import compile_all
+from compiled_points import compiled as compiled_point
+from covering_points import WHICH_POINTS, narrowed
 from every_point import assert_every_point
 from moe_dispatch_points import point
 
@@ -49,13 +53,15 @@ def spec():
     return device_spec_for(torch.cuda.get_device_name())
 
 
-@functools.cache
-def _compiled(problem: moe.MoEProblem, config):
-    return md.KERNEL.compile(problem, config)
-
-
 def compiled(problem, config):
-    return _compiled(problem.with_tokens(1), config)
+    return compiled_point(md.KERNEL, problem, config)
+
+
+def points_of(which, problem, points):
+    """`points` narrowed to their covering points unless `which` is "every", compiled."""
+    points = narrowed(which, points)
+    compile_all(md.KERNEL, problem, points)
+    return points
 
 
 def inputs(problem, seed: int, skewed: bool = False, workspace=None):
@@ -98,9 +104,10 @@ def barrier_low_bits(workspace) -> int:
 @pytest.mark.parametrize("zero_padding", [False, True], ids=["free-padding", "zero-padding"])
 @pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
 @pytest.mark.parametrize("tokens", [1, 7, 64])
-def test_every_valid_point_matches_reference(tokens, skewed, zero_padding):
+@pytest.mark.parametrize("which", WHICH_POINTS)
+def test_every_valid_point_matches_reference(tokens, skewed, zero_padding, which):
     problem = dataclasses.replace(QWEN.with_tokens(tokens), zero_padding=zero_padding)
-    points = md.SPACE.valid_points(problem, spec())
+    points = points_of(which, problem, md.SPACE.valid_points(problem, spec()))
     assert {c.form for c in points} == {mdc.FUSED, mdc.REPLICATED, mdc.SPLIT, mdc.SPLIT_BULK}
     workspace = md.new_workspace(problem, DEVICE)
     assert_every_point(points, lambda i, config: run_and_check(
@@ -109,13 +116,15 @@ def test_every_valid_point_matches_reference(tokens, skewed, zero_padding):
     assert barrier_low_bits(workspace) == 0
 
 
-def test_every_split_point_of_few_experts():
+@pytest.mark.parametrize("which", WHICH_POINTS)
+def test_every_split_point_of_few_experts(which):
     # Both count exchanges and both copy hints, on one workspace, with uniform and skewed
     # routing: a published call must leave the atomic exchange's epoch and counters as it
     # found them, and the reverse. (The forms without a routing kernel do not exchange counts;
     # QWEN's every-point tests cover them.)
     problem = dataclasses.replace(MIXTRAL.with_tokens(1000), zero_padding=True)
-    points = [c for c in md.SPACE.valid_points(problem, spec()) if c.form in mdc.SPLIT_FORMS]
+    points = points_of(which, problem, [c for c in md.SPACE.valid_points(problem, spec())
+                                        if c.form in mdc.SPLIT_FORMS])
     assert {c.form for c in points} == set(mdc.SPLIT_FORMS)
     split = [c for c in points if c.form == mdc.SPLIT]
     assert {mdc.publishes_counts(problem.local_experts, c.grid_blocks) for c in split} == \
@@ -129,9 +138,10 @@ def test_every_split_point_of_few_experts():
     assert barrier_low_bits(workspace) == 0
 
 
-def test_every_valid_point_of_a_synthetic_problem():
+@pytest.mark.parametrize("which", WHICH_POINTS)
+def test_every_valid_point_of_a_synthetic_problem(which):
     problem = SYNTHETIC.with_tokens(7)
-    points = md.SPACE.valid_points(problem, spec())
+    points = points_of(which, problem, md.SPACE.valid_points(problem, spec()))
     assert mdc.vector_bits(problem) == 64
     assert mdc.SPLIT_BLOCK_RANKS in {c.form for c in points}
     workspace = md.new_workspace(problem, DEVICE)
@@ -181,12 +191,14 @@ def test_default_config_at_prefill_sizes(tokens, skewed):
 
 @pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
 @pytest.mark.parametrize("tokens", [4096, 32768])
-def test_split_block_ranks_at_prefill_sizes(tokens, skewed):
+@pytest.mark.parametrize("which", WHICH_POINTS)
+def test_split_block_ranks_at_prefill_sizes(tokens, skewed, which):
     # Mixtral's few experts, padding zeroed, every grid, tokens per block and warps the space
     # holds at these sizes, on one workspace (the table is rewritten whole by every call).
     problem = dataclasses.replace(MIXTRAL.with_tokens(tokens), zero_padding=True)
-    points = [c for c in md.SPACE.valid_points(problem, spec())
-              if c.form == mdc.SPLIT_BLOCK_RANKS and c.cache_hints == "streaming"]
+    points = points_of(which, problem, [c for c in md.SPACE.valid_points(problem, spec())
+                                        if c.form == mdc.SPLIT_BLOCK_RANKS
+                                        and c.cache_hints == "streaming"])
     assert {c.grid_blocks for c in points} == {8, 32}
     assert {c.tokens_per_block for c in points} == {1, 2, 3, 4}
     workspace = md.new_workspace(problem, DEVICE)

@@ -1,4 +1,5 @@
-"""QK-norm on the GPU: every valid point against the fp32 reference, the public op, graphs."""
+"""QK-norm on the GPU: the covering points (every valid point under the `sweep` marker) against
+the fp32 reference, the public op, graphs."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import re
 
 import pytest
 import torch
+from compiled_points import compile_all, compiled
+from covering_points import WHICH_POINTS, selected_points
 from every_point import assert_every_point
 
 from cutetune.kernels import qk_norm as qk
@@ -25,22 +28,24 @@ def _problem(dtype: str, head_dim: int, weight_bias: float = 0.0, tokens: int = 
                             kv_heads=2, eps=1e-6, weight_bias=weight_bias)
 
 
+@pytest.mark.parametrize("which", WHICH_POINTS)
 @pytest.mark.parametrize("head_dim", qk.HEAD_DIMS)
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
-def test_every_valid_point_matches_reference(dtype, head_dim):
+def test_points_match_reference(dtype, head_dim, which):
     problem = _problem(dtype, head_dim, weight_bias=1.0 if head_dim == 128 else 0.0)
-    points = qk.SPACE.enumerate(problem, H200).valid
+    points = selected_points(which, qk.KERNEL, problem, H200)
     assert points
+    compile_all(qk.KERNEL, problem, points)
     assert_every_point(points, lambda i, config: verify(
-        qk.KERNEL, problem, qk.KERNEL.compile(problem, config), torch.device("cuda"), seed=i),
+        qk.KERNEL, problem, compiled(qk.KERNEL, problem, config), torch.device("cuda"), seed=i),
         problem.describe())
 
 
 @pytest.mark.parametrize("tokens", [1, 2, 1000, 4097])
 def test_token_count_is_dynamic(tokens):
     problem = _problem("bfloat16", 128)
-    compiled = qk.KERNEL.compile(problem, qk.default_config(problem, H200))
-    verify(qk.KERNEL, problem.with_tokens(tokens), compiled, torch.device("cuda"), seed=tokens)
+    default = compiled(qk.KERNEL, problem, qk.default_config(problem, H200))
+    verify(qk.KERNEL, problem.with_tokens(tokens), default, torch.device("cuda"), seed=tokens)
 
 
 def _inputs(tokens=5, q_heads=4, kv_heads=2, d=128, dtype=torch.bfloat16, contiguous=False):

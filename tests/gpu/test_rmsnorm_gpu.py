@@ -1,4 +1,5 @@
-"""RMSNorm on the GPU: every valid point against the fp32 reference (ragged row counts, strided
+"""RMSNorm on the GPU: the covering points (every valid point under the `sweep` marker) against the
+fp32 reference (ragged row counts, strided
 rows, fused add, output dtypes, weight bias), the public ops, CUDA graphs."""
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ import re
 
 import pytest
 import torch
+from compiled_points import compile_all, compiled
+from covering_points import WHICH_POINTS, covering_configs, selected_points
 from every_point import assert_every_point
 
 from cutetune.kernels import rmsnorm as rn
@@ -47,13 +50,20 @@ PROBLEMS = [
 @pytest.mark.parametrize(("dtype", "out_dtype", "hidden", "fused_add", "weight_bias"), PROBLEMS,
                          ids=[f"{d}-{o}-{h}-{'fused' if f else 'plain'}-bias{b:g}"
                               for d, o, h, f, b in PROBLEMS])
-def test_every_valid_point_matches_reference(dtype, out_dtype, hidden, fused_add, weight_bias):
+@pytest.mark.parametrize("which", WHICH_POINTS)
+def test_points_match_reference(dtype, out_dtype, hidden, fused_add, weight_bias, which):
     problem = _problem(dtype, out_dtype, hidden, fused_add, weight_bias)
-    points = rn.SPACE.enumerate(problem, H200).valid
-    assert points
+    points = _points(which, problem)
     assert_every_point(points, lambda i, config: verify(
-        rn.KERNEL, problem, rn.KERNEL.compile(problem, config), CUDA, seed=i),
+        rn.KERNEL, problem, compiled(rn.KERNEL, problem, config), CUDA, seed=i),
         problem.describe())
+
+
+def _points(which: str, problem: rn.RMSNormProblem) -> list[rn.RMSNormConfig]:
+    points = selected_points(which, rn.KERNEL, problem, H200)
+    assert points
+    compile_all(rn.KERNEL, problem, points)
+    return points
 
 
 @pytest.mark.parametrize(("hidden", "fused_add"), [(1024, False), (4096, True), (2880, True)])
@@ -62,8 +72,8 @@ def test_row_count_is_dynamic(hidden, fused_add, rows):
     problem = _problem(hidden=hidden, fused_add=fused_add, rows=1)
     for config in {rn.default_config(problem, H200),
                    rn.default_config(problem.with_tokens(4096), H200)}:
-        compiled = rn.KERNEL.compile(problem, config)
-        verify(rn.KERNEL, problem.with_tokens(rows), compiled, CUDA, seed=rows)
+        verify(rn.KERNEL, problem.with_tokens(rows), compiled(rn.KERNEL, problem, config), CUDA,
+               seed=rows)
 
 
 def _strided_inputs(problem: rn.RMSNormProblem, generator: torch.Generator):
@@ -87,7 +97,8 @@ def _strided_inputs(problem: rn.RMSNormProblem, generator: torch.Generator):
     ("float32", "bfloat16", 1024, False),
     ("bfloat16", "float32", 4096, True),
 ])
-def test_every_valid_point_handles_strided_rows(dtype, out_dtype, hidden, fused_add):
+@pytest.mark.parametrize("which", WHICH_POINTS)
+def test_points_handle_strided_rows(dtype, out_dtype, hidden, fused_add, which):
     problem = _problem(dtype, out_dtype, hidden, fused_add)
 
     def check(i, config):
@@ -95,22 +106,23 @@ def test_every_valid_point_handles_strided_rows(dtype, out_dtype, hidden, fused_
         tensors, buffers = _strided_inputs(problem, generator)
         expected = rn.reference(tensors, problem)
         tensors["out"].fill_(float("nan"))
-        rn.KERNEL.launch(rn.KERNEL.compile(problem, config), tensors)
+        rn.KERNEL.launch(compiled(rn.KERNEL, problem, config), tensors)
         torch.cuda.synchronize()
         check_outputs(rn.KERNEL, problem, tensors, expected)
         for name, buffer in buffers.items():
             assert torch.all(buffer[:, hidden:] == 7.0), f"wrote into the row padding of {name}"
 
-    assert_every_point(rn.SPACE.enumerate(problem, H200).valid, check,
-                       f"{problem.describe()} with strided rows")
+    assert_every_point(_points(which, problem), check, f"{problem.describe()} with strided rows")
 
 
 def test_plain_form_leaves_the_residual_alone():
     problem = _problem(hidden=2880)
     tensors = rn.make_inputs(problem, CUDA, torch.Generator(CUDA).manual_seed(0))
     before = tensors["residual"].clone()
-    for config in rn.SPACE.enumerate(problem, H200).valid:
-        rn.KERNEL.launch(rn.KERNEL.compile(problem, config), tensors)
+    points = covering_configs(rn.KERNEL, problem, H200)
+    compile_all(rn.KERNEL, problem, points)
+    for config in points:
+        rn.KERNEL.launch(compiled(rn.KERNEL, problem, config), tensors)
     torch.cuda.synchronize()
     assert torch.equal(tensors["residual"], before)
 

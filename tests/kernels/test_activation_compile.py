@@ -1,13 +1,14 @@
-"""The CI compile sweep of the gated activations: every valid point compiles for sm_90a on the
-CPU for every MLP width of the public presets (silu_and_mul in bf16, the dtype those models ship
-in) and for synthetic problems that add fp16, fp32, both GELU forms, and widths that only
-64-bit or 32-bit vectors divide; the PTX shows the configured vector width, the cache hints and
+"""The CI compile checks of the gated activations: the covering points (every pair of knob
+values, and the defaults served at every bucket) compile for sm_90a on the CPU for every MLP
+width of the public presets (silu_and_mul in bf16, the dtype those models ship in) and for
+synthetic problems that add fp16, fp32, both GELU forms, and widths that only 64-bit or 32-bit
+vectors divide; the PTX shows the configured vector width, the cache hints and
 the fast-math instructions.
 
 No preset uses GELU (gelu_and_mul does not apply to them); the synthetic GELU problems compile
-both forms at every point. About 660 compiles (every vector that divides the width, 1, 2 or 4
-vectors per thread, three block sizes, plain or streaming accesses) at 0.3-0.4 s each: one test
-id per problem and cache hint, so `pytest -n 2` spreads them.
+both forms. About 160 compiles at 0.3-0.4 s each; the `sweep` marker compiles every valid
+point (about 660: every vector that divides the width, 1, 2 or 4 vectors per thread, three
+block sizes, plain or streaming accesses), one test id per problem and cache hint.
 """
 
 import re
@@ -15,6 +16,7 @@ from collections import Counter
 
 import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from covering_points import covering_configs
 
 from cutetune.kernels.activation import (
     GELU_KERNEL,
@@ -25,6 +27,7 @@ from cutetune.kernels.activation import (
     SiluAndMulProblem,
 )
 from cutetune.kernels.cache_hints import CACHE_HINTS
+from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import DEVICE_SPECS
 
@@ -68,10 +71,16 @@ def test_sweep_covers_every_preset():
     swept = {p.values[0] for p in SILU_PRESETS}
     for model in PRESETS.values():
         assert set(SILU_KERNEL.problems_for_model(model, "bfloat16")) <= swept
-    assert len(SILU_PRESETS) == 9
+
+
+@pytest.mark.parametrize("problem", SILU_PRESETS + SYNTHETIC)
+def test_covering_points_compile(problem):
+    kernel = _kernel(problem)
+    assert_points_compile(kernel, problem, covering_configs(kernel, problem, H200, BUCKETS))
 
 
 # One test id per problem and cache-hint half of the space, so that `pytest -n 2` balances.
+@pytest.mark.sweep
 @pytest.mark.parametrize("hints", CACHE_HINTS)
 @pytest.mark.parametrize("problem", SILU_PRESETS + SYNTHETIC)
 def test_every_valid_point_compiles(problem, hints):

@@ -1,10 +1,12 @@
-"""The CI compile sweep of moe_combine: every valid point compiles for sm_90a on the CPU for the
-MoE problem of every preset with routed experts (bf16, the dtype those models ship in) and for a
-synthetic fp16 problem whose hidden size only 32-bit vectors divide; the PTX shows 128-bit
-accesses to the expert rows and to out, every pair's load issued before the first
-multiply-add, and one block barrier.
+"""The CI compile checks of moe_combine: the covering points (every pair of knob values, and the
+defaults served at every bucket) compile for sm_90a on the CPU for the MoE problem of every
+preset with routed experts (bf16, the dtype those models ship in) and for a synthetic fp16
+problem whose hidden size only 32-bit vectors divide; the PTX shows 128-bit accesses to the
+expert rows and to out, every pair's load issued before the first multiply-add, and one block
+barrier.
 
-About 60 compiles at 0.5-0.8 s each: one test id per problem, so `pytest -n 2` spreads them.
+About 60 compiles at 0.5-0.8 s each (nearly every valid point: the space is small); the `sweep`
+marker compiles every valid point.
 """
 
 import re
@@ -12,9 +14,11 @@ from collections import Counter
 
 import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from covering_points import covering_configs
 
 from cutetune.kernels.moe_combine import KERNEL, MAX_BYTES_IN_FLIGHT, CombineConfig
 from cutetune.kernels.moe_common import MoEProblem
+from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import DEVICE_SPECS
 
@@ -42,14 +46,17 @@ SYNTHETIC = [pytest.param(MoEProblem(num_tokens=1, dtype="float16", hidden=1002,
 def test_sweep_covers_every_moe_preset():
     # Guards the sweep against silently shrinking (e.g. a preset losing its experts).
     swept = {p.values[0] for p in PRESET_PROBLEMS}
-    moe_models = [m for m in PRESETS.values() if m.num_experts]
-    assert len(moe_models) == 4
-    for model in moe_models:
-        assert set(KERNEL.problems_for_model(model, "bfloat16")) <= swept
-    # Qwen3-235B and Mixtral share H = 4096 but not top-k: both are compiled.
-    assert len(PRESET_PROBLEMS) == 4
+    for model in PRESETS.values():
+        if model.num_experts:
+            assert set(KERNEL.problems_for_model(model, "bfloat16")) <= swept
 
 
+@pytest.mark.parametrize("problem", PRESET_PROBLEMS + SYNTHETIC)
+def test_covering_points_compile(problem):
+    assert_points_compile(KERNEL, problem, covering_configs(KERNEL, problem, H200, BUCKETS))
+
+
+@pytest.mark.sweep
 @pytest.mark.parametrize("problem", PRESET_PROBLEMS + SYNTHETIC)
 def test_every_valid_point_compiles(problem):
     valid = KERNEL.space.enumerate(problem, H200).valid

@@ -146,27 +146,6 @@ def test_default_config_is_a_valid_point_with_the_widest_vector(dtype, hidden, t
         assert config.vector_bits == max(c.vector_bits for c in SPACE.valid_points(p, H200))
 
 
-@pytest.mark.parametrize(("hidden", "tokens", "expected"), [
-    # Decode (the vectors need no more warps than SMs): one-warp blocks, the row split as far
-    # as a warp keeps a vector per thread. H = 2048: 256 vectors, 8 slices of 32.
-    (2048, 1, CombineConfig(128, 8, 1, 1)),
-    (2048, 16, CombineConfig(128, 8, 1, 1)),  # 16 x 8 warps = 128 <= 132
-    (4096, 1, CombineConfig(128, 16, 1, 1)),
-    (7168, 1, CombineConfig(128, 28, 1, 1)),  # 896 vectors: 28 one-pass warps
-    # 64 tokens of 4096: 1024 warps. 8-warp blocks reach only 128 blocks (2 slices), 4-warp
-    # blocks split in 4 cover every SM.
-    (4096, 64, CombineConfig(128, 4, 1, 4)),
-    # Prefill: a whole token per 8-warp block.
-    (2048, 1000, CombineConfig(128, 1, 1, 8)),
-    (7168, 32768, CombineConfig(128, 1, 1, 8)),
-    # A row of 128 vectors is too short for 256 threads: two tokens per 8-warp block.
-    (1024, 32768, CombineConfig(128, 1, 2, 8)),
-])
-def test_default_config_by_hand(hidden, tokens, expected):
-    p = problem(hidden=hidden, num_tokens=tokens)
-    assert default_config(p, H200) == expected
-
-
 def test_default_config_decode_uses_one_warp_blocks_prefill_large_ones():
     for tokens in TOKENS:
         p = problem(num_tokens=tokens, hidden=4096)

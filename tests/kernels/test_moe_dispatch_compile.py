@@ -8,8 +8,9 @@ split_bulk's rows moved by bulk copies through shared memory, the published coun
 few experts, streaming copies, and split_block_ranks' routing with no barrier and no global
 atomic.
 
-About 310 compiles at about a second of CPU each: one test id per problem, so `pytest -n 2`
-spreads them.
+By default the covering points compile (every pair of knob values, and the defaults served at
+every bucket: about 80); the `sweep` marker compiles every valid point (about 310 at about a
+second of CPU each).
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ from collections import Counter
 
 import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from covering_points import covering_configs
 from moe_dispatch_points import point
 
 from cutetune.kernels import moe_dispatch as md
@@ -25,6 +27,7 @@ from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.moe_dispatch import KERNEL
 from cutetune.kernels.moe_dispatch import common as mdc
 from cutetune.kernels.moe_dispatch.common import FormConfig
+from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import DEVICE_SPECS
 
@@ -42,8 +45,7 @@ def test_sweep_covers_every_moe_preset():
                                              "mixtral-8x7b"}
 
 
-def test_sweep_stays_within_its_budget():
-    counts = [len(KERNEL.space.enumerate(p.values[0], H200).valid) for p in PRESET_PARAMS]
+def test_the_synthetic_problem_reaches_each_forms_batches_and_narrow_vectors():
     synthetic = KERNEL.space.enumerate(SYNTHETIC, H200).valid
     assert {c.tokens_per_block for c in synthetic} == {1, 2, 3, 4}
     assert {c.form for c in synthetic if c.tokens_per_block == 3} == {mdc.SPLIT_BLOCK_RANKS}
@@ -51,9 +53,14 @@ def test_sweep_stays_within_its_budget():
     # 1004 fp16 elements are 2008 bytes, not a whole number of bulk copies.
     assert {c.form for c in synthetic} == {mdc.FUSED, mdc.REPLICATED, mdc.SPLIT,
                                              mdc.SPLIT_BLOCK_RANKS}
-    assert sum(counts) + len(synthetic) <= 310
 
 
+@pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
+def test_covering_points_compile(problem):
+    assert_points_compile(KERNEL, problem, covering_configs(KERNEL, problem, H200, BUCKETS))
+
+
+@pytest.mark.sweep
 @pytest.mark.parametrize("problem", PRESET_PARAMS + [pytest.param(SYNTHETIC, id="synthetic")])
 def test_every_valid_point_compiles(problem):
     valid = KERNEL.space.enumerate(problem, H200).valid

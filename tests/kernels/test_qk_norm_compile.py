@@ -1,10 +1,11 @@
-"""The CI compile sweep: every valid point of the qk_norm space compiles for sm_90a on the CPU,
-for every public preset the kernel applies to (in bf16, the dtype those models ship in); every
-other dtype and head dim compiles on a synthetic Gemma-style problem (weight_bias 1), one point
-per distinct thread code (vector width x heads per warp); and the PTX of a few points shows the
+"""The CI compile checks: the covering points of the qk_norm space (every pair of knob values, and
+the defaults served at every bucket) compile for sm_90a on the CPU, for every public preset the
+kernel applies to (in bf16, the dtype those models ship in) and for every other dtype and head
+dim on a synthetic Gemma-style problem (weight_bias 1); and the PTX of a few points shows the
 vector width and the shuffle tree the config asks for.
 
-About 450 compiles at 0.3-1 s each: one test id per problem, so `pytest -n 2` spreads them.
+About 310 compiles at 0.3-1 s each (heads per warp x warps per block alone are 24-30 pairs a
+problem); the `sweep` marker compiles every valid point (about 790).
 """
 
 import math
@@ -13,9 +14,11 @@ from collections import Counter
 
 import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from covering_points import covering_configs
 
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormConfig, QKNormProblem
 from cutetune.kernels.registry import NotApplicableError
+from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import DEVICE_SPECS
 
@@ -54,24 +57,18 @@ def test_sweep_covers_every_qwen3_preset():
     # Guards the sweep against silently shrinking (e.g. a preset losing qk_norm).
     assert {p.id for p in PRESET_PARAMS} == {name for name in PRESETS
                                             if name.startswith("qwen3")}
-    assert len(PRESET_PARAMS) == 5
 
 
-def _thread_code_representatives(valid: list[QKNormConfig]) -> list[QKNormConfig]:
-    """One point per (vector width, heads per warp): what a thread executes. warps_per_block
-    only sizes the block and the grid, and the presets compile every choice of it."""
-    first: dict[tuple[int, int], QKNormConfig] = {}
-    for config in valid:
-        first.setdefault((config.vector_bits, config.heads_per_warp), config)
-    return list(first.values())
+@pytest.mark.parametrize("problem", PRESET_PARAMS + _synthetic_params())
+def test_covering_points_compile(problem):
+    assert_points_compile(KERNEL, problem, covering_configs(KERNEL, problem, H200, BUCKETS))
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("problem", PRESET_PARAMS + _synthetic_params())
 def test_every_valid_point_compiles(problem):
     valid = KERNEL.space.enumerate(problem, H200).valid
     assert valid, f"no valid point for {problem.describe()}"
-    if problem.weight_bias:  # a synthetic problem: every thread-code variant, not every block
-        valid = _thread_code_representatives(valid)
     assert_points_compile(KERNEL, problem, valid)
 
 

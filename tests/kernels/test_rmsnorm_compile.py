@@ -1,12 +1,13 @@
-"""The CI compile sweep: every valid point of the rmsnorm space compiles for sm_90a on the CPU,
-for every problem of every public preset (in bf16, the dtype those models ship in; a problem
-two presets share compiles once) and for synthetic problems covering the other dtypes, an
-output dtype different from the input's, Gemma-style weight bias, hidden sizes that are not
-powers of two and both ends of the hidden range; and the PTX of a few points shows the access
+"""The CI compile checks: the covering points of the rmsnorm space (every pair of knob values,
+and the defaults served at every bucket) compile for sm_90a on the CPU, for every problem of
+every public preset (in bf16, the dtype those models ship in; a problem two presets share
+compiles once) and for synthetic problems covering the other dtypes, an output dtype different
+from the input's, Gemma-style weight bias, hidden sizes that are not powers of two and both
+ends of the hidden range; and the PTX of a few points shows the access
 width, the shuffle tree, the single barrier and the cache hints the config asks for.
 
-About 1110 compiles (every point with each of the three cache hints) at 0.3-1 s each: one test
-id per problem and cache hint, so `pytest -n 2` spreads them.
+About 390 compiles at 0.3-1 s each; the `sweep` marker compiles every valid point (about
+1100: every point with each of the three cache hints), one test id per problem and cache hint.
 """
 
 import re
@@ -14,6 +15,7 @@ from collections import Counter
 
 import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from covering_points import covering_configs
 
 from cutetune.kernels.cache_hints import L2_EVICT_LAST_POLICY
 from cutetune.kernels.rmsnorm import (
@@ -24,6 +26,7 @@ from cutetune.kernels.rmsnorm import (
     RMSNormConfig,
     RMSNormProblem,
 )
+from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import DEVICE_SPECS
 
@@ -72,10 +75,15 @@ def test_sweep_covers_every_preset_problem():
     for model in PRESETS.values():
         for problem in KERNEL.problems_for_model(model, "bfloat16"):
             assert problem.static_key() in covered
-    assert len(PRESET_PARAMS) == 16
 
 
-# One test id per problem and cache-hint half of the space, so that `pytest -n 2` balances.
+@pytest.mark.parametrize("problem", PRESET_PARAMS + SYNTHETIC_PARAMS)
+def test_covering_points_compile(problem):
+    assert_points_compile(KERNEL, problem, covering_configs(KERNEL, problem, H200, BUCKETS))
+
+
+# One test id per problem and cache-hint third of the space, so that `pytest -n 2` balances.
+@pytest.mark.sweep
 @pytest.mark.parametrize("hints", CACHE_HINTS)
 @pytest.mark.parametrize("problem", PRESET_PARAMS + SYNTHETIC_PARAMS)
 def test_every_valid_point_compiles(problem, hints):

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from cutetune.kernels.cache_hints import EVICT_LAST_LOADS, NORMAL, STREAMING
+from cutetune.kernels.cache_hints import EVICT_LAST_LOADS, NORMAL
 from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.registry import PeerUnavailable, get_kernel
 from cutetune.kernels.rmsnorm import (
@@ -232,49 +232,6 @@ def test_default_config_is_a_valid_point(dtype, hidden):
             # The widest vector that divides the row.
             widest = max(c.vector_bits for c in SPACE.enumerate(p, H200).valid)
             assert config.vector_bits == widest
-
-
-@pytest.mark.parametrize(("hidden", "tokens", "expected"), [
-    # Rows of at most 4 x 128-bit vectors per lane: a warp per row; one warp per block while
-    # the rows fit one per SM (132), else 8 rows per block.
-    (512, 1, RMSNormConfig(WARP_PER_ROW, 128, 1, STREAMING)),
-    (1024, 132, RMSNormConfig(WARP_PER_ROW, 128, 1, STREAMING)),
-    (1024, 133, RMSNormConfig(WARP_PER_ROW, 128, 8, STREAMING)),
-    # Larger rows, above DECODE_MAX_TOKENS (128) rows: a block with about 4 vectors per
-    # thread, the warps rounded up to a power of two.
-    (2048, 129, RMSNormConfig(BLOCK_PER_ROW, 128, 2, STREAMING)),
-    (4096, 4096, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),
-    (7168, 129, RMSNormConfig(BLOCK_PER_ROW, 128, 8, STREAMING)),  # 896 vectors: 3.5 each
-    (16384, 129, RMSNormConfig(BLOCK_PER_ROW, 128, 16, STREAMING)),
-    # Up to 128 rows: about 2 vectors per thread, the warps rounded to the nearest power of two.
-    (2048, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),
-    (2048, 128, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),
-    (2880, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 4, STREAMING)),  # 360 vectors: 2.8 each
-    (5120, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 8, STREAMING)),  # 640 vectors: 2.5, not 1.25
-    (7168, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 16, STREAMING)),  # 896 vectors: 1.75 each
-    (16384, 1, RMSNormConfig(BLOCK_PER_ROW, 128, 32, STREAMING)),
-])
-def test_default_config_choice(hidden, tokens, expected):
-    assert default_config(problem(hidden=hidden, num_tokens=tokens), H200) == expected
-
-
-# H200.l2_bytes is 60 MiB: streaming up to 120 MiB moved, evict_last_loads from 480 MiB with
-# rows of 8 KiB or more.
-@pytest.mark.parametrize(("dtype", "hidden", "fused_add", "tokens", "expected"), [
-    ("bfloat16", 4096, False, 1, STREAMING),
-    ("bfloat16", 4096, False, 7679, STREAMING),  # 7679 * 4096 * 4 + 8192 bytes <= 120 MiB
-    ("bfloat16", 4096, False, 7680, NORMAL),
-    ("bfloat16", 4096, False, 30719, NORMAL),  # just under 480 MiB
-    ("bfloat16", 4096, False, 30720, EVICT_LAST_LOADS),
-    ("bfloat16", 4096, True, 32768, EVICT_LAST_LOADS),
-    ("bfloat16", 2048, True, 32768, NORMAL),  # 4 KiB rows: evict_last_loads was slower
-    ("float32", 2048, True, 32768, EVICT_LAST_LOADS),  # 8 KiB rows
-    ("bfloat16", 512, False, 2**20, NORMAL),
-])
-def test_default_cache_hints_by_bytes_moved(dtype, hidden, fused_add, tokens, expected):
-    p = problem(dtype=dtype, out_dtype=dtype, hidden=hidden, fused_add=fused_add,
-                num_tokens=tokens)
-    assert default_config(p, H200).cache_hints == expected
 
 
 def test_default_keeps_the_point_when_its_hint_is_invalid():
