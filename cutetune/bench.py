@@ -28,7 +28,7 @@ from cutetune.results_db import (
     DeviceFingerprint,
     record_bench,
     record_ceilings,
-    winners,
+    winners_to_serve,
 )
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
@@ -215,7 +215,7 @@ def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[i
     empty_us = measure_launch_floor_us()
     record_ceilings(db, fingerprint, {"copy_gbps": copy_gbps, "launch_floor_us": empty_us})
     store = artifact_store(cache_dir, fingerprint) if cache_dir is not None else None
-    dispatcher = Dispatcher(spec, winners(db, fingerprint, kernel.name), store)
+    dispatcher = Dispatcher(spec, winners_to_serve(db, fingerprint, kernel.name), store)
     rows: list[BenchRow] = []
     for static in problems:
         for n in tokens:

@@ -60,6 +60,8 @@ class WarmupStats:
     points: int
     loaded: int
     stale_winners: int
+    # The current winners measured where the driver, CUDA runtime or torch differed, by how.
+    measured_elsewhere: tuple[str, ...] = ()
 
 
 def nearest_tuned(bucket: int, tuned: Sequence[int]) -> int | None:
@@ -74,7 +76,8 @@ class Dispatcher:
                  compile_processes: int = 0):
         """`spec`: the DeviceSpec of the GPU in use (None where no GPU is visible: the
         dispatcher then serves nothing and its report says so); `winners`: results_db Winner
-        records for this device fingerprint (empty: every call runs the heuristic default);
+        records this device may serve (results_db.winners_to_serve; empty: every call runs
+        the heuristic default);
         `store`: the artifact cache points are loaded from and stored to (None: compiled in
         memory); `compile_processes`: at most this many processes compile a warmup's missing
         points in parallel (0 or 1: this process compiles them, one after another)."""
@@ -186,13 +189,15 @@ class Dispatcher:
         for problem in problems:
             self._install(kernel, problem, True, (kernel.name, problem.static_tuple()))
         source = kernel.source_hash()
-        stale = sum(1 for problem in problems
-                    for w in self._winners.get((kernel.name, problem.static_key()), ())
-                    if w.source_hash != source)
+        served = [w for problem in problems
+                  for w in self._winners.get((kernel.name, problem.static_key()), ())]
+        stale = sum(1 for w in served if w.source_hash != source)
+        elsewhere = tuple(w.measured_elsewhere for w in served
+                          if w.source_hash == source and w.measured_elsewhere)
         loaded = (self.store.counts.loaded if self.store is not None else 0) - loaded_before
         self.stats[kernel.name] = WarmupStats(time.perf_counter() - start, len(problems),
                                               len(self._compiled) - compiled_before, loaded,
-                                              stale)
+                                              stale, elsewhere)
         return self.stats[kernel.name]
 
     # -- serving (hot path) ---------------------------------------------------------------
@@ -246,6 +251,9 @@ class Dispatcher:
         lines = [f"warmup of {name}: {st.problems} problems, {st.points} points "
                  f"({st.loaded} from the artifact cache) in {st.seconds:.2f} s; "
                  f"{st.stale_winners} winners ignored (older kernel source)"
+                 + (f"; {len(st.measured_elsewhere)} winners measured under another "
+                    f"environment, served: {'; '.join(sorted(set(st.measured_elsewhere)))}"
+                    if st.measured_elsewhere else "")
                  for name, st in self.stats.items()]
         lines.append(self.cache_summary())
         for (name, static_tuple), table in self._tables.items():
@@ -323,7 +331,7 @@ def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = 
     result the dispatcher that `cutetune.qk_norm` and the other ops call through."""
     global _current
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
-    from cutetune.results_db import Database, DeviceFingerprint, winners
+    from cutetune.results_db import Database, DeviceFingerprint, winners_to_serve
     from cutetune.settings import load_settings
     from cutetune.spaces.models import load_model
 
@@ -332,7 +340,7 @@ def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = 
     settings = load_settings()
     db = Database.open(db_url or settings.db_url)
     try:
-        dispatcher = Dispatcher(_current_device_spec(), winners(db, fingerprint),
+        dispatcher = Dispatcher(_current_device_spec(), winners_to_serve(db, fingerprint),
                                 artifact_store(settings.cache_dir, fingerprint),
                                 compile_processes=os.cpu_count() or 1)
     finally:

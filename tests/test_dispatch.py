@@ -442,3 +442,16 @@ def test_a_cold_warmup_compiles_in_parallel_and_a_warm_one_loads_every_point(qwe
     assert "2 loaded, 0 compiled (0 in parallel processes), 0 unsound" in warm.report()
     assert {e.config for e in entries_by_bucket(warm).values()} == {SMALL, LARGE}
     assert len(ArtifactStore(tmp_path, arch).entries()) == 2
+
+
+def test_a_winner_measured_under_another_environment_is_served_and_named(qwen3_8b,
+                                                                          qk_fake_compile):
+    kernel, _ = qk_fake_compile
+    elsewhere = dataclasses.replace(winner(kernel, qwen3_8b, 8, SMALL),
+                                    measured_elsewhere="torch 2.9.1 (here 2.9.0)")
+    dispatcher = Dispatcher(SPEC, [elsewhere, winner(kernel, qwen3_8b, 4096, LARGE)])
+    stats = dispatcher.warmup(kernel, [qwen3_8b])
+    assert entries_by_bucket(dispatcher)[8].source == TUNED
+    assert stats.measured_elsewhere == ("torch 2.9.1 (here 2.9.0)",)
+    assert ("1 winners measured under another environment, served: torch 2.9.1 (here 2.9.0)"
+            in dispatcher.report())

@@ -19,6 +19,7 @@ from cutetune.results_db.queries import (
     trials_frame,
     winners,
     winners_frame,
+    winners_to_serve,
     winners_with_devices,
 )
 from cutetune.results_db.records import (
@@ -53,5 +54,6 @@ __all__ = [
     "trials_frame",
     "winners",
     "winners_frame",
+    "winners_to_serve",
     "winners_with_devices",
 ]

@@ -1,6 +1,10 @@
-"""What identifies the environment a measurement was taken in.
+"""What identifies the environment a measurement was taken in, and which of it a winner needs.
 
-A winner measured on one GPU, driver or library version is served only where all of them match.
+A winner is served only on the GPU it was measured on (model, compute capability, SM count) and
+with the CuTeDSL version that compiled it (MUST_MATCH; the kernel's code hash is checked by the
+dispatcher). The driver, the CUDA runtime and torch may differ (MAY_DIFFER): their patch releases
+do not change the code a point compiles to, so such a winner is served, and the dispatcher's
+report names every difference.
 """
 
 from __future__ import annotations
@@ -37,6 +41,21 @@ class DeviceFingerprint:
             torch=torch.__version__,
             cutlass_dsl=metadata.version("nvidia-cutlass-dsl"),
         )
+
+
+MUST_MATCH = ("gpu_name", "compute_capability", "sm_count", "cutlass_dsl")
+MAY_DIFFER = ("driver", "cuda", "torch")
+
+
+def serves_here(measured: DeviceFingerprint, here: DeviceFingerprint) -> bool:
+    """Whether a winner measured under `measured` may be served `here`."""
+    return all(getattr(measured, name) == getattr(here, name) for name in MUST_MATCH)
+
+
+def environment_differences(measured: DeviceFingerprint, here: DeviceFingerprint) -> str:
+    """The MAY_DIFFER fields that differ, as 'torch 2.11.0 (here 2.11.1)'; empty if none."""
+    return ", ".join(f"{name} {getattr(measured, name)} (here {getattr(here, name)})"
+                     for name in MAY_DIFFER if getattr(measured, name) != getattr(here, name))
 
 
 def _driver_version() -> str:

@@ -6,7 +6,7 @@ Each write is one transaction: a failure part way leaves the database as it was.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +15,11 @@ from sqlalchemy import ColumnElement, Select, case, delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from cutetune.results_db.dialects import insert_for
-from cutetune.results_db.fingerprint import DeviceFingerprint
+from cutetune.results_db.fingerprint import (
+    DeviceFingerprint,
+    environment_differences,
+    serves_here,
+)
 from cutetune.results_db.records import (
     BenchRecord,
     QuarantinedPoint,
@@ -172,6 +176,30 @@ def winners_with_devices(
             (_fingerprint(device), _winner(winner, kernel, static_key))
             for winner, kernel, static_key, device in session.execute(statement)
         ]
+
+
+def winners_to_serve(db: Database, here: DeviceFingerprint,
+                     kernel_name: str | None = None) -> list[Winner]:
+    """The winners the fingerprint policy lets this device serve (fingerprint.serves_here), one
+    per kernel source, problem and bucket: one measured in this very environment where there
+    is one, else the most recent; each says how its environment differed
+    (Winner.measured_elsewhere)."""
+    chosen: dict[tuple[str, str, str, int], Winner] = {}
+    for measured, winner in winners_with_devices(db, None, kernel_name):
+        if not serves_here(measured, here):
+            continue
+        winner = replace(winner, measured_elsewhere=environment_differences(measured, here))
+        key = (winner.kernel_name, winner.source_hash, winner.static_key, winner.bucket)
+        held = chosen.get(key)
+        if held is None or _preferred(winner, held):
+            chosen[key] = winner
+    return list(chosen.values())
+
+
+def _preferred(candidate: Winner, held: Winner) -> bool:
+    """A winner of this environment before one of another; then the more recent."""
+    return (not candidate.measured_elsewhere, candidate.updated_at) > (
+        not held.measured_elsewhere, held.updated_at)
 
 
 def winners(

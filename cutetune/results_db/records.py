@@ -85,7 +85,9 @@ class TuningResult:
 
 @dataclass(frozen=True)
 class Winner:
-    """The best config stored for one (kernel, problem, bucket) on one device."""
+    """The best config stored for one (kernel, problem, bucket) on one device;
+    `measured_elsewhere` names how that device's environment differs from the one asking
+    (fingerprint.environment_differences), empty where it does not."""
 
     kernel_name: str
     source_hash: str
@@ -97,6 +99,7 @@ class Winner:
     gbps: float | None
     pct_roofline: float | None
     updated_at: datetime
+    measured_elsewhere: str = ""
 
 
 @dataclass(frozen=True)

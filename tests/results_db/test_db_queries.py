@@ -21,6 +21,7 @@ from cutetune.results_db import (
     trials_frame,
     winners,
     winners_frame,
+    winners_to_serve,
     winners_with_devices,
 )
 from cutetune.results_db.schema import Base, BenchRow, DeviceRow, TrialRow, TuningRunRow, WinnerRow
@@ -241,3 +242,29 @@ def test_empty_frames_still_have_their_columns(db):
         trials.columns
     )
     assert len(winners_frame(db).columns) == len(dataclasses.fields(Winner)) + 1
+
+
+def test_the_fingerprint_policy_serves_across_driver_cuda_and_torch_and_says_so(
+        db, h200, h100, make_result):
+    """Must match: GPU model, compute capability, SM count, CuTeDSL. May differ (served, the
+    difference named): driver, CUDA runtime, torch."""
+    patched = dataclasses.replace(h200, driver="575.51", torch="2.9.1")
+    record_tuning_result(db, patched, make_result(median_us=2.0, warps=4, bucket=8))
+    record_tuning_result(db, h200, make_result(median_us=3.0, warps=8, bucket=64))
+    record_tuning_result(db, patched, make_result(median_us=1.0, warps=2, bucket=64))
+    for other in (h100, dataclasses.replace(h200, sm_count=114),
+                  dataclasses.replace(h200, compute_capability="9.1"),
+                  dataclasses.replace(h200, cutlass_dsl="4.9.0")):
+        record_tuning_result(db, other, make_result(median_us=0.5, warps=1, bucket=8))
+
+    served = {w.bucket: w for w in winners_to_serve(db, h200)}
+    assert set(served) == {8, 64}
+    # Bucket 8: only the patched environment measured it; served, and the report can say how.
+    assert warps(served[8]) == 4
+    assert served[8].measured_elsewhere == "driver 575.51 (here 570.133), torch 2.9.1 (here 2.9.0)"
+    # Bucket 64: this environment's own winner goes before a faster one measured elsewhere.
+    assert (warps(served[64]), served[64].measured_elsewhere) == (8, "")
+    # Where nothing was measured here, one of the others, saying where it was measured.
+    (elsewhere,) = [w for w in winners_to_serve(db, dataclasses.replace(h200, torch="2.10"))
+                    if w.bucket == 64]
+    assert "torch" in elsewhere.measured_elsewhere and "(here 2.10)" in elsewhere.measured_elsewhere
