@@ -24,6 +24,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32
 
+from cutetune.kernels import device_blocks
 from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
@@ -193,34 +194,20 @@ def _normalise_head(mX: cute.Tensor, mW: cute.Tensor, row: Int32, lane: Int32,
     tXgX = cute.zipped_divide(mX[safe_row // heads, safe_row % heads, None], (VEC,))
     tWgW = cute.zipped_divide(mW, (VEC,))
     vectors_per_thread = head_dim // (VEC * THREADS_PER_HEAD)
-    # The weights are loaded with x, before the reduction, so that a decode-sized call waits
-    # for one memory round trip instead of two.
     tWrW = []
     for v in cutlass.range_constexpr(vectors_per_thread):
-        tWrW.append(tWgW[(None, v * THREADS_PER_HEAD + lane)].load().to(Float32))
+        tWrW.append(device_blocks.preload_fp32(tWgW, v * THREADS_PER_HEAD + lane))
+    square_sum = device_blocks.tied_zero(tWrW)
     tXrX = []
-    # ptxas sinks a load whose value is needed only after the reduction (the weight) into the
-    # store branch, so a call would wait for two memory round trips (seen in the SASS).
-    # Adding 0 * w to the sum ties each weight load before the reduction; IEEE keeps 0 * w
-    # (it is NaN for an infinite w), so no compiler stage folds it away.
-    square_sum = Float32(0.0)
-    for v in cutlass.range_constexpr(vectors_per_thread):
-        square_sum = square_sum + tWrW[v][0] * 0.0
     for v in cutlass.range_constexpr(vectors_per_thread):
         x = tXgX[(None, v * THREADS_PER_HEAD + lane)].load().to(Float32)
         tXrX.append(x)
-        square_sum = square_sum + (x * x).reduce(cute.ReductionOp.ADD, init_val=0.0,
-                                                 reduction_profile=0)
-    for i in cutlass.range_constexpr(int(math.log2(THREADS_PER_HEAD))):
-        square_sum = square_sum + cute.arch.shuffle_sync_bfly(
-            square_sum, offset=THREADS_PER_HEAD >> (i + 1))
-    inv_rms = cute.math.rsqrt(square_sum * (1.0 / head_dim) + EPS, fastmath=False)
+        square_sum = square_sum + device_blocks.sum_of_squares(x)
+    square_sum = device_blocks.butterfly_sum(square_sum, THREADS_PER_HEAD)
+    inv_rms = device_blocks.inverse_rms(square_sum, head_dim, EPS)
     if row < rows:
         for v in cutlass.range_constexpr(vectors_per_thread):
-            w = tWrW[v]
-            if cutlass.const_expr(WEIGHT_BIAS != 0.0):
-                w = w + WEIGHT_BIAS
-            y = w * (tXrX[v] * inv_rms)
+            y = device_blocks.rms_normalised(tXrX[v], inv_rms, tWrW[v], WEIGHT_BIAS)
             tXgX[(None, v * THREADS_PER_HEAD + lane)].store(y.to(mX.element_type))
 
 

@@ -40,7 +40,7 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32
 
-from cutetune.kernels import cache_hints
+from cutetune.kernels import cache_hints, device_blocks
 from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
@@ -325,8 +325,6 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
     tWgW = cute.zipped_divide(mW, (VEC,))
     last_slot = (vectors_per_thread - 1) * THREADS + lane
     last_valid = last_slot < vectors
-    # The weights are loaded with x, before the reduction, so that a decode-sized call waits
-    # for one memory round trip instead of two.
     slots = []
     tWrW = []
     for v in cutlass.range_constexpr(vectors_per_thread):
@@ -334,7 +332,7 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
         if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
             slot = cutlass.min(slot, vectors - 1)
         slots.append(slot)
-        tWrW.append(tWgW[(None, slot)].load().to(Float32))
+        tWrW.append(device_blocks.preload_fp32(tWgW, slot))
     tXrX = [cache_hints.load(tXgX[(None, slot)], HINTS) for slot in slots]
     if cutlass.const_expr(FUSED_ADD):
         # Every load is issued before the first residual store: the compiler may not move a
@@ -349,47 +347,23 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
                     cache_hints.store(tRgR[(None, slots[v])], tXrX[v], HINTS)
             else:
                 cache_hints.store(tRgR[(None, slots[v])], tXrX[v], HINTS)
-    # ptxas sinks a load whose value is needed only after the reduction (the weight) down to
-    # its use, so a call would wait for two memory round trips (without the tie below, the SASS
-    # of block_per_row, 128-bit, 8 warps, hidden 4096 loads the weight after the warp's
-    # shuffles). Adding 0 * w to the sum ties each weight load before the reduction; IEEE
-    # keeps 0 * w (it is NaN for an infinite w), so no compiler stage folds it away.
-    square_sum = Float32(0.0)
-    for v in cutlass.range_constexpr(vectors_per_thread):
-        square_sum = square_sum + tWrW[v][0] * 0.0
+    square_sum = device_blocks.tied_zero(tWrW)
     for v in cutlass.range_constexpr(vectors_per_thread):
         tXrX[v] = tXrX[v].to(Float32)
-        square = (tXrX[v] * tXrX[v]).reduce(cute.ReductionOp.ADD, init_val=0.0,
-                                            reduction_profile=0)
+        square = device_blocks.sum_of_squares(tXrX[v])
         if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
             # The clamped slot repeats the row's last vector: count it once.
             if last_valid:
                 square_sum = square_sum + square
         else:
             square_sum = square_sum + square
-    for i in cutlass.range_constexpr(int(math.log2(WARP))):
-        square_sum = square_sum + cute.arch.shuffle_sync_bfly(square_sum, offset=WARP >> (i + 1))
+    square_sum = device_blocks.butterfly_sum(square_sum, WARP)
     if cutlass.const_expr(WARPS > 1):
-        # Each warp's sum goes to its slot of a WARPS-float buffer (distinct banks); after the
-        # block's one barrier, lane l reads slot l % WARPS (a broadcast where WARPS < 32), so
-        # every group of WARPS lanes holds all the partial sums and log2(WARPS) butterfly
-        # rounds give each lane the total.
-        smem = cutlass.memory.SmemAllocator()
-        sPartial = smem.allocate_tensor(Float32, cute.make_layout(WARPS), byte_alignment=16)
-        warp_lane = lane % WARP
-        if warp_lane == 0:
-            sPartial[warp] = square_sum
-        cute.arch.sync_threads()
-        square_sum = sPartial[warp_lane % WARPS]
-        for i in cutlass.range_constexpr(int(math.log2(WARPS))):
-            square_sum = square_sum + cute.arch.shuffle_sync_bfly(square_sum,
-                                                                  offset=WARPS >> (i + 1))
-    inv_rms = cute.math.rsqrt(square_sum * (1.0 / hidden) + EPS, fastmath=False)
+        square_sum = device_blocks.sum_across_warps(square_sum, warp, lane % WARP, WARPS)
+    inv_rms = device_blocks.inverse_rms(square_sum, hidden, EPS)
     for v in cutlass.range_constexpr(vectors_per_thread):
-        w = tWrW[v]
-        if cutlass.const_expr(WEIGHT_BIAS != 0.0):
-            w = w + WEIGHT_BIAS
-        y = (w * (tXrX[v] * inv_rms)).to(mO.element_type)
+        y = device_blocks.rms_normalised(tXrX[v], inv_rms, tWrW[v], WEIGHT_BIAS).to(
+            mO.element_type)
         if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
             if last_valid:
                 cache_hints.store(tOgO[(None, slots[v])], y, HINTS)
