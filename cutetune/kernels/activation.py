@@ -32,7 +32,12 @@ import torch
 from cutlass import Float32, Int32, Int64
 
 from cutetune.kernels import cache_hints
-from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
+from cutetune.kernels.block_limits import (
+    WARP,
+    block_fits_register_file,
+    block_size_within_device,
+    estimated_registers,
+)
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -134,9 +139,8 @@ def _vectors_per_block(config: ActivationConfig) -> int:
 
 
 def _registers_per_thread(problem: GatedProblem, config: ActivationConfig) -> int:
-    # The gate and up vectors of every access in fp32, loaded before the first store, plus
-    # about 32 registers of addressing (one row and column per vector) and loop state.
-    return 32 + 2 * config.vectors_per_thread * _vector_elements(problem, config)
+    # The gate and up vectors of every access in fp32, loaded before the first store.
+    return estimated_registers(2 * config.vectors_per_thread * _vector_elements(problem, config))
 
 
 def _widest_vector_bits(problem: GatedProblem) -> int:

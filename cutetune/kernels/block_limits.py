@@ -1,5 +1,6 @@
 """The named constraints every kernel with a `warps_per_block` knob shares: a block within the
-device's thread limit, and its estimated registers within one SM's register file."""
+device's thread limit, and its estimated registers within one SM's register file; and the
+register estimate the kernels make for the second."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ from typing import Any
 from cutetune.spaces.space import Constraint
 
 WARP = 32
+# Registers a thread spends besides the data it holds across a wait: addressing, loop and
+# reduction state.
+STATE_REGISTERS = 32
+
+
+def estimated_registers(held: int) -> int:
+    """Registers per thread of a thread that holds `held` 32-bit registers of data (fp32
+    values, packed vectors, indices) across its wait for memory."""
+    return STATE_REGISTERS + held
 
 
 def block_size_within_device() -> Constraint:

@@ -38,7 +38,12 @@ import torch
 from cutlass import Float32, Int32
 
 from cutetune.kernels import moe_common
-from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
+from cutetune.kernels.block_limits import (
+    WARP,
+    block_fits_register_file,
+    block_size_within_device,
+    estimated_registers,
+)
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -90,11 +95,10 @@ def _pairs_per_batch(problem: MoEProblem, config: CombineConfig) -> int:
 
 
 def _registers_per_thread(problem: MoEProblem, config: CombineConfig) -> int:
-    # A batch of loaded vectors (packed), the fp32 accumulator, each pair's row and weight,
-    # and about 32 registers of addressing and loop state.
+    # A batch of loaded vectors (packed), the fp32 accumulator, each pair's row and weight.
     vec = _vector_elements(problem, config)
     loaded = _pairs_per_batch(problem, config) * config.vector_bits // 32
-    return 32 + loaded + vec + 2 * problem.top_k
+    return estimated_registers(loaded + vec + 2 * problem.top_k)
 
 
 SPACE = Space(

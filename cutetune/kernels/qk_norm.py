@@ -25,7 +25,12 @@ import torch
 from cutlass import Float32, Int32
 
 from cutetune.kernels import device_blocks
-from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
+from cutetune.kernels.block_limits import (
+    WARP,
+    block_fits_register_file,
+    block_size_within_device,
+    estimated_registers,
+)
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -99,9 +104,8 @@ def _elements_per_thread(problem: QKNormProblem, config: QKNormConfig) -> int:
 
 
 def _registers_per_thread(problem: QKNormProblem, config: QKNormConfig) -> int:
-    # The head's and the weights' shares in fp32 plus about 32 registers of addressing and
-    # loop state.
-    return 32 + 2 * _elements_per_thread(problem, config)
+    # The head's and the weights' shares in fp32.
+    return estimated_registers(2 * _elements_per_thread(problem, config))
 
 
 SPACE = Space(

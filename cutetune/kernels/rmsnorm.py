@@ -41,7 +41,12 @@ import torch
 from cutlass import Float32
 
 from cutetune.kernels import cache_hints, device_blocks
-from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
+from cutetune.kernels.block_limits import (
+    WARP,
+    block_fits_register_file,
+    block_size_within_device,
+    estimated_registers,
+)
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -134,9 +139,8 @@ def _elements_per_thread(problem: RMSNormProblem, config: RMSNormConfig) -> int:
 
 
 def _registers_per_thread(problem: RMSNormProblem, config: RMSNormConfig) -> int:
-    # The row's and the weight's shares in fp32 plus about 32 registers of addressing, loop
-    # and reduction state.
-    return 32 + 2 * _elements_per_thread(problem, config)
+    # The row's and the weight's shares in fp32.
+    return estimated_registers(2 * _elements_per_thread(problem, config))
 
 
 def _rows_per_block(config: RMSNormConfig) -> int:
