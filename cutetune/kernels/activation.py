@@ -38,6 +38,7 @@ from cutetune.kernels.block_limits import (
     block_size_within_device,
     estimated_registers,
 )
+from cutetune.kernels.compiling import compile_launcher, fake_rows
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -287,18 +288,14 @@ def compile_kernel(problem: GatedProblem, config: ActivationConfig, options: str
     tokens = cute.sym_int()
 
     def rows(width: int):
-        # Row stride: symbolic, but a multiple of the vector so the accesses stay wide.
-        return cute.runtime.make_fake_tensor(dtype, (tokens, width),
-                                             (cute.sym_int64(divisibility=vec), 1),
-                                             assumed_align=16)
+        return fake_rows(dtype, tokens, (width,), vec, assumed_align=16)
 
-    return cute.compile(
+    return compile_launcher(
         _act_and_mul_launch,
-        rows(2 * problem.intermediate), rows(problem.intermediate),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-        vec, config.vectors_per_thread, config.warps_per_block, problem.activation,
-        config.cache_hints, options=" ".join(("--enable-tvm-ffi", options)).strip(),
-    )
+        (rows(2 * problem.intermediate), rows(problem.intermediate)),
+        (vec, config.vectors_per_thread, config.warps_per_block, problem.activation,
+         config.cache_hints),
+        options)
 
 
 def launch(compiled, tensors: Tensors) -> None:

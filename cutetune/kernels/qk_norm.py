@@ -31,6 +31,7 @@ from cutetune.kernels.block_limits import (
     block_size_within_device,
     estimated_registers,
 )
+from cutetune.kernels.compiling import compile_launcher, fake_compact, fake_rows
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -255,23 +256,18 @@ def compile_kernel(problem: QKNormProblem, config: QKNormConfig, options: str = 
     tokens = cute.sym_int()
 
     def heads_tensor(heads: int):
-        # Token stride: symbolic, but a multiple of the vector so the accesses stay wide.
-        stride = (cute.sym_int64(divisibility=vec), problem.head_dim, 1)
-        return cute.runtime.make_fake_tensor(dtype, (tokens, heads, problem.head_dim), stride,
-                                             assumed_align=16)
+        return fake_rows(dtype, tokens, (heads, problem.head_dim), vec, assumed_align=16)
 
     def weight_tensor():
-        return cute.runtime.make_fake_tensor(dtype, (problem.head_dim,), (1,), assumed_align=16)
+        return fake_compact(dtype, (problem.head_dim,), assumed_align=16)
 
-    return cute.compile(
+    return compile_launcher(
         _qk_norm_launch,
-        heads_tensor(problem.q_heads), heads_tensor(problem.kv_heads),
-        weight_tensor(), weight_tensor(),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-        vec, _threads_per_head(config), config.warps_per_block,
-        float(problem.eps), float(problem.weight_bias),
-        options=" ".join(("--enable-tvm-ffi", options)).strip(),
-    )
+        (heads_tensor(problem.q_heads), heads_tensor(problem.kv_heads), weight_tensor(),
+         weight_tensor()),
+        (vec, _threads_per_head(config), config.warps_per_block, float(problem.eps),
+         float(problem.weight_bias)),
+        options)
 
 
 def launch(compiled, tensors: Tensors) -> None:

@@ -47,6 +47,7 @@ from cutetune.kernels.block_limits import (
     block_size_within_device,
     estimated_registers,
 )
+from cutetune.kernels.compiling import compile_launcher, fake_compact, fake_rows
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -418,25 +419,23 @@ def compile_kernel(problem: RMSNormProblem, config: RMSNormConfig, options: str 
     vec = _vector_elements(problem, config)
     rows = cute.sym_int()
 
-    def rows_tensor(dtype_name: str):
-        # Row stride: symbolic, but a multiple of the vector so the accesses stay wide; the
-        # start aligned to one vector of this tensor's dtype.
-        dtype = CUTLASS_DTYPES[dtype_name]
-        return cute.runtime.make_fake_tensor(
-            dtype, (rows, problem.hidden), (cute.sym_int64(divisibility=vec), 1),
-            assumed_align=vec * DTYPE_BYTES[dtype_name])
+    def vector_bytes(dtype_name: str) -> int:
+        # Each tensor's start is aligned to one vector of its own dtype.
+        return vec * DTYPE_BYTES[dtype_name]
 
-    weight = cute.runtime.make_fake_tensor(CUTLASS_DTYPES[problem.dtype], (problem.hidden,),
-                                           (1,), assumed_align=vec * DTYPE_BYTES[problem.dtype])
-    return cute.compile(
+    def rows_tensor(dtype_name: str):
+        return fake_rows(CUTLASS_DTYPES[dtype_name], rows, (problem.hidden,), vec,
+                         vector_bytes(dtype_name))
+
+    weight = fake_compact(CUTLASS_DTYPES[problem.dtype], (problem.hidden,),
+                          vector_bytes(problem.dtype))
+    return compile_launcher(
         _rmsnorm_launch,
-        rows_tensor(problem.dtype), rows_tensor(problem.dtype), weight,
-        rows_tensor(problem.out_dtype),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-        vec, config.form == BLOCK_PER_ROW, config.warps_per_block, problem.fused_add,
-        float(problem.eps), float(problem.weight_bias), config.cache_hints,
-        options=" ".join(("--enable-tvm-ffi", options)).strip(),
-    )
+        (rows_tensor(problem.dtype), rows_tensor(problem.dtype), weight,
+         rows_tensor(problem.out_dtype)),
+        (vec, config.form == BLOCK_PER_ROW, config.warps_per_block, problem.fused_add,
+         float(problem.eps), float(problem.weight_bias), config.cache_hints),
+        options)
 
 
 def launch(compiled, tensors: Tensors) -> None:
