@@ -26,6 +26,8 @@ from cutlass import Float32, Int32
 
 from cutetune.kernels import device_blocks
 from cutetune.kernels.block_limits import (
+    MAX_ELEMENTS_PER_THREAD,
+    MAX_VECTORS_PER_THREAD,
     WARP,
     block_fits_register_file,
     block_size_within_device,
@@ -53,12 +55,6 @@ from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
 
 HEAD_DIMS = (64, 128, 256)
-# A thread holds its share of one head in registers between the reduction and the store.
-MAX_ELEMENTS_PER_THREAD = 64
-# A thread's vector accesses are unrolled at compile time. Beyond 16 CuTeDSL warns about the
-# unrolled loop and a compile takes several times longer, while the H200's winners need far
-# fewer.
-MAX_VECTORS_PER_THREAD = 16
 
 
 @dataclass(frozen=True, kw_only=True)

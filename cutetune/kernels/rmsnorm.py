@@ -42,6 +42,8 @@ from cutlass import Float32
 
 from cutetune.kernels import cache_hints, device_blocks
 from cutetune.kernels.block_limits import (
+    MAX_ELEMENTS_PER_THREAD,
+    MAX_VECTORS_PER_THREAD,
     WARP,
     block_fits_register_file,
     block_size_within_device,
@@ -65,12 +67,6 @@ from cutetune.spaces.space import Constraint, Param, Space
 # RMSNorm).
 MIN_HIDDEN, MAX_HIDDEN = 64, 16384
 BLOCK_PER_ROW, WARP_PER_ROW = "block_per_row", "warp_per_row"
-# A thread holds its share of the row and of the weight in fp32 registers between the
-# reduction and the store.
-MAX_ELEMENTS_PER_THREAD = 64
-# A thread's vector accesses are unrolled at compile time. Beyond 16 CuTeDSL warns about the
-# unrolled loop and a compile takes several times longer (measured on qk_norm).
-MAX_VECTORS_PER_THREAD = 16
 # The narrowest access: one 32-bit word.
 MIN_VECTOR_BITS = 32
 CACHE_HINTS = (*cache_hints.CACHE_HINTS, cache_hints.EVICT_LAST_LOADS)
