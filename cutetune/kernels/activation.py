@@ -32,7 +32,13 @@ import torch
 from cutlass import Float32, Int32, Int64
 
 from cutetune.kernels import cache_hints
-from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
+from cutetune.kernels.block_limits import (
+    WARP,
+    block_fits_register_file,
+    block_size_within_device,
+    estimated_registers,
+)
+from cutetune.kernels.compiling import compile_launcher, fake_rows
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -134,9 +140,8 @@ def _vectors_per_block(config: ActivationConfig) -> int:
 
 
 def _registers_per_thread(problem: GatedProblem, config: ActivationConfig) -> int:
-    # The gate and up vectors of every access in fp32, loaded before the first store, plus
-    # about 32 registers of addressing (one row and column per vector) and loop state.
-    return 32 + 2 * config.vectors_per_thread * _vector_elements(problem, config)
+    # The gate and up vectors of every access in fp32, loaded before the first store.
+    return estimated_registers(2 * config.vectors_per_thread * _vector_elements(problem, config))
 
 
 def _widest_vector_bits(problem: GatedProblem) -> int:
@@ -283,18 +288,14 @@ def compile_kernel(problem: GatedProblem, config: ActivationConfig, options: str
     tokens = cute.sym_int()
 
     def rows(width: int):
-        # Row stride: symbolic, but a multiple of the vector so the accesses stay wide.
-        return cute.runtime.make_fake_tensor(dtype, (tokens, width),
-                                             (cute.sym_int64(divisibility=vec), 1),
-                                             assumed_align=16)
+        return fake_rows(dtype, tokens, (width,), vec, assumed_align=16)
 
-    return cute.compile(
+    return compile_launcher(
         _act_and_mul_launch,
-        rows(2 * problem.intermediate), rows(problem.intermediate),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-        vec, config.vectors_per_thread, config.warps_per_block, problem.activation,
-        config.cache_hints, options=" ".join(("--enable-tvm-ffi", options)).strip(),
-    )
+        (rows(2 * problem.intermediate), rows(problem.intermediate)),
+        (vec, config.vectors_per_thread, config.warps_per_block, problem.activation,
+         config.cache_hints),
+        options)
 
 
 def launch(compiled, tensors: Tensors) -> None:

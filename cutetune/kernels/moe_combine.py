@@ -38,7 +38,13 @@ import torch
 from cutlass import Float32, Int32
 
 from cutetune.kernels import moe_common
-from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
+from cutetune.kernels.block_limits import (
+    WARP,
+    block_fits_register_file,
+    block_size_within_device,
+    estimated_registers,
+)
+from cutetune.kernels.compiling import compile_launcher, fake_compact, fake_rows
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -90,11 +96,10 @@ def _pairs_per_batch(problem: MoEProblem, config: CombineConfig) -> int:
 
 
 def _registers_per_thread(problem: MoEProblem, config: CombineConfig) -> int:
-    # A batch of loaded vectors (packed), the fp32 accumulator, each pair's row and weight,
-    # and about 32 registers of addressing and loop state.
+    # A batch of loaded vectors (packed), the fp32 accumulator, each pair's row and weight.
     vec = _vector_elements(problem, config)
     loaded = _pairs_per_batch(problem, config) * config.vector_bits // 32
-    return 32 + loaded + vec + 2 * problem.top_k
+    return estimated_registers(loaded + vec + 2 * problem.top_k)
 
 
 SPACE = Space(
@@ -303,24 +308,19 @@ def compile_kernel(problem: MoEProblem, config: CombineConfig, options: str = ""
     tokens, capacity = cute.sym_int(), cute.sym_int()
 
     def rows(count):
-        # Row stride: symbolic (64-bit: capacity * H may pass 2^31), a multiple of the vector
-        # so the accesses stay wide; the start aligned to one vector.
-        return cute.runtime.make_fake_tensor(
-            dtype, (count, problem.hidden), (cute.sym_int64(divisibility=vec), 1),
-            assumed_align=vec * DTYPE_BYTES[problem.dtype])
+        # The start aligned to one vector.
+        return fake_rows(dtype, count, (problem.hidden,), vec,
+                         assumed_align=vec * DTYPE_BYTES[problem.dtype])
 
     def pairs(element_type):
-        return cute.runtime.make_fake_tensor(element_type, (tokens, problem.top_k),
-                                             (problem.top_k, 1), assumed_align=4)
+        return fake_compact(element_type, (tokens, problem.top_k), assumed_align=4)
 
-    return cute.compile(
+    return compile_launcher(
         _combine_launch,
-        rows(capacity), pairs(Int32), pairs(Float32), rows(tokens),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-        vec, _pairs_per_batch(problem, config), config.warps_per_block,
-        config.tokens_per_block, config.hidden_split,
-        options=" ".join(("--enable-tvm-ffi", options)).strip(),
-    )
+        (rows(capacity), pairs(Int32), pairs(Float32), rows(tokens)),
+        (vec, _pairs_per_batch(problem, config), config.warps_per_block,
+         config.tokens_per_block, config.hidden_split),
+        options)
 
 
 def launch(compiled, tensors: Tensors) -> None:

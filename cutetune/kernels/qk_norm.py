@@ -24,7 +24,16 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32
 
-from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
+from cutetune.kernels import device_blocks
+from cutetune.kernels.block_limits import (
+    MAX_ELEMENTS_PER_THREAD,
+    MAX_VECTORS_PER_THREAD,
+    WARP,
+    block_fits_register_file,
+    block_size_within_device,
+    estimated_registers,
+)
+from cutetune.kernels.compiling import compile_launcher, fake_compact, fake_rows
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -46,12 +55,6 @@ from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
 
 HEAD_DIMS = (64, 128, 256)
-# A thread holds its share of one head in registers between the reduction and the store.
-MAX_ELEMENTS_PER_THREAD = 64
-# A thread's vector accesses are unrolled at compile time. Beyond 16 CuTeDSL warns about the
-# unrolled loop and a compile takes several times longer, while the H200's winners need far
-# fewer.
-MAX_VECTORS_PER_THREAD = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,9 +101,8 @@ def _elements_per_thread(problem: QKNormProblem, config: QKNormConfig) -> int:
 
 
 def _registers_per_thread(problem: QKNormProblem, config: QKNormConfig) -> int:
-    # The head's and the weights' shares in fp32 plus about 32 registers of addressing and
-    # loop state.
-    return 32 + 2 * _elements_per_thread(problem, config)
+    # The head's and the weights' shares in fp32.
+    return estimated_registers(2 * _elements_per_thread(problem, config))
 
 
 SPACE = Space(
@@ -193,34 +195,20 @@ def _normalise_head(mX: cute.Tensor, mW: cute.Tensor, row: Int32, lane: Int32,
     tXgX = cute.zipped_divide(mX[safe_row // heads, safe_row % heads, None], (VEC,))
     tWgW = cute.zipped_divide(mW, (VEC,))
     vectors_per_thread = head_dim // (VEC * THREADS_PER_HEAD)
-    # The weights are loaded with x, before the reduction, so that a decode-sized call waits
-    # for one memory round trip instead of two.
     tWrW = []
     for v in cutlass.range_constexpr(vectors_per_thread):
-        tWrW.append(tWgW[(None, v * THREADS_PER_HEAD + lane)].load().to(Float32))
+        tWrW.append(device_blocks.preload_fp32(tWgW, v * THREADS_PER_HEAD + lane))
+    square_sum = device_blocks.tied_zero(tWrW)
     tXrX = []
-    # ptxas sinks a load whose value is needed only after the reduction (the weight) into the
-    # store branch, so a call would wait for two memory round trips (seen in the SASS).
-    # Adding 0 * w to the sum ties each weight load before the reduction; IEEE keeps 0 * w
-    # (it is NaN for an infinite w), so no compiler stage folds it away.
-    square_sum = Float32(0.0)
-    for v in cutlass.range_constexpr(vectors_per_thread):
-        square_sum = square_sum + tWrW[v][0] * 0.0
     for v in cutlass.range_constexpr(vectors_per_thread):
         x = tXgX[(None, v * THREADS_PER_HEAD + lane)].load().to(Float32)
         tXrX.append(x)
-        square_sum = square_sum + (x * x).reduce(cute.ReductionOp.ADD, init_val=0.0,
-                                                 reduction_profile=0)
-    for i in cutlass.range_constexpr(int(math.log2(THREADS_PER_HEAD))):
-        square_sum = square_sum + cute.arch.shuffle_sync_bfly(
-            square_sum, offset=THREADS_PER_HEAD >> (i + 1))
-    inv_rms = cute.math.rsqrt(square_sum * (1.0 / head_dim) + EPS, fastmath=False)
+        square_sum = square_sum + device_blocks.sum_of_squares(x)
+    square_sum = device_blocks.butterfly_sum(square_sum, THREADS_PER_HEAD)
+    inv_rms = device_blocks.inverse_rms(square_sum, head_dim, EPS)
     if row < rows:
         for v in cutlass.range_constexpr(vectors_per_thread):
-            w = tWrW[v]
-            if cutlass.const_expr(WEIGHT_BIAS != 0.0):
-                w = w + WEIGHT_BIAS
-            y = w * (tXrX[v] * inv_rms)
+            y = device_blocks.rms_normalised(tXrX[v], inv_rms, tWrW[v], WEIGHT_BIAS)
             tXgX[(None, v * THREADS_PER_HEAD + lane)].store(y.to(mX.element_type))
 
 
@@ -264,23 +252,18 @@ def compile_kernel(problem: QKNormProblem, config: QKNormConfig, options: str = 
     tokens = cute.sym_int()
 
     def heads_tensor(heads: int):
-        # Token stride: symbolic, but a multiple of the vector so the accesses stay wide.
-        stride = (cute.sym_int64(divisibility=vec), problem.head_dim, 1)
-        return cute.runtime.make_fake_tensor(dtype, (tokens, heads, problem.head_dim), stride,
-                                             assumed_align=16)
+        return fake_rows(dtype, tokens, (heads, problem.head_dim), vec, assumed_align=16)
 
     def weight_tensor():
-        return cute.runtime.make_fake_tensor(dtype, (problem.head_dim,), (1,), assumed_align=16)
+        return fake_compact(dtype, (problem.head_dim,), assumed_align=16)
 
-    return cute.compile(
+    return compile_launcher(
         _qk_norm_launch,
-        heads_tensor(problem.q_heads), heads_tensor(problem.kv_heads),
-        weight_tensor(), weight_tensor(),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-        vec, _threads_per_head(config), config.warps_per_block,
-        float(problem.eps), float(problem.weight_bias),
-        options=" ".join(("--enable-tvm-ffi", options)).strip(),
-    )
+        (heads_tensor(problem.q_heads), heads_tensor(problem.kv_heads), weight_tensor(),
+         weight_tensor()),
+        (vec, _threads_per_head(config), config.warps_per_block, float(problem.eps),
+         float(problem.weight_bias)),
+        options)
 
 
 def launch(compiled, tensors: Tensors) -> None:

@@ -40,8 +40,16 @@ import cutlass.cute as cute
 import torch
 from cutlass import Float32
 
-from cutetune.kernels import cache_hints
-from cutetune.kernels.block_limits import WARP, block_fits_register_file, block_size_within_device
+from cutetune.kernels import cache_hints, device_blocks
+from cutetune.kernels.block_limits import (
+    MAX_ELEMENTS_PER_THREAD,
+    MAX_VECTORS_PER_THREAD,
+    WARP,
+    block_fits_register_file,
+    block_size_within_device,
+    estimated_registers,
+)
+from cutetune.kernels.compiling import compile_launcher, fake_compact, fake_rows
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import (
     CUTLASS_DTYPES,
@@ -59,12 +67,6 @@ from cutetune.spaces.space import Constraint, Param, Space
 # RMSNorm).
 MIN_HIDDEN, MAX_HIDDEN = 64, 16384
 BLOCK_PER_ROW, WARP_PER_ROW = "block_per_row", "warp_per_row"
-# A thread holds its share of the row and of the weight in fp32 registers between the
-# reduction and the store.
-MAX_ELEMENTS_PER_THREAD = 64
-# A thread's vector accesses are unrolled at compile time. Beyond 16 CuTeDSL warns about the
-# unrolled loop and a compile takes several times longer (measured on qk_norm).
-MAX_VECTORS_PER_THREAD = 16
 # The narrowest access: one 32-bit word.
 MIN_VECTOR_BITS = 32
 CACHE_HINTS = (*cache_hints.CACHE_HINTS, cache_hints.EVICT_LAST_LOADS)
@@ -134,9 +136,8 @@ def _elements_per_thread(problem: RMSNormProblem, config: RMSNormConfig) -> int:
 
 
 def _registers_per_thread(problem: RMSNormProblem, config: RMSNormConfig) -> int:
-    # The row's and the weight's shares in fp32 plus about 32 registers of addressing, loop
-    # and reduction state.
-    return 32 + 2 * _elements_per_thread(problem, config)
+    # The row's and the weight's shares in fp32.
+    return estimated_registers(2 * _elements_per_thread(problem, config))
 
 
 def _rows_per_block(config: RMSNormConfig) -> int:
@@ -325,8 +326,6 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
     tWgW = cute.zipped_divide(mW, (VEC,))
     last_slot = (vectors_per_thread - 1) * THREADS + lane
     last_valid = last_slot < vectors
-    # The weights are loaded with x, before the reduction, so that a decode-sized call waits
-    # for one memory round trip instead of two.
     slots = []
     tWrW = []
     for v in cutlass.range_constexpr(vectors_per_thread):
@@ -334,7 +333,7 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
         if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
             slot = cutlass.min(slot, vectors - 1)
         slots.append(slot)
-        tWrW.append(tWgW[(None, slot)].load().to(Float32))
+        tWrW.append(device_blocks.preload_fp32(tWgW, slot))
     tXrX = [cache_hints.load(tXgX[(None, slot)], HINTS) for slot in slots]
     if cutlass.const_expr(FUSED_ADD):
         # Every load is issued before the first residual store: the compiler may not move a
@@ -349,47 +348,23 @@ def _normalise_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.T
                     cache_hints.store(tRgR[(None, slots[v])], tXrX[v], HINTS)
             else:
                 cache_hints.store(tRgR[(None, slots[v])], tXrX[v], HINTS)
-    # ptxas sinks a load whose value is needed only after the reduction (the weight) down to
-    # its use, so a call would wait for two memory round trips (without the tie below, the SASS
-    # of block_per_row, 128-bit, 8 warps, hidden 4096 loads the weight after the warp's
-    # shuffles). Adding 0 * w to the sum ties each weight load before the reduction; IEEE
-    # keeps 0 * w (it is NaN for an infinite w), so no compiler stage folds it away.
-    square_sum = Float32(0.0)
-    for v in cutlass.range_constexpr(vectors_per_thread):
-        square_sum = square_sum + tWrW[v][0] * 0.0
+    square_sum = device_blocks.tied_zero(tWrW)
     for v in cutlass.range_constexpr(vectors_per_thread):
         tXrX[v] = tXrX[v].to(Float32)
-        square = (tXrX[v] * tXrX[v]).reduce(cute.ReductionOp.ADD, init_val=0.0,
-                                            reduction_profile=0)
+        square = device_blocks.sum_of_squares(tXrX[v])
         if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
             # The clamped slot repeats the row's last vector: count it once.
             if last_valid:
                 square_sum = square_sum + square
         else:
             square_sum = square_sum + square
-    for i in cutlass.range_constexpr(int(math.log2(WARP))):
-        square_sum = square_sum + cute.arch.shuffle_sync_bfly(square_sum, offset=WARP >> (i + 1))
+    square_sum = device_blocks.butterfly_sum(square_sum, WARP)
     if cutlass.const_expr(WARPS > 1):
-        # Each warp's sum goes to its slot of a WARPS-float buffer (distinct banks); after the
-        # block's one barrier, lane l reads slot l % WARPS (a broadcast where WARPS < 32), so
-        # every group of WARPS lanes holds all the partial sums and log2(WARPS) butterfly
-        # rounds give each lane the total.
-        smem = cutlass.memory.SmemAllocator()
-        sPartial = smem.allocate_tensor(Float32, cute.make_layout(WARPS), byte_alignment=16)
-        warp_lane = lane % WARP
-        if warp_lane == 0:
-            sPartial[warp] = square_sum
-        cute.arch.sync_threads()
-        square_sum = sPartial[warp_lane % WARPS]
-        for i in cutlass.range_constexpr(int(math.log2(WARPS))):
-            square_sum = square_sum + cute.arch.shuffle_sync_bfly(square_sum,
-                                                                  offset=WARPS >> (i + 1))
-    inv_rms = cute.math.rsqrt(square_sum * (1.0 / hidden) + EPS, fastmath=False)
+        square_sum = device_blocks.sum_across_warps(square_sum, warp, lane % WARP, WARPS)
+    inv_rms = device_blocks.inverse_rms(square_sum, hidden, EPS)
     for v in cutlass.range_constexpr(vectors_per_thread):
-        w = tWrW[v]
-        if cutlass.const_expr(WEIGHT_BIAS != 0.0):
-            w = w + WEIGHT_BIAS
-        y = (w * (tXrX[v] * inv_rms)).to(mO.element_type)
+        y = device_blocks.rms_normalised(tXrX[v], inv_rms, tWrW[v], WEIGHT_BIAS).to(
+            mO.element_type)
         if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
             if last_valid:
                 cache_hints.store(tOgO[(None, slots[v])], y, HINTS)
@@ -440,25 +415,23 @@ def compile_kernel(problem: RMSNormProblem, config: RMSNormConfig, options: str 
     vec = _vector_elements(problem, config)
     rows = cute.sym_int()
 
-    def rows_tensor(dtype_name: str):
-        # Row stride: symbolic, but a multiple of the vector so the accesses stay wide; the
-        # start aligned to one vector of this tensor's dtype.
-        dtype = CUTLASS_DTYPES[dtype_name]
-        return cute.runtime.make_fake_tensor(
-            dtype, (rows, problem.hidden), (cute.sym_int64(divisibility=vec), 1),
-            assumed_align=vec * DTYPE_BYTES[dtype_name])
+    def vector_bytes(dtype_name: str) -> int:
+        # Each tensor's start is aligned to one vector of its own dtype.
+        return vec * DTYPE_BYTES[dtype_name]
 
-    weight = cute.runtime.make_fake_tensor(CUTLASS_DTYPES[problem.dtype], (problem.hidden,),
-                                           (1,), assumed_align=vec * DTYPE_BYTES[problem.dtype])
-    return cute.compile(
+    def rows_tensor(dtype_name: str):
+        return fake_rows(CUTLASS_DTYPES[dtype_name], rows, (problem.hidden,), vec,
+                         vector_bytes(dtype_name))
+
+    weight = fake_compact(CUTLASS_DTYPES[problem.dtype], (problem.hidden,),
+                          vector_bytes(problem.dtype))
+    return compile_launcher(
         _rmsnorm_launch,
-        rows_tensor(problem.dtype), rows_tensor(problem.dtype), weight,
-        rows_tensor(problem.out_dtype),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-        vec, config.form == BLOCK_PER_ROW, config.warps_per_block, problem.fused_add,
-        float(problem.eps), float(problem.weight_bias), config.cache_hints,
-        options=" ".join(("--enable-tvm-ffi", options)).strip(),
-    )
+        (rows_tensor(problem.dtype), rows_tensor(problem.dtype), weight,
+         rows_tensor(problem.out_dtype)),
+        (vec, config.form == BLOCK_PER_ROW, config.warps_per_block, problem.fused_add,
+         float(problem.eps), float(problem.weight_bias), config.cache_hints),
+        options)
 
 
 def launch(compiled, tensors: Tensors) -> None:

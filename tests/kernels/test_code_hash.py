@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cutetune.kernels import rmsnorm
+import pytest
+
+from cutetune.kernels import activation, moe_combine, qk_norm, rmsnorm
 from cutetune.kernels.code_hash import KERNELS_DIR, code_closure, code_closure_hash
 
 KERNEL = '''"""A kernel."""
@@ -54,3 +56,19 @@ def test_a_change_in_a_helper_changes_the_hash(tmp_path, monkeypatch):
     assert code_closure_hash(write_package(tmp_path, helper=HELPER.replace("2 *", "3 *"))) \
         != before
     assert code_closure_hash(write_package(tmp_path)) == before
+
+
+# The shared modules each kernel's code comes from: editing one must drop the stored winners of
+# every kernel built on it.
+SHARED_MODULES = {
+    rmsnorm: {"device_blocks.py", "compiling.py", "block_limits.py", "cache_hints.py"},
+    qk_norm: {"device_blocks.py", "compiling.py", "block_limits.py"},
+    activation: {"compiling.py", "block_limits.py", "cache_hints.py"},
+    moe_combine: {"compiling.py", "block_limits.py", "moe_common.py"},
+}
+
+
+@pytest.mark.parametrize("kernel_module", SHARED_MODULES, ids=lambda m: m.__name__)
+def test_the_closure_holds_the_shared_building_blocks(kernel_module):
+    names = {p.name for p in code_closure(Path(kernel_module.__file__))}
+    assert SHARED_MODULES[kernel_module] <= names
