@@ -11,6 +11,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
+from cutetune.kernels.compiling import compile_launcher, fake_compact, fake_rows
 from cutetune.kernels.dtypes import CUTLASS_DTYPES, vector_elements
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.moe_dispatch.common import (
@@ -171,21 +172,15 @@ class FakeArguments:
     rows: object = field(default_factory=cute.sym_int)
 
     def hidden_rows(self, count):
-        # A 64-bit row stride keeps row * hidden from overflowing 32 bits in big buffers.
-        return cute.runtime.make_fake_tensor(CUTLASS_DTYPES[self.problem.dtype],
-                                             (count, self.problem.hidden),
-                                             (cute.sym_int64(divisibility=self.vec), 1),
-                                             assumed_align=16)
+        return fake_rows(CUTLASS_DTYPES[self.problem.dtype], count, (self.problem.hidden,),
+                         self.vec, assumed_align=16)
 
     def pairs(self):
-        # Row-major, as torch holds (tokens, top_k); a compact fake tensor would be
-        # column-major (CuTe's default mode order).
-        return cute.runtime.make_fake_tensor(cutlass.Int32, (self.tokens, self.problem.top_k),
-                                             (self.problem.top_k, 1), assumed_align=4)
+        return fake_compact(cutlass.Int32, (self.tokens, self.problem.top_k), assumed_align=4)
 
     @staticmethod
     def ints(size: int):
-        return cute.runtime.make_fake_tensor(cutlass.Int32, (size,), (1,), assumed_align=4)
+        return fake_compact(cutlass.Int32, (size,), assumed_align=4)
 
     def op_tensors(self) -> tuple:
         """x, topk_ids, row_of, dispatched, counts, offsets, error, workspace."""
@@ -199,16 +194,12 @@ def compile_kernel(problem: MoEProblem, config: FormConfig, options: str = ""):
     """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the token
     count (and the dispatched buffer's rows) are symbolic, so the result serves every call."""
     vec = vector_elements(problem.dtype, vector_bits(problem))
-    L = problem.local_experts
-    return cute.compile(
-        _dispatch_launch,
-        *FakeArguments(problem, vec).op_tensors(),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-        config.form, problem.top_k, problem.experts, problem.expert_begin, L,
-        problem.pad, problem.zero_padding and problem.pad > 1, vec, threads_of(config),
-        config.tokens_per_block, config.grid_blocks, copy_hints(config),
-        options=" ".join(("--enable-tvm-ffi", options)).strip(),
-    )
+    return compile_launcher(
+        _dispatch_launch, FakeArguments(problem, vec).op_tensors(),
+        (config.form, problem.top_k, problem.experts, problem.expert_begin,
+         problem.local_experts, problem.pad, problem.zero_padding and problem.pad > 1, vec,
+         threads_of(config), config.tokens_per_block, config.grid_blocks, copy_hints(config)),
+        options)
 
 
 def launch(compiled: CompiledDispatch, tensors: Tensors) -> None:
