@@ -70,14 +70,20 @@ SMEM_BYTES_PER_PAIR = 8
 
 @dataclass(frozen=True)
 class CombineConfig:
-    vector_bits: int
     hidden_split: int
     tokens_per_block: int
     warps_per_block: int
 
 
+def vector_bits(problem: MoEProblem) -> int:
+    """Bits per thread per global access: the widest vector (of 128, 64, 32 bits) that divides
+    the hidden size, as a narrower one moves the same bytes in more, smaller accesses; 0 where
+    none does. Derived from the problem, not a knob."""
+    return widest_vector_bits(problem.dtype, problem.hidden)
+
+
 def _vector_elements(problem: MoEProblem, config: CombineConfig) -> int:
-    return vector_elements(problem.dtype, config.vector_bits)
+    return vector_elements(problem.dtype, vector_bits(problem))
 
 
 def _slice_vectors(problem: MoEProblem, config: CombineConfig) -> int:
@@ -91,21 +97,20 @@ def _threads_per_token(config: CombineConfig) -> int:
 
 def _pairs_per_batch(problem: MoEProblem, config: CombineConfig) -> int:
     """Pairs whose vectors a thread loads before it multiplies and adds them."""
-    vector_bytes = config.vector_bits // 8
+    vector_bytes = vector_bits(problem) // 8
     return min(problem.top_k, MAX_BYTES_IN_FLIGHT // vector_bytes)
 
 
 def _registers_per_thread(problem: MoEProblem, config: CombineConfig) -> int:
     # A batch of loaded vectors (packed), the fp32 accumulator, each pair's row and weight.
     vec = _vector_elements(problem, config)
-    loaded = _pairs_per_batch(problem, config) * config.vector_bits // 32
+    loaded = _pairs_per_batch(problem, config) * vector_bits(problem) // 32
     return estimated_registers(loaded + vec + 2 * problem.top_k)
 
 
 SPACE = Space(
     config_type=CombineConfig,
     params=(
-        Param("vector_bits", (32, 64, 128), "bits per thread per global access"),
         # Decode: 1 token of H = 4096 in bf16 is 512 vectors; 16 slices of 32 give 16 one-warp
         # blocks instead of one. 7, 14 and 28 serve hidden sizes with a factor 7 (DeepSeek-V3's
         # 7168 = 7 x 1024, Qwen2-57B's 3584): slices of whole passes of a warp or of 4 warps,
@@ -120,14 +125,9 @@ SPACE = Space(
     constraints=(
         Constraint(
             "hidden_splits_into_vectors",
-            "the hidden size must be a whole number of vectors",
-            lambda p, c, d: p.hidden % _vector_elements(p, c) == 0,
-        ),
-        Constraint(
-            "widest_vector",
-            "the vector must be the widest (of 128, 64, 32 bits) that divides the hidden size: "
-            "a narrower one moves the same bytes in more, smaller accesses",
-            lambda p, c, d: c.vector_bits == widest_vector_bits(p.dtype, p.hidden),
+            "the hidden size must be a whole number of 32-bit vectors (the accesses are the "
+            "widest of 128, 64 and 32 bits that divides it)",
+            lambda p, c, d: vector_bits(p) > 0,
         ),
         Constraint(
             "split_into_whole_vectors",
@@ -179,7 +179,7 @@ def default_config(problem: MoEProblem, device) -> CombineConfig:
     is valid."""
     enumeration = SPACE.enumerate(problem, device)
     enumeration.raise_if_empty(problem.describe())
-    vector = vector_elements(problem.dtype, widest_vector_bits(problem.dtype, problem.hidden))
+    vector = vector_elements(problem.dtype, vector_bits(problem))
     vectors = problem.num_tokens * problem.hidden // vector
     decode = math.ceil(vectors / WARP) <= device.sm_count
 
@@ -205,7 +205,7 @@ def cost(problem: MoEProblem, config: CombineConfig, device) -> Cost:
         threads_per_block=config.warps_per_block * WARP,
         registers_per_thread=_registers_per_thread(problem, config),
         smem_per_block=config.tokens_per_block * problem.top_k * SMEM_BYTES_PER_PAIR,
-        bytes_in_flight_per_thread=_pairs_per_batch(problem, config) * config.vector_bits // 8,
+        bytes_in_flight_per_thread=_pairs_per_batch(problem, config) * vector_bits(problem) // 8,
     )
 
 

@@ -208,8 +208,8 @@ def test_row_offsets_past_2_to_the_31_elements():
                                    device=CUDA).bfloat16()
     weights = torch.rand(64, 8, generator=g, device=CUDA)
     expected = moe_common.reference_combine(expert_out, row_of, weights)
-    for config in (KERNEL.default_config(problem, H200), CombineConfig(128, 1, 1, 8),
-                   CombineConfig(128, 1, 4, 4)):
+    for config in (KERNEL.default_config(problem, H200), CombineConfig(1, 1, 8),
+                   CombineConfig(1, 4, 4)):
         out = torch.full((64, problem.hidden), float("nan"), dtype=torch.bfloat16,
                          device=CUDA)
         KERNEL.launch(_compiled(problem, config),

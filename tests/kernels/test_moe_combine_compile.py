@@ -16,7 +16,12 @@ import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 from covering_points import covering_configs
 
-from cutetune.kernels.moe_combine import KERNEL, MAX_BYTES_IN_FLIGHT, CombineConfig
+from cutetune.kernels.moe_combine import (
+    KERNEL,
+    MAX_BYTES_IN_FLIGHT,
+    CombineConfig,
+    vector_bits,
+)
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
@@ -79,22 +84,22 @@ def _problem(dtype: str, hidden: int, top_k: int) -> MoEProblem:
 PTX_CASES = [
     # dtype, hidden, top_k, config; each thread makes exactly one pass over its slice, so
     # the loop body appears once.
-    ("bfloat16", 2048, 8, CombineConfig(128, 1, 1, 8)),   # 256 vectors, 256 threads
-    ("bfloat16", 4096, 2, CombineConfig(128, 16, 1, 1)),  # decode: 16 slices of 32
-    ("bfloat16", 7168, 8, CombineConfig(128, 2, 1, 8)),   # 448 vectors, 2 passes, ragged
-    ("float16", 2048, 4, CombineConfig(128, 1, 4, 4)),    # 4 tokens of 32 threads, 2 passes
-    ("float16", 1002, 4, CombineConfig(32, 1, 2, 8)),     # 32-bit only: 501 of 128 threads
-    ("bfloat16", 1024, 12, CombineConfig(128, 1, 1, 4)),  # top-k 12: batches of 8 and 4
+    ("bfloat16", 2048, 8, CombineConfig(1, 1, 8)),   # 256 vectors, 256 threads
+    ("bfloat16", 4096, 2, CombineConfig(16, 1, 1)),  # decode: 16 slices of 32
+    ("bfloat16", 7168, 8, CombineConfig(2, 1, 8)),   # 448 vectors, 2 passes, ragged
+    ("float16", 2048, 4, CombineConfig(1, 4, 4)),    # 4 tokens of 32 threads, 2 passes
+    ("float16", 1002, 4, CombineConfig(1, 2, 8)),     # 32-bit only: 501 of 128 threads
+    ("bfloat16", 1024, 12, CombineConfig(1, 1, 4)),  # top-k 12: batches of 8 and 4
 ]
 
 
 @pytest.mark.parametrize(("dtype", "hidden", "top_k", "config"), PTX_CASES,
-                         ids=[f"{d}-H{h}-K{k}-v{c.vector_bits}-s{c.hidden_split}-"
+                         ids=[f"{d}-H{h}-K{k}-s{c.hidden_split}-"
                               f"t{c.tokens_per_block}-w{c.warps_per_block}"
                               for d, h, k, c in PTX_CASES])
 def test_ptx_vector_width_and_load_order(dtype, hidden, top_k, config, tmp_path, monkeypatch):
     ptx = ptx_of(KERNEL, _problem(dtype, hidden, top_k), config, H200, tmp_path, monkeypatch)
-    bits = config.vector_bits
+    bits = vector_bits(_problem(dtype, hidden, top_k))
     accesses = GLOBAL_ACCESS.findall(ptx)
     assert len(accesses) == ptx.count("ld.global") + ptx.count("st.global") > 0
     widths = Counter((op, int(lanes or 1) * int(b)) for op, lanes, b in accesses)

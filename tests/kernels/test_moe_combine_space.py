@@ -15,6 +15,7 @@ from cutetune.kernels.moe_combine import (
     CombineConfig,
     cost,
     default_config,
+    vector_bits,
 )
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.registry import NotApplicableError, PeerUnavailable, get_kernel
@@ -44,7 +45,6 @@ def test_registered_with_the_moe_contract():
     assert KERNEL.outputs == ("out",)
     assert KERNEL.written_in_place == ()
     assert KERNEL.check is None  # a tolerance comparison judges the output
-    assert SPACE.enumerate(problem(), H200).declared == 3 * 8 * 3 * 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,10 +64,10 @@ def test_preset_points_obey_every_constraint(name):
     # H = 2048 is 256 vectors: no 16-way split leaves a warp a vector each, and 8-warp blocks
     # need the whole row (11 points); 4096 admits 14; 7168 (896 vectors) those 14 and 7-, 14-
     # and 28-way splits: 128 vectors for 1 or 4 warps, 64 and 32 for 1 warp.
+    assert vector_bits(p) == 128
     assert len(enumeration.valid) == {2048: 11, 4096: 14, 7168: 18}[hidden]
     for c in enumeration.valid:
-        vectors = hidden // _vector(p.dtype, c.vector_bits)
-        assert c.vector_bits == 128, c
+        vectors = hidden // _vector(p.dtype, 128)
         assert vectors % c.hidden_split == 0, c
         assert c.hidden_split == 1 or c.tokens_per_block == 1, c
         assert c.tokens_per_block <= c.warps_per_block, c
@@ -77,37 +77,34 @@ def test_preset_points_obey_every_constraint(name):
 
 def test_rejections_name_their_constraint():
     rejected = {r.config: r.constraint for r in SPACE.enumerate(problem(), H200).rejected}
-    assert rejected[CombineConfig(64, 1, 1, 1)] == "widest_vector"
-    assert rejected[CombineConfig(32, 1, 1, 8)] == "widest_vector"
-    assert rejected[CombineConfig(128, 2, 2, 1)] == "one_grid_policy"
-    assert rejected[CombineConfig(128, 1, 2, 1)] == "whole_warps_per_token"
-    assert rejected[CombineConfig(128, 1, 4, 1)] == "whole_warps_per_token"
+    assert rejected[CombineConfig(2, 2, 1)] == "one_grid_policy"
+    assert rejected[CombineConfig(1, 2, 1)] == "whole_warps_per_token"
+    assert rejected[CombineConfig(1, 4, 1)] == "whole_warps_per_token"
     # 2048 / 8 = 256 vectors: 16 slices of 16 leave half a warp idle; 4 of 64 leave 4 warps
     # three quarters idle; 4 tokens of 8 warps get 64 threads each, within 256.
-    assert rejected[CombineConfig(128, 16, 1, 1)] == "no_idle_threads"
-    assert rejected[CombineConfig(128, 4, 1, 4)] == "no_idle_threads"
-    assert CombineConfig(128, 1, 4, 8) not in rejected
+    assert rejected[CombineConfig(16, 1, 1)] == "no_idle_threads"
+    assert rejected[CombineConfig(4, 1, 4)] == "no_idle_threads"
+    assert CombineConfig(1, 4, 8) not in rejected
     # fp16 H = 1002: 501 32-bit vectors, which no split of 2 or more divides.
     rejected = {r.config: r.constraint
                 for r in SPACE.enumerate(problem(dtype="float16", hidden=1002), H200).rejected}
-    assert rejected[CombineConfig(128, 1, 1, 1)] == "hidden_splits_into_vectors"
-    assert rejected[CombineConfig(32, 2, 1, 1)] == "split_into_whole_vectors"
+    assert rejected[CombineConfig(2, 1, 1)] == "split_into_whole_vectors"
 
 
 def test_a_hidden_size_only_32_bit_vectors_divide():
     p = problem(dtype="float16", hidden=1002, top_k=4, experts=60, expert_end=60)
     enumeration = SPACE.enumerate(p, H200)
-    assert enumeration.valid == tuple(CombineConfig(32, 1, t, w)
+    assert vector_bits(p) == 32
+    assert enumeration.valid == tuple(CombineConfig(1, t, w)
                                       for t in (1, 2, 4) for w in (1, 4, 8) if t <= w)
     assert enumeration.rejections_by_constraint() == {
-        "hidden_splits_into_vectors": 144, "split_into_whole_vectors": 63,
-        "whole_warps_per_token": 2}
+        "split_into_whole_vectors": 63, "whole_warps_per_token": 2}
     # 64-bit vectors where 128-bit ones do not divide (1004 = 251 x 4).
-    assert {c.vector_bits for c in SPACE.valid_points(problem(hidden=1004), H200)} == {64}
+    assert vector_bits(problem(hidden=1004)) == 64
 
 
 def test_an_odd_hidden_size_has_no_point():
-    with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors removed 216"):
+    with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors removed 72"):
         SPACE.valid_points(problem(hidden=1001), H200)
     with pytest.raises(EmptySpaceError, match="hidden_splits_into_vectors"):
         default_config(problem(hidden=1001), H200)
@@ -125,9 +122,9 @@ def test_register_and_block_size_constraints_bind_on_a_smaller_device():
     # file and 64-thread blocks: top-k 8 at 128 bits estimates 32 + 32 + 8 + 16 = 88 registers.
     small = dataclasses.replace(H200, registers_per_sm=16384, max_threads_per_block=64)
     rejected = {r.config: r.constraint for r in SPACE.enumerate(problem(), small).rejected}
-    assert rejected[CombineConfig(128, 1, 1, 8)] == "block_fits_register_file"  # 88 * 256
-    assert rejected[CombineConfig(128, 1, 1, 4)] == "block_size_within_device"  # 128 > 64
-    assert CombineConfig(128, 8, 1, 1) not in rejected
+    assert rejected[CombineConfig(1, 1, 8)] == "block_fits_register_file"  # 88 * 256
+    assert rejected[CombineConfig(1, 1, 4)] == "block_size_within_device"  # 128 > 64
+    assert CombineConfig(8, 1, 1) not in rejected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +140,6 @@ def test_default_config_is_a_valid_point_with_the_widest_vector(dtype, hidden, t
         p = problem(dtype=dtype, hidden=hidden, top_k=top_k, num_tokens=tokens)
         config = default_config(p, H200)
         SPACE.check(p, config, H200)  # raises if not a valid point
-        assert config.vector_bits == max(c.vector_bits for c in SPACE.valid_points(p, H200))
 
 
 def test_default_config_decode_uses_one_warp_blocks_prefill_large_ones():
@@ -154,7 +150,7 @@ def test_default_config_decode_uses_one_warp_blocks_prefill_large_ones():
         if warps_needed <= H200.sm_count:
             assert config.warps_per_block == 1, tokens
         if tokens >= 1000:
-            assert config == CombineConfig(128, 1, 1, 8), tokens
+            assert config == CombineConfig(1, 1, 8), tokens
             assert cost(p, config, H200).blocks >= H200.sm_count
 
 
@@ -166,7 +162,7 @@ def test_cost_by_hand():
     # Qwen3-30B-A3B bf16, 3 tokens: 24 pairs of 2048-wide rows (2 bytes each) read, row_of
     # and the weights (4 + 4 bytes a pair) read, 3 rows written.
     p = problem(num_tokens=3)
-    c = cost(p, CombineConfig(128, 2, 1, 4), H200)
+    c = cost(p, CombineConfig(2, 1, 4), H200)
     assert c.bytes_moved == 24 * 2048 * 2 + 24 * 8 + 3 * 2048 * 2 == 110784
     assert c.flops == 2 * 24 * 2048
     assert c.blocks == 3 * 2
@@ -178,22 +174,22 @@ def test_cost_by_hand():
     assert c.smem_per_block == 8 * 8
     assert (c.launches, c.grid_barriers) == (1, 0)
     # Several tokens per block: fewer blocks, their pairs staged together.
-    c = cost(problem(num_tokens=5), CombineConfig(128, 1, 4, 8), H200)
+    c = cost(problem(num_tokens=5), CombineConfig(1, 4, 8), H200)
     assert (c.blocks, c.threads_per_block, c.smem_per_block) == (2, 256, 4 * 8 * 8)
 
 
 def test_cost_batches_of_pairs():
     # Mixtral: 2 pairs in flight. top-k 16 at 128 bits: two batches of 8.
     c = cost(problem(top_k=2, experts=8, expert_end=8, hidden=4096, num_tokens=1),
-             CombineConfig(128, 16, 1, 1), H200)
+             CombineConfig(16, 1, 1), H200)
     assert c.bytes_in_flight_per_thread == 2 * 16
     assert c.blocks == 16
-    c = cost(problem(top_k=16), CombineConfig(128, 1, 1, 8), H200)
+    c = cost(problem(top_k=16), CombineConfig(1, 1, 8), H200)
     assert c.bytes_in_flight_per_thread == 8 * 16
     assert c.registers_per_thread == 32 + 32 + 8 + 32
     # 32-bit vectors of fp16: 4 pairs of 4 bytes.
     c = cost(problem(dtype="float16", hidden=1002, top_k=4, num_tokens=7),
-             CombineConfig(32, 1, 1, 4), H200)
+             CombineConfig(1, 1, 4), H200)
     assert c.bytes_in_flight_per_thread == 4 * 4
     assert c.bytes_moved == 28 * 1002 * 2 + 28 * 8 + 7 * 1002 * 2
 
