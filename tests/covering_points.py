@@ -10,21 +10,23 @@ marker for what needs three knobs at once.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
 
-# A knob and its value, as dataclasses.asdict gives them (None is a value like any other).
+from cutetune.spaces.space import config_to_dict
+
+# A knob and its value, as config_to_dict gives them (None is a value like any other, and a
+# point of one of several forms carries its form as a knob).
 Setting = tuple[str, Any]
 
 
 def knob_pairs(point: Any) -> set[frozenset[Setting]]:
     """Every single setting and every pair of settings of one point. Singles count too, so
     that a space of one knob (or a form with one knob of its own) is covered as well."""
-    settings = sorted(dataclasses.asdict(point).items(), key=lambda item: item[0])
+    settings = sorted(config_to_dict(point).items(), key=lambda item: item[0])
     return ({frozenset((s,)) for s in settings}
             | {frozenset(pair) for pair in itertools.combinations(settings, 2)})
 

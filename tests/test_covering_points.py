@@ -8,6 +8,7 @@ import itertools
 
 from covering_points import covering_configs, covering_points, knob_pairs
 
+from cutetune.spaces.models import load_model
 from cutetune.spaces.space import Constraint, Param, Space
 
 
@@ -110,3 +111,21 @@ def test_covering_configs_lead_with_the_defaults_at_the_given_buckets():
     every_bucket = covering_configs(kernel, ToyProblem(1), None, (1, 2, 1024))
     assert every_bucket[:2] == [ToyConfig(128, 1), ToyConfig(128, 8)]
     assert ToyConfig(32, 8) not in every_bucket  # not valid: never chosen
+
+
+def test_the_points_of_several_forms_cover_every_form_and_its_knobs():
+    """moe_dispatch's forms share knob names: the form is a knob of its own, so each form,
+    and each value of each of its knobs, is among the covering points."""
+    from cutetune.kernels.moe_dispatch import KERNEL as DISPATCH
+    from cutetune.spaces.space import config_to_dict
+    from cutetune.tuner.roofline import DEVICE_SPECS
+
+    (static,) = DISPATCH.problems_for_model(load_model("mixtral-8x7b"), "bfloat16")
+    problem = static.with_tokens(64)
+    valid = DISPATCH.space.valid_points(problem, DEVICE_SPECS["H200"])
+    chosen = covering_configs(DISPATCH, problem, DEVICE_SPECS["H200"])
+    settings = {(c.form, knob, value) for c in valid
+                for knob, value in config_to_dict(c).items()}
+    assert settings == {(c.form, knob, value) for c in chosen
+                        for knob, value in config_to_dict(c).items()}
+    assert len(chosen) < len(valid) / 2

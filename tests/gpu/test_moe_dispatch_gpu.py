@@ -26,7 +26,7 @@ from moe_dispatch_points import point
 from cutetune.kernels import moe_common as moe
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.moe_dispatch import common as mdc
-from cutetune.kernels.moe_dispatch import launch as mdl
+from cutetune.kernels.moe_dispatch import launcher as mdl
 from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch
 from cutetune.tuner.roofline import device_spec_for
 from cutetune.tuner.verify import check_outputs, poison

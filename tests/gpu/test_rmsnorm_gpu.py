@@ -13,7 +13,7 @@ from covering_points import WHICH_POINTS, covering_configs, selected_points
 from every_point import assert_every_point
 
 from cutetune.kernels import rmsnorm as rn
-from cutetune.kernels.dtypes import FLOAT_TOLERANCE
+from cutetune.kernels.dtypes import DTYPE_NAMES, FLOAT_TOLERANCE
 from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
 from cutetune.tuner.roofline import DEVICE_SPECS
 from cutetune.tuner.verify import check_outputs, compare, verify
@@ -145,7 +145,7 @@ def _expect(problem, x, residual, w):
 
 
 def _compare(name, actual, expected):
-    rtol, atol = FLOAT_TOLERANCE[rn.DTYPE_NAMES[actual.dtype]]
+    rtol, atol = FLOAT_TOLERANCE[DTYPE_NAMES[actual.dtype]]
     compare(name, actual, expected, rtol, atol)
 
 
@@ -154,7 +154,7 @@ def _compare(name, actual, expected):
 @pytest.mark.parametrize(("rows", "hidden"), [(1, 4096), (300, 2880), (5, 512)])
 def test_public_rmsnorm_matches_reference(out_dtype, weight_bias, rows, hidden):
     x, _, w = _inputs(rows, hidden)
-    problem = _problem(out_dtype=rn.DTYPE_NAMES[out_dtype or x.dtype], hidden=hidden,
+    problem = _problem(out_dtype=DTYPE_NAMES[out_dtype or x.dtype], hidden=hidden,
                        weight_bias=weight_bias, rows=rows, eps=1e-5)
     expected = _expect(problem, x, None, w)
     out = rmsnorm(x, w, eps=1e-5, weight_bias=weight_bias, out_dtype=out_dtype)
@@ -167,7 +167,7 @@ def test_public_rmsnorm_matches_reference(out_dtype, weight_bias, rows, hidden):
 @pytest.mark.parametrize(("rows", "hidden"), [(1, 7168), (300, 2880), (64, 1536)])
 def test_public_fused_add_rmsnorm_matches_reference(out_dtype, rows, hidden):
     x, residual, w = _inputs(rows, hidden)
-    problem = _problem(out_dtype=rn.DTYPE_NAMES[out_dtype or x.dtype], hidden=hidden,
+    problem = _problem(out_dtype=DTYPE_NAMES[out_dtype or x.dtype], hidden=hidden,
                        fused_add=True, rows=rows)
     expected = _expect(problem, x, residual, w)
     x_before = x.clone()
@@ -267,7 +267,7 @@ def test_peers_match_the_reference_where_available(fused_add):
         outputs = run(tensors)
         torch.cuda.synchronize()
         for name in rn.KERNEL.outputs:
-            rtol, atol = FLOAT_TOLERANCE[rn.DTYPE_NAMES[outputs[name].dtype]]
+            rtol, atol = FLOAT_TOLERANCE[DTYPE_NAMES[outputs[name].dtype]]
             compare(f"{peer.name} {name}", outputs[name], expected[name], rtol, atol)
         ran += 1
     if not ran:

@@ -15,7 +15,7 @@ from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.moe_dispatch import KERNEL
 from cutetune.kernels.moe_dispatch import common as mdc
 from cutetune.kernels.moe_dispatch.device import barrier_increment
-from cutetune.kernels.moe_dispatch.launch import (
+from cutetune.kernels.moe_dispatch.launcher import (
     CompiledDispatch,
     CooperativeGridError,
     check_cooperative_grid,

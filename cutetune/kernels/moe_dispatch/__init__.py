@@ -19,7 +19,7 @@ constraints and kernels, and each one compiled callable on one stream:
 
 common.py holds what the forms share on the host (limits, workspace layout, resource
 arithmetic), device.py their shared device code, space.py the space of all five, the default
-and the cost, launch.py the launcher and the compile. The vector width of the copy is not a
+and the cost, launcher.py the launcher and the compile. The vector width of the copy is not a
 knob: the problem forces it (common.vector_bits).
 
 The copy reads each token once and writes it to each of its K rows (a thread loads one vector
@@ -54,7 +54,7 @@ from cutetune.kernels.moe_common import (
     reference_dispatch,
 )
 from cutetune.kernels.moe_dispatch.common import workspace_words
-from cutetune.kernels.moe_dispatch.launch import CompiledDispatch, compile_kernel, launch
+from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, compile_kernel, launch
 from cutetune.kernels.moe_dispatch.space import SPACE, cost, default_config
 from cutetune.kernels.registry import KernelDef, Tensors, register
 
