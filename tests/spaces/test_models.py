@@ -13,7 +13,8 @@ from cutetune.spaces.models import (
     load_model,
 )
 
-# From DESIGN.md's table: hidden, q heads, kv heads, head dim, eps, qk-norm, MoE experts/top-k.
+# The models' published configurations: hidden, q heads, kv heads, head dim, eps, qk-norm, MoE
+# experts/top-k.
 TABLE = {
     "qwen3-0.6b": (1024, 16, 8, 128, 1e-6, True, None, None),
     "qwen3-8b": (4096, 32, 8, 128, 1e-6, True, None, None),
