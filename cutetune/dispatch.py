@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,14 +202,14 @@ class Dispatcher:
 
     # -- serving (hot path) ---------------------------------------------------------------
 
-    def lookup(self, kernel: KernelDef, static_tuple: tuple, num_tokens: int,
-               make_problem: Callable[[], Problem]):
-        """The compiled kernel for this call. `static_tuple` must equal
-        `make_problem().static_tuple()`; the problem is built only on a miss."""
+    def lookup(self, kernel: KernelDef, static_tuple: tuple, num_tokens: int):
+        """The compiled kernel for a call of the problem whose `static_tuple` this is (the
+        ops build it with `Problem.static_tuple_of`); the problem itself is built only on a
+        miss."""
         key = (kernel.name, static_tuple)
         row = self._rows.get(key)
         if row is None:
-            problem = make_problem()
+            problem = kernel.problem_type.from_static_tuple(static_tuple, num_tokens)
             log.warning("cutetune: %s %s was not warmed up; serving the heuristic default "
                         "(run cutetune tune, then warmup)", kernel.name, problem.describe())
             row = self._install(kernel, problem, False, key)

@@ -42,10 +42,24 @@ def qwen3_8b() -> qk.QKNormProblem:
     return problem
 
 
+def _counting(problem_type, built: list):
+    """`problem_type` whose from_static_tuple records each problem it builds in `built`."""
+
+    class Counting(problem_type):
+        @classmethod
+        def from_static_tuple(cls, static, num_tokens):
+            built.append(static)
+            return problem_type.from_static_tuple(static, num_tokens)
+
+    return Counting
+
+
 def qk_static_tuple(problem: qk.QKNormProblem) -> tuple:
     # What the public op `qk_norm` passes to lookup.
-    return (problem.dtype, problem.head_dim, problem.q_heads, problem.kv_heads,
-            float(problem.eps), float(problem.weight_bias))
+    return qk.QKNormProblem.static_tuple_of(
+        dtype=problem.dtype, head_dim=problem.head_dim, q_heads=problem.q_heads,
+        kv_heads=problem.kv_heads, eps=float(problem.eps),
+        weight_bias=float(problem.weight_bias))
 
 
 @pytest.fixture
@@ -176,8 +190,7 @@ def test_warmup_serves_tuned_and_nearest_buckets_with_real_compiles(qwen3_8b):
 
     static = qk_static_tuple(qwen3_8b)
     assert static == qwen3_8b.static_tuple()
-    served = {n: dispatcher.lookup(kernel, static, n, lambda: pytest.fail("no miss expected"))
-              for n in (1, 8, 100, 4096, 5000)}
+    served = {n: dispatcher.lookup(kernel, static, n) for n in (1, 8, 100, 4096, 5000)}
     assert served[1] is served[8] is served[100]
     assert served[4096] is served[5000]
     assert served[1] is not served[4096]
@@ -286,13 +299,10 @@ def test_lookup_without_warmup_serves_defaults_warns_once_and_counts(qwen3_8b, c
     dispatcher = Dispatcher(SPEC)
     static = qk_static_tuple(qwen3_8b)
     built = []
-
-    def make_problem():
-        built.append(1)
-        return qwen3_8b.with_tokens(3)
+    kernel = dataclasses.replace(kernel, problem_type=_counting(qk.QKNormProblem, built))
 
     with caplog.at_level(logging.WARNING, logger="cutetune.dispatch"):
-        served = [dispatcher.lookup(kernel, static, n, make_problem) for n in (1, 3, 3, 5000)]
+        served = [dispatcher.lookup(kernel, static, n) for n in (1, 3, 3, 5000)]
 
     warnings = [r for r in caplog.records if r.name == "cutetune.dispatch"]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
@@ -322,12 +332,14 @@ def test_warmed_up_tuned_bucket_is_not_counted_but_a_default_bucket_is():
     dispatcher.warmup(kernel, [problem])
     compiles = len(calls)
 
-    never = lambda: pytest.fail("a warmed-up problem must not be rebuilt")  # noqa: E731
-    served = dispatcher.lookup(kernel, problem.static_tuple(), 64, never)
+    built = []
+    kernel = dataclasses.replace(kernel, problem_type=_counting(TinyProblem, built))
+    served = dispatcher.lookup(kernel, problem.static_tuple(), 64)
     assert served.config == TinyConfig(block=64)
-    dispatcher.lookup(kernel, problem.static_tuple(), 1000, never)  # nearest: 64
+    dispatcher.lookup(kernel, problem.static_tuple(), 1000)  # nearest: 64
     assert dispatcher.default_calls() == {}
-    dispatcher.lookup(kernel, problem.static_tuple(), 2, never)  # below 64: default
+    dispatcher.lookup(kernel, problem.static_tuple(), 2)  # below 64: default
+    assert built == []  # a warmed-up problem is never rebuilt
     assert dispatcher.default_calls() == {("tiny", problem.static_tuple(), 2): 1}
     assert len(calls) == compiles  # serving never compiles after warmup
     assert "calls served by default: 1" in dispatcher.report()
@@ -341,19 +353,19 @@ def test_compile_cache_returns_the_same_object_for_the_same_config():
     dispatcher.warmup(kernel, [a])
     # Defaults block=1,2,4,8 below the winner, its block 16 from 16 up: five compiles.
     assert sorted(config.block for _, config in calls) == [1, 2, 4, 8, 16]
-    first = dispatcher.lookup(kernel, a.static_tuple(), 16, lambda: a)
+    first = dispatcher.lookup(kernel, a.static_tuple(), 16)
     assert first.config == TinyConfig(block=16)
-    assert dispatcher.lookup(kernel, a.static_tuple(), 9, lambda: a) is first
-    assert dispatcher.lookup(kernel, a.static_tuple(), 3000, lambda: a) is first  # nearest
-    assert dispatcher.lookup(kernel, a.static_tuple(), 5, lambda: a) is not first
+    assert dispatcher.lookup(kernel, a.static_tuple(), 9) is first
+    assert dispatcher.lookup(kernel, a.static_tuple(), 3000) is first  # nearest
+    assert dispatcher.lookup(kernel, a.static_tuple(), 5) is not first
 
     # Warming up the same problem again reuses every compiled object.
     stats = dispatcher.warmup(kernel, [a])
     assert stats.points == 0 and len(calls) == 5
-    assert dispatcher.lookup(kernel, a.static_tuple(), 16, lambda: a) is first
+    assert dispatcher.lookup(kernel, a.static_tuple(), 16) is first
 
     # Another static problem with the same config is a different specialisation.
-    other = dispatcher.lookup(kernel, b.static_tuple(), 16, lambda: b)
+    other = dispatcher.lookup(kernel, b.static_tuple(), 16)
     assert other is not first and other.config == first.config
     assert other.problem.static_key() == b.static_key()
     assert len(calls) == 5 + len(BUCKETS)  # b was not warmed up: a default per bucket
@@ -367,7 +379,7 @@ def test_lookup_maps_token_counts_to_buckets(tokens, bucket):
     kernel, _ = tiny_kernel()
     problem = TinyProblem(num_tokens=1, width=4)
     dispatcher = Dispatcher(SPEC)
-    served = dispatcher.lookup(kernel, problem.static_tuple(), tokens, lambda: problem)
+    served = dispatcher.lookup(kernel, problem.static_tuple(), tokens)
     assert served.config == TinyConfig(block=bucket)  # the default of that bucket
     assert dispatcher.default_calls() == {("tiny", problem.static_tuple(), bucket): 1}
 
@@ -377,7 +389,7 @@ def test_calls_beyond_the_largest_bucket_are_served_by_it_and_reported():
     problem = TinyProblem(num_tokens=1, width=4)
     dispatcher = Dispatcher(SPEC)
     for tokens in (MAX_BUCKET, MAX_BUCKET + 1, 5 * MAX_BUCKET):
-        served = dispatcher.lookup(kernel, problem.static_tuple(), tokens, lambda: problem)
+        served = dispatcher.lookup(kernel, problem.static_tuple(), tokens)
         assert served.config == TinyConfig(block=MAX_BUCKET)
     assert dispatcher.beyond_calls() == {("tiny", problem.static_tuple()): 2}
     assert f"calls beyond {MAX_BUCKET} tokens, served by that bucket: 2" in dispatcher.report()

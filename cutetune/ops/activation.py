@@ -73,12 +73,12 @@ def _check_rows(name: str, t: torch.Tensor, element_bytes: int) -> None:
 
 
 def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None, tokens: int,
-                 intermediate: int, static: tuple, make_problem) -> torch.Tensor:
+                 intermediate: int, static: tuple) -> torch.Tensor:
     if out is None:
         out = x.new_empty((tokens, intermediate))
     if tokens == 0:
         return out
-    compiled = current_dispatcher().lookup(kernel, static, tokens, make_problem)
+    compiled = current_dispatcher().lookup(kernel, static, tokens)
     compiled(x, out)
     return out
 
@@ -92,8 +92,8 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     `cutetune.warmup` loaded one, else the heuristic default."""
     dtype, tokens, intermediate = _check_inputs("silu_and_mul", x, out)
     return _act_and_mul(
-        SILU_KERNEL, x, out, tokens, intermediate, (dtype, intermediate),
-        lambda: SiluAndMulProblem(num_tokens=tokens, dtype=dtype, intermediate=intermediate))
+        SILU_KERNEL, x, out, tokens, intermediate,
+        SiluAndMulProblem.static_tuple_of(dtype=dtype, intermediate=intermediate))
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
@@ -104,6 +104,6 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
         raise ValueError(f"approximate must be one of {GELU_FORMS}, got {approximate!r}")
     dtype, tokens, intermediate = _check_inputs("gelu_and_mul", x, out)
     return _act_and_mul(
-        GELU_KERNEL, x, out, tokens, intermediate, (dtype, intermediate, approximate),
-        lambda: GeluAndMulProblem(num_tokens=tokens, dtype=dtype, intermediate=intermediate,
-                                  approximate=approximate))
+        GELU_KERNEL, x, out, tokens, intermediate,
+        GeluAndMulProblem.static_tuple_of(dtype=dtype, intermediate=intermediate,
+                                          approximate=approximate))

@@ -115,12 +115,9 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
     experts = top_k if experts is None else experts
     expert_end = experts if expert_end is None else expert_end
     # The layout's zero_padding is dispatch's concern: combine never reads padding rows.
-    static = (DTYPE_NAMES[expert_out.dtype], hidden, experts, top_k, pad, expert_begin,
-              expert_end, False)
-    compiled = current_dispatcher().lookup(
-        KERNEL, static, tokens,
-        lambda: MoEProblem(num_tokens=tokens, dtype=static[0], hidden=hidden, experts=experts,
-                           top_k=top_k, pad=pad, expert_begin=expert_begin,
-                           expert_end=expert_end))
+    static = MoEProblem.static_tuple_of(
+        dtype=DTYPE_NAMES[expert_out.dtype], hidden=hidden, experts=experts, top_k=top_k,
+        pad=pad, expert_begin=expert_begin, expert_end=expert_end, zero_padding=False)
+    compiled = current_dispatcher().lookup(KERNEL, static, tokens)
     compiled(expert_out, row_of, topk_weights, out)
     return out

@@ -133,12 +133,10 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
         counts.zero_()
         offsets.zero_()
         return DispatchResult(dispatched, counts, offsets, row_of)
-    static = (dtype, hidden, num_experts, top_k, pad, begin, end, zero_padding)
-    compiled = current_dispatcher().lookup(
-        KERNEL, static, tokens,
-        lambda: MoEProblem(num_tokens=tokens, dtype=dtype, hidden=hidden,
-                           experts=num_experts, top_k=top_k, pad=pad, expert_begin=begin,
-                           expert_end=end, zero_padding=zero_padding))
+    static = MoEProblem.static_tuple_of(
+        dtype=dtype, hidden=hidden, experts=num_experts, top_k=top_k, pad=pad,
+        expert_begin=begin, expert_end=end, zero_padding=zero_padding)
+    compiled = current_dispatcher().lookup(KERNEL, static, tokens)
     device = x.get_device()
     compiled(x, topk_ids, row_of, dispatched, counts, offsets, error,
              _workspace(device, local))

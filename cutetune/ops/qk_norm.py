@@ -70,12 +70,9 @@ def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: 
     tokens = q.shape[0]
     if tokens == 0:
         return q, k
-    static = (DTYPE_NAMES[q.dtype], q.shape[2], q.shape[1], k.shape[1], float(eps),
-              float(weight_bias))
-    compiled = current_dispatcher().lookup(
-        KERNEL, static, tokens,
-        lambda: QKNormProblem(num_tokens=tokens, dtype=static[0], head_dim=static[1],
-                              q_heads=static[2], kv_heads=static[3], eps=static[4],
-                              weight_bias=static[5]))
+    static = QKNormProblem.static_tuple_of(
+        dtype=DTYPE_NAMES[q.dtype], head_dim=q.shape[2], q_heads=q.shape[1],
+        kv_heads=k.shape[1], eps=float(eps), weight_bias=float(weight_bias))
+    compiled = current_dispatcher().lookup(KERNEL, static, tokens)
     compiled(q, k, q_weight, k_weight)
     return q, k

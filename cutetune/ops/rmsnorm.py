@@ -106,13 +106,10 @@ def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, e
     if rows == 0:
         return out
     fused = residual is not None
-    static = (DTYPE_NAMES[x.dtype], DTYPE_NAMES[out_dtype], hidden, float(eps),
-              float(weight_bias), fused)
-    compiled = current_dispatcher().lookup(
-        KERNEL, static, rows,
-        lambda: RMSNormProblem(num_tokens=rows, dtype=static[0], out_dtype=static[1],
-                               hidden=hidden, eps=static[3], weight_bias=static[4],
-                               fused_add=fused))
+    static = RMSNormProblem.static_tuple_of(
+        dtype=DTYPE_NAMES[x.dtype], out_dtype=DTYPE_NAMES[out_dtype], hidden=hidden,
+        eps=float(eps), weight_bias=float(weight_bias), fused_add=fused)
+    compiled = current_dispatcher().lookup(KERNEL, static, rows)
     # The plain form ignores its residual argument: x fills it.
     compiled(x, residual if fused else x, weight, out)
     return out

@@ -8,11 +8,18 @@ specialises the compile.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
 TOKENS_FIELD = "num_tokens"
+
+
+@functools.cache
+def _static_names(problem_type: type) -> tuple[str, ...]:
+    """The static fields of a Problem type, in declaration order."""
+    return tuple(f.name for f in dataclasses.fields(problem_type) if f.name != TOKENS_FIELD)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +43,22 @@ class Problem:
     def static_tuple(self) -> tuple:
         """The static fields in declaration order: the dispatcher's hot-path key."""
         return tuple(self.static_fields().values())
+
+    @classmethod
+    def static_tuple_of(cls, **static: Any) -> tuple:
+        """The hot-path key of the problem these static fields (every one, by name) describe,
+        as `static_tuple` gives it, without building the problem: what a public op computes
+        on every call."""
+        names = _static_names(cls)
+        if len(static) != len(names):
+            raise TypeError(f"{cls.__name__}'s static fields are {', '.join(names)}; got "
+                            f"{', '.join(static)}")
+        return tuple(static[name] for name in names)
+
+    @classmethod
+    def from_static_tuple(cls, static: tuple, num_tokens: int) -> Problem:
+        """The problem of a hot-path key (`static_tuple`) at `num_tokens` tokens."""
+        return cls(num_tokens=num_tokens, **dict(zip(_static_names(cls), static, strict=True)))
 
     def with_tokens(self, num_tokens: int) -> Problem:
         return dataclasses.replace(self, num_tokens=num_tokens)
