@@ -89,7 +89,16 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 
     x may be a view with a padded row stride (a multiple of 16 bytes); out must not overlap
     x. The kernel is the winner tuned for this device and token bucket when
-    `cutetune.warmup` loaded one, else the heuristic default."""
+    `cutetune.warmup` loaded one, else the heuristic default. Under torch.compile the call is
+    the custom op cutetune::silu_and_mul."""
+    if torch.compiler.is_compiling():
+        out = _new_out(x) if out is None else out
+        _SILU_OP(x, out)
+        return out
+    return _silu_and_mul(x, out)
+
+
+def _silu_and_mul(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     dtype, tokens, intermediate = _check_inputs("silu_and_mul", x, out)
     return _act_and_mul(
         SILU_KERNEL, x, out, tokens, intermediate,
@@ -99,11 +108,38 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """gelu(x[:, :I]) * x[:, I:] for x of shape (tokens, 2I); `approximate` is "none" (the
-    erf form) or "tanh", as in torch.nn.functional.gelu. Otherwise as `silu_and_mul`."""
+    erf form) or "tanh", as in torch.nn.functional.gelu. Otherwise as `silu_and_mul` (under
+    torch.compile: the custom op cutetune::gelu_and_mul)."""
     if approximate not in GELU_FORMS:
         raise ValueError(f"approximate must be one of {GELU_FORMS}, got {approximate!r}")
+    if torch.compiler.is_compiling():
+        out = _new_out(x) if out is None else out
+        _GELU_OP(x, out, approximate)
+        return out
+    return _gelu_and_mul(x, out, approximate)
+
+
+def _gelu_and_mul(x: torch.Tensor, out: torch.Tensor | None, approximate: str) -> torch.Tensor:
     dtype, tokens, intermediate = _check_inputs("gelu_and_mul", x, out)
     return _act_and_mul(
         GELU_KERNEL, x, out, tokens, intermediate,
         GeluAndMulProblem.static_tuple_of(dtype=dtype, intermediate=intermediate,
                                           approximate=approximate))
+
+
+def _new_out(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], x.shape[1] // 2))
+
+
+def _silu_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    _silu_and_mul(x, out)
+
+
+def _gelu_into(x: torch.Tensor, out: torch.Tensor, approximate: str) -> None:
+    _gelu_and_mul(x, out, approximate)
+
+
+_SILU_OP = torch.library.custom_op("cutetune::silu_and_mul", _silu_into, mutates_args=("out",))
+_SILU_OP.register_fake(lambda x, out: None)
+_GELU_OP = torch.library.custom_op("cutetune::gelu_and_mul", _gelu_into, mutates_args=("out",))
+_GELU_OP.register_fake(lambda x, out, approximate: None)

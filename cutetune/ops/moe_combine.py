@@ -101,7 +101,21 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
     what moe_dispatch was called with; combine's math does not depend on them, but the kernel
     tuned for the model is looked up by them (the defaults stand for an untuned problem).
     The kernel is the winner tuned for this device and token bucket when `cutetune.warmup`
-    loaded one, else the heuristic default."""
+    loaded one, else the heuristic default. Under torch.compile the call is the custom op
+    cutetune::moe_combine."""
+    if torch.compiler.is_compiling():
+        if out is None:
+            out = expert_out.new_empty((row_of.shape[0], expert_out.shape[1]))
+        _COMBINE_OP(expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
+                    expert_end)
+        return out
+    return _moe_combine(expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
+                        expert_end)
+
+
+def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
+                 out: torch.Tensor | None, experts: int | None, pad: int, expert_begin: int,
+                 expert_end: int | None) -> torch.Tensor:
     _check_inputs(expert_out, row_of, topk_weights, out)
     tokens, top_k = row_of.shape
     capacity, hidden = expert_out.shape
@@ -121,3 +135,14 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
     compiled = current_dispatcher().lookup(KERNEL, static, tokens)
     compiled(expert_out, row_of, topk_weights, out)
     return out
+
+
+def _combine_into(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
+                  out: torch.Tensor, experts: int | None, pad: int, expert_begin: int,
+                  expert_end: int | None) -> None:
+    _moe_combine(expert_out, row_of, topk_weights, out, experts, pad, expert_begin, expert_end)
+
+
+_COMBINE_OP = torch.library.custom_op("cutetune::moe_combine", _combine_into,
+                                      mutates_args=("out",))
+_COMBINE_OP.register_fake(lambda *args: None)

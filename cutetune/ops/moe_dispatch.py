@@ -116,7 +116,18 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
 
     Scratch (the grid-barrier word, counters) is kept per device and stream; before capturing
     a CUDA graph, call the op once on the capture stream (the usual warm-up), so that its
-    workspace is not allocated inside the capture."""
+    workspace is not allocated inside the capture. Under torch.compile the call is the custom
+    op cutetune::moe_dispatch."""
+    if torch.compiler.is_compiling():
+        begin, end = (None, None) if expert_range is None else expert_range
+        return DispatchResult(*_DISPATCH_OP(x, topk_ids, num_experts, pad, begin, end, validate,
+                                            zero_padding))
+    return _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding)
+
+
+def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
+                  expert_range: tuple[int, int] | None, validate: bool,
+                  zero_padding: bool) -> DispatchResult:
     if not isinstance(zero_padding, bool):
         raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
     dtype, begin, end = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
@@ -144,3 +155,30 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
         raise ValueError(f"topk_ids holds expert ids outside [0, {num_experts}): those pairs "
                          "were skipped (row -1)")
     return DispatchResult(dispatched, counts, offsets, row_of)
+
+
+def _dispatch_tensors(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
+                      expert_begin: int | None, expert_end: int | None, validate: bool,
+                      zero_padding: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                   torch.Tensor]:
+    expert_range = None if expert_begin is None else (expert_begin, expert_end)
+    result = _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding)
+    # A custom op's outputs may not alias one another: counts and offsets are views of one
+    # allocation in eager mode, so here they are copies.
+    return result.dispatched, result.counts.clone(), result.offsets.clone(), result.row_of
+
+
+def _dispatch_shapes(x, topk_ids, num_experts, pad, expert_begin, expert_end, validate,
+                     zero_padding):
+    """The outputs' shapes, as `_moe_dispatch` allocates them."""
+    local = num_experts if expert_begin is None else expert_end - expert_begin
+    tokens, top_k = topk_ids.shape
+    capacity = tokens * top_k + local * (pad - 1)
+    return (x.new_empty((capacity, x.shape[1])),
+            topk_ids.new_empty((local,)), topk_ids.new_empty((local + 1,)),
+            topk_ids.new_empty((tokens, top_k)))
+
+
+_DISPATCH_OP = torch.library.custom_op("cutetune::moe_dispatch", _dispatch_tensors,
+                                       mutates_args=())
+_DISPATCH_OP.register_fake(_dispatch_shapes)

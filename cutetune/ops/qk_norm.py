@@ -65,14 +65,27 @@ def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: 
     y = (w + weight_bias) * x * rsqrt(mean(x^2) + eps), in one launch on the current stream.
 
     q and k may be views into a fused qkv tensor. The kernel is the winner tuned for this
-    device and token bucket when `cutetune.warmup` loaded one, else the heuristic default."""
+    device and token bucket when `cutetune.warmup` loaded one, else the heuristic default.
+    Under torch.compile the call is the custom op cutetune::qk_norm (no graph break)."""
+    if torch.compiler.is_compiling():
+        _QK_NORM_OP(q, k, q_weight, k_weight, float(eps), float(weight_bias))
+    else:  # eager: straight to the kernel, without the custom op's dispatch
+        _qk_norm(q, k, q_weight, k_weight, eps, weight_bias)
+    return q, k
+
+
+def _qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+             eps: float, weight_bias: float) -> None:
     _check_inputs(q, k, q_weight, k_weight)
     tokens = q.shape[0]
     if tokens == 0:
-        return q, k
+        return
     static = QKNormProblem.static_tuple_of(
         dtype=DTYPE_NAMES[q.dtype], head_dim=q.shape[2], q_heads=q.shape[1],
         kv_heads=k.shape[1], eps=float(eps), weight_bias=float(weight_bias))
     compiled = current_dispatcher().lookup(KERNEL, static, tokens)
     compiled(q, k, q_weight, k_weight)
-    return q, k
+
+
+_QK_NORM_OP = torch.library.custom_op("cutetune::qk_norm", _qk_norm, mutates_args=("q", "k"))
+_QK_NORM_OP.register_fake(lambda q, k, q_weight, k_weight, eps, weight_bias: None)

@@ -124,7 +124,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_bia
 
     x's rows may be strided (last dimension contiguous). The kernel is the winner tuned for
     this device and row-count bucket when `cutetune.warmup` loaded one, else the heuristic
-    default."""
+    default. Under torch.compile the call is the custom op cutetune::rmsnorm."""
+    if torch.compiler.is_compiling():
+        return _compiled_run(x, None, weight, eps, weight_bias, out_dtype, out)
     return _run(x, None, weight, eps, weight_bias, out_dtype, out)
 
 
@@ -133,7 +135,30 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
                       out_dtype: torch.dtype | None = None,
                       out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's fused_add_rms_norm: residual += x in place (rounded to x's dtype), then out =
-    RMSNorm of that sum as in `rmsnorm`. Returns (out, residual). `out` may be x itself."""
+    RMSNorm of that sum as in `rmsnorm`. Returns (out, residual). `out` may be x itself.
+    Under torch.compile the call is the custom op cutetune::rmsnorm."""
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    if torch.compiler.is_compiling():
+        return _compiled_run(x, residual, weight, eps, weight_bias, out_dtype, out), residual
     return _run(x, residual, weight, eps, weight_bias, out_dtype, out), residual
+
+
+def _compiled_run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                  eps: float, weight_bias: float, out_dtype: torch.dtype | None,
+                  out: torch.Tensor | None) -> torch.Tensor:
+    """`_run` as torch.compile sees it: `out` allocated here, then the custom op writes it."""
+    if out is None:
+        out = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
+    _RMSNORM_OP(x, residual, weight, out, float(eps), float(weight_bias))
+    return out
+
+
+def _rmsnorm_into(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                  out: torch.Tensor, eps: float, weight_bias: float) -> None:
+    _run(x, residual, weight, eps, weight_bias, None, out)
+
+
+_RMSNORM_OP = torch.library.custom_op("cutetune::rmsnorm", _rmsnorm_into,
+                                      mutates_args=("residual", "out"))
+_RMSNORM_OP.register_fake(lambda x, residual, weight, out, eps, weight_bias: None)

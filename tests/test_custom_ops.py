@@ -1,0 +1,66 @@
+"""The public ops are torch.library custom ops under torch.compile: a decoder block calling
+qk_norm, fused_add_rmsnorm, silu_and_mul, moe_dispatch and moe_combine traces as one graph, the
+ops' fake implementations giving every shape (checked on the CPU: the graph is traced, not
+run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutetune
+
+T, H, HEADS, KV_HEADS, D, INTER, E, K = 6, 256, 4, 2, 64, 512, 8, 2
+
+
+class DecoderBlock(torch.nn.Module):
+    def forward(self, qkv, q_weight, k_weight, h, residual, norm_weight, gate_up, topk_ids,
+                topk_weights):
+        q = qkv[:, :HEADS * D].view(-1, HEADS, D)
+        k = qkv[:, HEADS * D:(HEADS + KV_HEADS) * D].view(-1, KV_HEADS, D)
+        cutetune.qk_norm(q, k, q_weight, k_weight, eps=1e-6)
+        normed, residual = cutetune.fused_add_rmsnorm(h, residual, norm_weight, eps=1e-6)
+        act = cutetune.silu_and_mul(gate_up)
+        routed = cutetune.moe_dispatch(normed, topk_ids, E, pad=16)
+        expert_out = routed.dispatched * 2
+        out = cutetune.moe_combine(expert_out, routed.row_of, topk_weights, experts=E, pad=16)
+        return qkv, normed, residual, act, routed.counts, routed.offsets, out
+
+
+def inputs():
+    bf16 = torch.bfloat16
+    return (torch.randn(T, (HEADS + 2 * KV_HEADS) * D, dtype=bf16), torch.ones(D, dtype=bf16),
+            torch.ones(D, dtype=bf16), torch.randn(T, H, dtype=bf16),
+            torch.randn(T, H, dtype=bf16), torch.ones(H, dtype=bf16),
+            torch.randn(T, 2 * INTER, dtype=bf16), torch.zeros(T, K, dtype=torch.int32),
+            torch.rand(T, K))
+
+
+def test_a_decoder_block_traces_as_one_graph_of_cutetune_ops():
+    exported = torch.export.export(DecoderBlock(), inputs())
+    called = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    names = {str(target) for target in called}
+    for op in ("qk_norm", "rmsnorm", "silu_and_mul", "moe_dispatch", "moe_combine"):
+        assert any(f"cutetune.{op}" in name for name in names), (op, names)
+    shapes = [tuple(node.meta["val"].shape) for node in exported.graph.output_node().args[0]]
+    capacity = T * K + E * 15
+    assert shapes == [(T, (HEADS + 2 * KV_HEADS) * D), (T, H), (T, H), (T, INTER), (E,), (E + 1,),
+                      (T, H)]
+    dispatched = next(node for node in exported.graph.nodes
+                      if "moe_dispatch" in str(node.target))
+    assert tuple(dispatched.meta["val"][0].shape) == (capacity, H)
+
+
+def test_eager_calls_do_not_go_through_the_custom_op(monkeypatch):
+    """Eager mode calls the kernel path directly (the custom op's dispatch costs host time):
+    with the custom op replaced by a failure, the eager call still reaches the op's own input
+    check (a CPU tensor is refused)."""
+    from cutetune.ops import activation
+
+    def through_the_custom_op(*args):
+        raise AssertionError("an eager call went through the custom op")
+
+    monkeypatch.setattr(activation, "_SILU_OP", through_the_custom_op)
+    x = torch.zeros(3, 2 * INTER, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="runs on a CUDA device"):
+        cutetune.silu_and_mul(x)
