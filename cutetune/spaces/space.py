@@ -82,8 +82,28 @@ class EmptySpaceError(ValueError):
     """Raised when no point survives; the message names what removed the points."""
 
 
+class _Enumerable:
+    """What Space and Alternatives derive from their declared points and first_violation."""
+
+    def enumerate(self, problem: Problem, device: Any) -> Enumeration:
+        valid, rejected = [], []
+        for config in self.declared_points():
+            violated = self.first_violation(problem, config, device)
+            if violated is None:
+                valid.append(config)
+            else:
+                rejected.append(Rejection(config, violated.name, violated.reason))
+        return Enumeration(tuple(valid), tuple(rejected))
+
+    def valid_points(self, problem: Problem, device: Any) -> tuple:
+        """The valid points, or EmptySpaceError saying which constraints removed how many."""
+        enumeration = self.enumerate(problem, device)
+        enumeration.raise_if_empty(problem.describe())
+        return enumeration.valid
+
+
 @dataclass(frozen=True)
-class Space(Generic[ConfigT]):
+class Space(_Enumerable, Generic[ConfigT]):
     """The product of `params` filtered by `constraints`, yielding `config_type` instances."""
 
     config_type: type[ConfigT]
@@ -112,17 +132,6 @@ class Space(Generic[ConfigT]):
                 return constraint
         return None
 
-    def enumerate(self, problem: Problem, device: Any) -> Enumeration[ConfigT]:
-        valid: list[ConfigT] = []
-        rejected: list[Rejection[ConfigT]] = []
-        for config in self.declared_points():
-            violated = self.first_violation(problem, config, device)
-            if violated is None:
-                valid.append(config)
-            else:
-                rejected.append(Rejection(config, violated.name, violated.reason))
-        return Enumeration(tuple(valid), tuple(rejected))
-
     def check(self, problem: Problem, config: ConfigT, device: Any) -> None:
         """Raise ValueError naming the constraint if `config` is not a valid point."""
         for param in self.params:
@@ -134,12 +143,6 @@ class Space(Generic[ConfigT]):
         if violated is not None:
             raise ValueError(f"config {config_to_json(config)} violates {violated.name}: "
                              f"{violated.reason}")
-
-    def valid_points(self, problem: Problem, device: Any) -> tuple[ConfigT, ...]:
-        """The valid points, or EmptySpaceError saying which constraints removed how many."""
-        enumeration = self.enumerate(problem, device)
-        enumeration.raise_if_empty(problem.describe())
-        return enumeration.valid
 
     def config_from_dict(self, values: dict[str, Any]) -> ConfigT:
         return self.config_type(**values)
@@ -161,7 +164,7 @@ FORM_KEY = "form"
 
 
 @dataclass(frozen=True)
-class Alternatives:
+class Alternatives(_Enumerable):
     """The union of several forms of one kernel, each a Space of its own Config type (whose
     class attribute `form` names it), plus the constraints every form shares (checked first).
     Sampling chooses the form, then that form's knobs, under names `form.knob`, so that a
@@ -197,17 +200,6 @@ class Alternatives:
                 return constraint
         return self._form_of(config).first_violation(problem, config, device)
 
-    def enumerate(self, problem: Problem, device: Any) -> Enumeration[Any]:
-        valid: list[Any] = []
-        rejected: list[Rejection[Any]] = []
-        for config in self.declared_points():
-            violated = self.first_violation(problem, config, device)
-            if violated is None:
-                valid.append(config)
-            else:
-                rejected.append(Rejection(config, violated.name, violated.reason))
-        return Enumeration(tuple(valid), tuple(rejected))
-
     def check(self, problem: Problem, config: Any, device: Any) -> None:
         form = self._form_of(config)
         for param in form.params:
@@ -218,11 +210,6 @@ class Alternatives:
         if violated is not None:
             raise ValueError(f"config {config_to_json(config)} violates {violated.name}: "
                              f"{violated.reason}")
-
-    def valid_points(self, problem: Problem, device: Any) -> tuple[Any, ...]:
-        enumeration = self.enumerate(problem, device)
-        enumeration.raise_if_empty(problem.describe())
-        return enumeration.valid
 
     def config_from_dict(self, values: dict[str, Any]) -> Any:
         """A point from its dict (config_to_dict's): the form named under FORM_KEY."""
