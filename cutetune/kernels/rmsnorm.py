@@ -27,6 +27,10 @@ stores (what draws the fused add on calls many times the L2 level with torch.com
 Inductor kernel on the H200: BENCHMARKS.md, RMSNorm loads under L2 evict_last); the weight,
 which every row reads again, always keeps plain loads. The tuner picks per shape; the
 heuristic default picks by the bytes the call moves against the L2 (default_cache_hints).
+
+The module runs past 500 lines because its two forms are one kernel body (the form decides, at
+compile time, whether a row's reduction crosses warps) sharing one space and one heuristic; its
+peers (quack, liger) take most of the rest.
 """
 
 from __future__ import annotations
