@@ -29,8 +29,8 @@ which every row reads again, always keeps plain loads. The tuner picks per shape
 heuristic default picks by the bytes the call moves against the L2 (default_cache_hints).
 
 The module runs past 500 lines because its two forms are one kernel body (the form decides, at
-compile time, whether a row's reduction crosses warps) sharing one space and one heuristic; its
-peers (quack, liger) take most of the rest.
+compile time, whether a row's reduction crosses warps) sharing one space and one heuristic, and
+its reference, inputs and peers (quack, liger) sit beside them as every kernel's do.
 """
 
 from __future__ import annotations
