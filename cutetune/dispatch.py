@@ -140,6 +140,8 @@ class Dispatcher:
         processes in parallel (by this one where that is 1). Returns (points, compiled)."""
         if self.store is None:
             raise ValueError("precompile needs an artifact cache to store the points in")
+        # Which keys have a file, from one listing: each file is checked when it is loaded.
+        stored = self.store.stored_keys()
         points, missing = set(), {}
         for kernel, problems in work:
             for problem in problems:
@@ -148,7 +150,7 @@ class Dispatcher:
                     if key in points:
                         continue
                     points.add(key)
-                    if self.store.find(kernel, problem, entry.config) is None:
+                    if self.store.key(kernel, problem, entry.config) not in stored:
                         missing[key] = (kernel, problem, entry.config)
         if len(missing) < 2 or self.compile_processes < 2:
             for point in missing.values():

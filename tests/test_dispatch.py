@@ -467,3 +467,17 @@ def test_a_winner_measured_under_another_environment_is_served_and_named(qwen3_8
     assert stats.measured_elsewhere == ("torch 2.9.1 (here 2.9.0)",)
     assert ("1 winners measured under another environment, served: torch 2.9.1 (here 2.9.0)"
             in dispatcher.report())
+
+
+def test_warmup_imports_no_pandas():
+    """The engine's path (the dispatcher and the winners it reads) leaves pandas, which only
+    the frames of the reports need, unimported: it costs a warmup a third of a second."""
+    import subprocess
+    import sys
+
+    script = ("import sys\nimport cutetune.dispatch, cutetune.results_db\n"
+              "from cutetune.results_db import winners_to_serve\n"
+              "print('pandas' in sys.modules)\n")
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True)
+    assert shown.stdout.strip() == "False"

@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from sqlalchemy import ColumnElement, Select, case, delete, func, or_, select
 from sqlalchemy.orm import Session
 
@@ -39,6 +38,9 @@ from cutetune.results_db.schema import (
     WinnerRow,
 )
 from cutetune.results_db.session import Database
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # WinnerRow's unique constraint: one winner per kernel source, problem, device and bucket.
 _WINNER_KEY = ("kernel_id", "problem_id", "device_id", "bucket")
@@ -279,6 +281,8 @@ def trials_frame(db: Database, kernel_name: str | None = None) -> pd.DataFrame:
         statement = statement.where(KernelRow.name == kernel_name)
     with db.session() as session:
         rows = session.execute(statement).all()
+    import pandas as pd  # here, not at import: an engine's warmup reads winners, no frames
+
     return pd.DataFrame(rows, columns=list(statement.selected_columns.keys()))
 
 
@@ -291,6 +295,8 @@ def winners_frame(
         {**asdict(winner), "gpu_name": device.gpu_name}
         for device, winner in winners_with_devices(db, fingerprint, kernel_name)
     ]
+    import pandas as pd
+
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -90,6 +90,13 @@ class ArtifactStore:
             self.counts.unsound += 1
         return None
 
+    def stored_keys(self) -> set[str]:
+        """The keys of the artifacts stored here, from the file names alone (`find` checks a
+        file's content when it is needed)."""
+        if not self.directory.is_dir():
+            return set()
+        return {path.stem.rsplit("-", 1)[0] for path in self.directory.glob("*-*.o")}
+
     def compile(self, kernel: KernelDef, problem: Problem, config: Any) -> Path:
         """Compile the point in this process for `arch` and store its artifact. The arch is
         passed to the compiler: CuTeDSL reads CUTE_DSL_ARCH once, when it is imported, and
