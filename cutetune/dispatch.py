@@ -27,7 +27,7 @@ from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.artifacts import ArtifactStore
+from cutetune.tuner.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
 
 log = logging.getLogger("cutetune.dispatch")
 
@@ -182,12 +182,19 @@ class Dispatcher:
 
     def warmup(self, kernel: KernelDef, problems: Iterable[Problem]) -> WarmupStats:
         """Make ready what each static problem will serve, before the first call."""
+        return self.warmup_all([(kernel, list(problems))])[kernel.name]
+
+    def warmup_all(self, work: Sequence[tuple[KernelDef, Sequence[Problem]]]
+                   ) -> dict[str, WarmupStats]:
+        """`warmup` of several kernels, their missing points compiled in parallel together."""
+        if self.store is not None and self.compile_processes > 1:
+            self.precompile(work)
+        return {kernel.name: self._warm(kernel, list(problems)) for kernel, problems in work}
+
+    def _warm(self, kernel: KernelDef, problems: list[Problem]) -> WarmupStats:
         start = time.perf_counter()
         compiled_before = len(self._compiled)
         loaded_before = self.store.counts.loaded if self.store is not None else 0
-        problems = list(problems)
-        if self.store is not None and self.compile_processes > 1:
-            self.precompile([(kernel, problems)])
         for problem in problems:
             self._install(kernel, problem, True, (kernel.name, problem.static_tuple()))
         source = kernel.source_hash()
@@ -304,8 +311,6 @@ _unwritable_warned: set[str] = set()
 def artifact_store(cache_dir, fingerprint) -> ArtifactStore | None:
     """The artifact cache for this GPU's arch under `cache_dir`; None, after one warning per
     directory, where it cannot be written (the points are then compiled in memory)."""
-    from cutetune.tuner.artifacts import ARTIFACTS_DIR, arch_for
-
     store = ArtifactStore(cache_dir / ARTIFACTS_DIR, arch_for(fingerprint.compute_capability))
     if store.writable():
         return store
@@ -357,9 +362,6 @@ def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = 
                 raise
     if not work:
         raise ValueError(f"no kernel of cutetune applies to model {shape.name}")
-    if dispatcher.store is not None:
-        dispatcher.precompile(work)  # every kernel's missing points at once, in parallel
-    for kernel, problems in work:
-        dispatcher.warmup(kernel, problems)
+    dispatcher.warmup_all(work)
     _current = dispatcher
     return dispatcher

@@ -481,3 +481,20 @@ def test_warmup_imports_no_pandas():
     shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                            check=True)
     assert shown.stdout.strip() == "False"
+
+
+def test_an_unwritable_cache_is_warned_about_once_and_points_compile_in_memory(tmp_path,
+                                                                               caplog):
+    from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
+
+    from cutetune.dispatch import artifact_store
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with caplog.at_level(logging.WARNING, logger="cutetune.dispatch"):
+        assert artifact_store(blocked, H200_FINGERPRINT) is None
+        assert artifact_store(blocked, H200_FINGERPRINT) is None
+    warnings = [r.getMessage() for r in caplog.records if r.name == "cutetune.dispatch"]
+    assert len(warnings) == 1 and "cannot be written; compiling in memory" in warnings[0]
+    store = artifact_store(tmp_path, H200_FINGERPRINT)
+    assert store is not None and store.arch == "sm_90a"
