@@ -1,0 +1,120 @@
+"""How long `cutetune.warmup(model)` takes on this GPU, cold (empty artifact cache) and warm.
+
+Each model gets a results DB holding a winner for every bucket (1..32768) of every problem of
+every kernel it uses, each bucket a different point where the space has enough (the roofline's
+ranked points, in turn), so that the warmup makes ready as many distinct points as a fully
+tuned model could. Each warmup runs in a fresh process with torch already imported and CUDA
+initialised; the time is that of the `warmup` call alone.
+
+    python3 benchmarks/warmup_time.py OUT.csv MODEL [MODEL ...]
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+CHILD = """
+import json, sys, time
+import torch
+torch.cuda.init()
+import cutetune
+start = time.perf_counter()
+dispatcher = cutetune.warmup(sys.argv[1], db_url=sys.argv[2])
+torch.cuda.synchronize()
+seconds = time.perf_counter() - start
+stats = dispatcher.stats.values()
+print(json.dumps({"seconds": seconds, "points": sum(s.points for s in stats),
+                  "loaded": sum(s.loaded for s in stats), "report": dispatcher.report()}))
+"""
+
+
+def store_winners(model: str, db_url: str) -> int:
+    """A winner at every bucket of every problem the model's kernels have; the number stored."""
+    from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
+    from cutetune.results_db import (
+        Database,
+        DeviceFingerprint,
+        TrialRecord,
+        TuningResult,
+        record_tuning_result,
+    )
+    from cutetune.spaces.models import load_model
+    from cutetune.spaces.space import config_to_json
+    from cutetune.tuner.defaults import DEFAULT_TUNE_TOKENS
+    from cutetune.tuner.plan import make_plan
+    from cutetune.tuner.roofline import Ceilings, device_spec_for
+
+    fingerprint = DeviceFingerprint.current()
+    spec = device_spec_for(fingerprint.gpu_name)
+    ceilings = Ceilings.from_datasheet(spec)
+    db = Database.open(db_url)
+    now = datetime.now(UTC)
+    stored = 0
+    for name in kernel_names():
+        kernel = get_kernel(name)
+        try:
+            problems = kernel.problems_for_model(load_model(model), "bfloat16")
+        except NotApplicableError:
+            continue
+        for static in problems:
+            for turn, bucket in enumerate(DEFAULT_TUNE_TOKENS):
+                problem = static.with_tokens(bucket)
+                kept = make_plan(kernel, problem, spec, ceilings).kept
+                config = kept[turn % len(kept)].config
+                trial = TrialRecord(0, config_to_json(config), "ok", None, 1.0, 0.01, 10, None,
+                                    None, None)
+                record_tuning_result(db, fingerprint, TuningResult(
+                    name, kernel.source_hash(), static.static_key(), bucket, bucket,
+                    f"warmup-time {name} {bucket}", now, now, (trial,), 0))
+                stored += 1
+    db.dispose()
+    return stored
+
+
+def timed_warmup(model: str, db_url: str, cache_dir: Path, timeout_s: float) -> dict:
+    """One warmup in a fresh process; its stderr (the dispatcher's log) is shown when it fails
+    or runs past `timeout_s`."""
+    env = {**os.environ, "CUTETUNE_CACHE_DIR": str(cache_dir)}
+    try:
+        done = subprocess.run([sys.executable, "-c", CHILD, model, db_url], env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as expired:
+        raise SystemExit(f"{model}: warmup still running after {timeout_s:.0f} s; its stderr:\n"
+                         f"{expired.stderr or ''}") from None
+    if done.returncode:
+        raise SystemExit(f"{model}: warmup failed ({done.returncode}):\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(out: str, models: list[str], timeout_s: float = 120.0) -> None:
+    rows = []
+    for model in models:
+        with tempfile.TemporaryDirectory() as scratch:
+            db_url = f"sqlite:///{scratch}/winners.db"
+            winners = store_winners(model, db_url)
+            print(f"{model}: {winners} winners stored; cold warmup", file=sys.stderr, flush=True)
+            cold = timed_warmup(model, db_url, Path(scratch) / "cache", timeout_s)
+            print(f"{model}: cold {cold['seconds']:.2f} s; warm warmup", file=sys.stderr,
+                  flush=True)
+            warm = timed_warmup(model, db_url, Path(scratch) / "cache", timeout_s)
+        rows.append({"model": model, "winners": winners, "points": cold["points"],
+                     "cold_s": round(cold["seconds"], 2), "warm_s": round(warm["seconds"], 3),
+                     "warm_loaded": warm["loaded"], "cpus": os.cpu_count()})
+        print(rows[-1], flush=True)
+        print(next(line for line in cold["report"].splitlines()
+                   if line.startswith("artifact cache")), flush=True)
+    with open(out, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
