@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
@@ -350,6 +351,28 @@ def export(obj: Context, fmt: str, kernel: str | None, all_devices: bool,
         with _open_for_writing(out) as handle:
             handle.write(text)
         click.echo(f"wrote {out}", err=True)
+
+
+@cli.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default=None,
+              help="the file's format [default: from its suffix]")
+@click.pass_obj
+def import_(obj: Context, path: str, fmt: str | None) -> None:
+    """Store the winners of a `cutetune export` file (served only on the GPU each was
+    measured on)."""
+    from cutetune.results_db import import_winners
+
+    fmt = fmt or {".json": "json", ".csv": "csv"}.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise click.BadParameter("cannot tell the format from the suffix: use --format",
+                                 param_hint="PATH")
+    db = obj.open_db(writable=True)
+    try:
+        stored = import_winners(db, Path(path).read_text(), fmt)
+    except ValueError as err:
+        raise click.UsageError(f"{path}: {err}") from None
+    click.echo(f"imported {stored} winners from {path}", err=True)
 
 
 @cli.group()

@@ -2,10 +2,10 @@
 
 Open one with `Database.open(url)` (any SQLite or PostgreSQL SQLAlchemy URL); write with
 `record_*`, read with `winners`, `stored_runs`, `quarantined_points`, `latest_ceilings` and the
-pandas frames, export with `export_winners`.
+pandas frames, export with `export_winners` and read an export back with `import_winners`.
 """
 
-from cutetune.results_db.export import FORMATS, export_winners
+from cutetune.results_db.export import FORMATS, export_winners, import_winners
 from cutetune.results_db.fingerprint import DeviceFingerprint
 from cutetune.results_db.queries import (
     clear_quarantine,
@@ -44,6 +44,7 @@ __all__ = [
     "Winner",
     "clear_quarantine",
     "export_winners",
+    "import_winners",
     "latest_ceilings",
     "quarantined_points",
     "record_bench",

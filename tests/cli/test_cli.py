@@ -23,7 +23,13 @@ from malformed_configs import MALFORMED
 
 from cutetune.cli.main import cli
 from cutetune.kernels import qk_norm as qk
-from cutetune.results_db import Database, QuarantinedPoint, record_quarantine, winners
+from cutetune.results_db import (
+    Database,
+    QuarantinedPoint,
+    record_quarantine,
+    winners,
+    winners_with_devices,
+)
 from cutetune.spaces.models import load_model
 from cutetune.tuner.tune import plan_bucket, tune_bucket
 
@@ -465,3 +471,45 @@ def test_cache_build_into_an_unwritable_directory_says_so(empty_db, tmp_path, mo
     monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(blocked))
     assert_clean_error(invoke(empty_db, "cache", "build", "--model", "qwen3-8b"),
                        "cannot be written")
+
+
+# -- import -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_an_export_imports_into_another_database_as_the_same_winners(stored_db, tmp_path, fmt):
+    exported = tmp_path / f"winners.{fmt}"
+    assert invoke(stored_db, "export", "--format", fmt, "--out", str(exported)).exit_code == 0
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    result = invoke(target, "import", str(exported))
+    assert result.exit_code == 0, result.output
+    before = winners_with_devices(Database.open(stored_db))
+    after = winners_with_devices(Database.open(target))
+    assert f"imported {len(before)} winners" in result.output
+
+    def served(pairs):  # what serving reads; the import's own time is its updated_at
+        return sorted((d, w.kernel_name, w.source_hash, w.static_key, w.bucket, w.config_json,
+                       w.median_us) for d, w in pairs)
+
+    assert served(after) == served(before)
+    # Imported again: the same points, so nothing changes but their time of measurement.
+    assert invoke(target, "import", str(exported)).exit_code == 0
+    assert served(winners_with_devices(Database.open(target))) == served(before)
+
+
+def test_a_bad_import_file_is_one_line_and_writes_nothing(stored_db, tmp_path):
+    exported = tmp_path / "winners.json"
+    invoke(stored_db, "export", "--format", "json", "--out", str(exported))
+    records = json.loads(exported.read_text())
+    del records[-1]["median_us"]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(records))
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    assert_clean_error(invoke(target, "import", str(broken)),
+                       f"winner {len(records)}", "missing median_us")
+    assert winners_with_devices(Database.open(target)) == []
+    garbage = tmp_path / "garbage.txt"
+    garbage.write_text("x")
+    assert_clean_error(invoke(target, "import", str(garbage)), "--format")
+    assert_clean_error(invoke(target, "import", str(garbage), "--format", "csv"),
+                       "missing the columns")
