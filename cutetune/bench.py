@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from cutetune.dispatch import DEFAULT, NEAREST, Dispatcher, artifact_store
+from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, Dispatcher, artifact_store
 from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors, VerificationError
 from cutetune.results_db import (
     BenchRecord,
@@ -28,6 +28,7 @@ from cutetune.results_db import (
     DeviceFingerprint,
     record_bench,
     record_ceilings,
+    shipped_winners,
     winners_to_serve,
 )
 from cutetune.spaces.buckets import bucket_of
@@ -111,7 +112,8 @@ def candidates(kernel: KernelDef, problem: Problem, dispatcher: Dispatcher) -> l
         tuned = Candidate(TUNED_NAME, None, f"no winner stored for bucket "
                           f"{bucket_of(problem.num_tokens)} on this device (cutetune tune first)")
     else:
-        origin = f" (winner of bucket {entry.tuned_bucket})" if entry.source == NEAREST else ""
+        origin = {NEAREST: f" (winner of bucket {entry.tuned_bucket})",
+                  SHIPPED: " (shipped with cutetune)"}.get(entry.source, "")
         tuned = Candidate(TUNED_NAME, ours_runner(kernel, problem, entry.config, dispatcher),
                           config_to_json(entry.config) + origin)
     default = kernel.default_config(problem, dispatcher.spec)
@@ -215,7 +217,8 @@ def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[i
     empty_us = measure_launch_floor_us()
     record_ceilings(db, fingerprint, {"copy_gbps": copy_gbps, "launch_floor_us": empty_us})
     store = artifact_store(cache_dir, fingerprint) if cache_dir is not None else None
-    dispatcher = Dispatcher(spec, winners_to_serve(db, fingerprint, kernel.name), store)
+    dispatcher = Dispatcher(spec, winners_to_serve(db, fingerprint, kernel.name), store,
+                            shipped=shipped_winners(fingerprint))
     rows: list[BenchRow] = []
     for static in problems:
         for n in tokens:

@@ -1,8 +1,9 @@
 """The runtime Dispatcher: winners read once at warmup, then served by token bucket.
 
 Warmup builds, for each static problem, one immutable row of compiled kernels indexed by token
-bucket: the tuned winner where that bucket was tuned, else the nearest tuned bucket's winner
-(if it is a valid point there), else the seed heuristic's default. A call for a static problem
+bucket: the winner tuned for that bucket (the user's database first, then the winners shipped
+with the package), else the nearest such bucket's winner (if it is a valid point there), else
+the seed heuristic's default. A call for a static problem
 that was never warmed up is a miss: its row is built from defaults, the miss is logged once, and
 the calls it serves are counted, so `report()` shows what ran untuned.
 
@@ -31,14 +32,14 @@ from cutetune.tuner.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
 
 log = logging.getLogger("cutetune.dispatch")
 
-TUNED, NEAREST, DEFAULT = "tuned", "nearest", "default"
+TUNED, SHIPPED, NEAREST, DEFAULT = "tuned", "shipped", "nearest", "default"
 
 
 @dataclass(frozen=True)
 class BucketEntry:
     bucket: int
     config: Any
-    source: str  # TUNED, NEAREST or DEFAULT
+    source: str  # TUNED (the user's database), SHIPPED (the package's), NEAREST or DEFAULT
     tuned_bucket: int | None
 
 
@@ -60,6 +61,7 @@ class WarmupStats:
     points: int
     loaded: int
     stale_winners: int
+    stale_shipped: int
     # The current winners measured where the driver, CUDA runtime or torch differed, by how.
     measured_elsewhere: tuple[str, ...] = ()
 
@@ -73,14 +75,16 @@ def nearest_tuned(bucket: int, tuned: Sequence[int]) -> int | None:
 
 class Dispatcher:
     def __init__(self, spec, winners: Iterable[Any] = (), store: ArtifactStore | None = None,
-                 compile_processes: int = 0):
+                 compile_processes: int = 0, shipped: Iterable[Any] = ()):
         """`spec`: the DeviceSpec of the GPU in use (None where no GPU is visible: the
         dispatcher then serves nothing and its report says so); `winners`: results_db Winner
         records this device may serve (results_db.winners_to_serve; empty: every call runs
         the heuristic default);
         `store`: the artifact cache points are loaded from and stored to (None: compiled in
         memory); `compile_processes`: at most this many processes compile a warmup's missing
-        points in parallel (0 or 1: this process compiles them, one after another)."""
+        points in parallel (0 or 1: this process compiles them, one after another);
+        `shipped`: the winners shipped with the package (results_db.shipped_winners), served
+        where `winners` has none for the bucket."""
         self.spec = spec
         self.store = store
         self.compile_processes = compile_processes
@@ -90,6 +94,9 @@ class Dispatcher:
         self._winners: dict[tuple[str, str], list[Any]] = {}
         for w in winners:
             self._winners.setdefault((w.kernel_name, w.static_key), []).append(w)
+        self._shipped: dict[tuple[str, str], list[Any]] = {}
+        for w in shipped:
+            self._shipped.setdefault((w.kernel_name, w.static_key), []).append(w)
         self._compiled: dict[tuple[str, str, str], Any] = {}
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
@@ -99,17 +106,25 @@ class Dispatcher:
 
     # -- building -------------------------------------------------------------------------
 
-    def _table(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> ProblemTable:
+    def _current(self, winners: dict[tuple[str, str], list[Any]], kernel: KernelDef,
+                 problem: Problem) -> dict[int, Any]:
+        """The configs of `winners` for this kernel's current source and problem, by bucket."""
         source = kernel.source_hash()
-        tuned = {w.bucket: kernel.space.config_from_dict(json.loads(w.config_json))
-                 for w in self._winners.get((kernel.name, problem.static_key()), ())
-                 if w.source_hash == source}
+        return {w.bucket: kernel.space.config_from_dict(json.loads(w.config_json))
+                for w in winners.get((kernel.name, problem.static_key()), ())
+                if w.source_hash == source}
+
+    def _table(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> ProblemTable:
+        yours = self._current(self._winners, kernel, problem)
+        shipped = self._current(self._shipped, kernel, problem)
+        tuned = {**shipped, **yours}
         tuned_buckets = sorted(tuned)
         entries = []
         for bucket in BUCKETS:
             at_bucket = problem.with_tokens(bucket)
             if bucket in tuned:
-                entries.append(BucketEntry(bucket, tuned[bucket], TUNED, bucket))
+                entries.append(BucketEntry(bucket, tuned[bucket],
+                                           TUNED if bucket in yours else SHIPPED, bucket))
                 continue
             near = nearest_tuned(bucket, tuned_buckets)
             if near is not None and kernel.space.first_violation(
@@ -200,13 +215,16 @@ class Dispatcher:
         source = kernel.source_hash()
         served = [w for problem in problems
                   for w in self._winners.get((kernel.name, problem.static_key()), ())]
+        shipped = [w for problem in problems
+                   for w in self._shipped.get((kernel.name, problem.static_key()), ())]
         stale = sum(1 for w in served if w.source_hash != source)
-        elsewhere = tuple(w.measured_elsewhere for w in served
+        stale_shipped = sum(1 for w in shipped if w.source_hash != source)
+        elsewhere = tuple(w.measured_elsewhere for w in served + shipped
                           if w.source_hash == source and w.measured_elsewhere)
         loaded = (self.store.counts.loaded if self.store is not None else 0) - loaded_before
         self.stats[kernel.name] = WarmupStats(time.perf_counter() - start, len(problems),
                                               len(self._compiled) - compiled_before, loaded,
-                                              stale, elsewhere)
+                                              stale, stale_shipped, elsewhere)
         return self.stats[kernel.name]
 
     # -- serving (hot path) ---------------------------------------------------------------
@@ -260,13 +278,14 @@ class Dispatcher:
         lines = [f"warmup of {name}: {st.problems} problems, {st.points} points "
                  f"({st.loaded} from the artifact cache) in {st.seconds:.2f} s; "
                  f"{st.stale_winners} winners ignored (older kernel source)"
+                 + (f", and {st.stale_shipped} shipped ones" if st.stale_shipped else "")
                  + (f"; {len(st.measured_elsewhere)} winners measured under another "
                     f"environment, served: {'; '.join(sorted(set(st.measured_elsewhere)))}"
                     if st.measured_elsewhere else "")
                  for name, st in self.stats.items()]
         lines.append(self.cache_summary())
         for (name, static_tuple), table in self._tables.items():
-            by_source: dict[str, list[int]] = {TUNED: [], NEAREST: [], DEFAULT: []}
+            by_source: dict[str, list[int]] = {TUNED: [], SHIPPED: [], NEAREST: [], DEFAULT: []}
             for entry in table.entries:
                 by_source[entry.source].append(entry.bucket)
             calls = sum(n for (k, s, _), n in self._default_calls.items()
@@ -275,7 +294,8 @@ class Dispatcher:
             beyond = self._beyond_calls[(name, static_tuple)]
             lines.append(
                 f"{name} {table.problem.describe()}: {state}; tuned buckets "
-                f"{_ranges(by_source[TUNED])}; nearest-tuned {_ranges(by_source[NEAREST])}; "
+                f"{_ranges(by_source[TUNED])}; shipped {_ranges(by_source[SHIPPED])}; "
+                f"nearest-tuned {_ranges(by_source[NEAREST])}; "
                 f"default {_ranges(by_source[DEFAULT])}; calls served by default: {calls}"
                 + (f"; calls beyond {MAX_BUCKET} tokens, served by that bucket: {beyond}"
                    if beyond else ""))
@@ -338,7 +358,12 @@ def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = 
     result the dispatcher that `cutetune.qk_norm` and the other ops call through."""
     global _current
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
-    from cutetune.results_db import Database, DeviceFingerprint, winners_to_serve
+    from cutetune.results_db import (
+        Database,
+        DeviceFingerprint,
+        shipped_winners,
+        winners_to_serve,
+    )
     from cutetune.settings import load_settings
     from cutetune.spaces.models import load_model
 
@@ -349,7 +374,8 @@ def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = 
     try:
         dispatcher = Dispatcher(_current_device_spec(), winners_to_serve(db, fingerprint),
                                 artifact_store(settings.cache_dir, fingerprint),
-                                compile_processes=os.cpu_count() or 1)
+                                compile_processes=os.cpu_count() or 1,
+                                shipped=shipped_winners(fingerprint))
     finally:
         db.dispose()
     work = []

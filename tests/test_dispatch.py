@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from stored_winners import winner
 
-from cutetune.dispatch import DEFAULT, NEAREST, TUNED, Dispatcher, nearest_tuned
+from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED, Dispatcher, nearest_tuned
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
@@ -498,3 +498,23 @@ def test_an_unwritable_cache_is_warned_about_once_and_points_compile_in_memory(t
     assert len(warnings) == 1 and "cannot be written; compiling in memory" in warnings[0]
     store = artifact_store(tmp_path, H200_FINGERPRINT)
     assert store is not None and store.arch == "sm_90a"
+
+
+def test_shipped_winners_serve_where_the_users_database_has_none(qwen3_8b, qk_fake_compile):
+    """The user's winner first, then the shipped one, then the nearest of either, then the
+    default; the report says which served each bucket, and counts stale shipped winners."""
+    kernel, _ = qk_fake_compile
+    yours = [winner(kernel, qwen3_8b, 8, SMALL)]
+    shipped = [winner(kernel, qwen3_8b, 8, LARGE), winner(kernel, qwen3_8b, 4096, LARGE),
+               winner(kernel, qwen3_8b, 64, SMALL, STALE_HASH)]
+    dispatcher = Dispatcher(SPEC, yours, shipped=shipped)
+    stats = dispatcher.warmup(kernel, [qwen3_8b])
+    entries = entries_by_bucket(dispatcher)
+    assert (entries[8].source, entries[8].config) == (TUNED, SMALL)  # yours beats shipped
+    assert (entries[4096].source, entries[4096].config) == (SHIPPED, LARGE)
+    assert (entries[16].source, entries[16].tuned_bucket) == (NEAREST, 8)
+    assert (entries[32768].source, entries[32768].tuned_bucket) == (NEAREST, 4096)
+    assert (stats.stale_winners, stats.stale_shipped) == (0, 1)
+    report = dispatcher.report()
+    assert "tuned buckets 8; shipped 4096;" in report
+    assert "0 winners ignored (older kernel source), and 1 shipped ones" in report

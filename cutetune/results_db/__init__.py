@@ -5,7 +5,7 @@ Open one with `Database.open(url)` (any SQLite or PostgreSQL SQLAlchemy URL); wr
 pandas frames, export with `export_winners` and read an export back with `import_winners`.
 """
 
-from cutetune.results_db.export import FORMATS, export_winners, import_winners
+from cutetune.results_db.export import FORMATS, export_winners, import_winners, read_winners
 from cutetune.results_db.fingerprint import DeviceFingerprint
 from cutetune.results_db.queries import (
     clear_quarantine,
@@ -31,6 +31,7 @@ from cutetune.results_db.records import (
     Winner,
 )
 from cutetune.results_db.session import Database
+from cutetune.results_db.shipped import shipped_winners
 
 __all__ = [
     "FORMATS",
@@ -45,6 +46,8 @@ __all__ = [
     "clear_quarantine",
     "export_winners",
     "import_winners",
+    "read_winners",
+    "shipped_winners",
     "latest_ceilings",
     "quarantined_points",
     "record_bench",

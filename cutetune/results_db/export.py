@@ -68,13 +68,31 @@ def _to_csv(records: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def import_winners(db: Database, text: str, fmt: str) -> int:
-    """Store the winners of an export (`fmt` "json" or "csv"); the number stored. Every record
-    is read and checked before anything is written; ValueError names the first bad one."""
+def read_winners(text: str, fmt: str) -> list[tuple[DeviceFingerprint, Winner]]:
+    """The winners of an export with the devices they were measured on, every record checked;
+    ValueError names the first bad one."""
+    return [(device, _winner_of(result))
+            for device, result in _read_runs(text, fmt)]
+
+
+def _winner_of(result: TuningResult) -> Winner:
+    (trial,) = result.trials
+    return Winner(result.kernel_name, result.source_hash, result.static_key, result.bucket,
+                  trial.config_json, trial.median_us, trial.iqr_us, trial.gbps,
+                  trial.pct_roofline, result.finished_at)
+
+
+def _read_runs(text: str, fmt: str) -> list[tuple[DeviceFingerprint, TuningResult]]:
     if fmt not in FORMATS:
         raise ValueError(f"unknown import format {fmt!r}: expected one of {', '.join(FORMATS)}")
     records = _from_json(text) if fmt == "json" else _from_csv(text)
-    results = [_as_run(number, record) for number, record in enumerate(records, 1)]
+    return [_as_run(number, record) for number, record in enumerate(records, 1)]
+
+
+def import_winners(db: Database, text: str, fmt: str) -> int:
+    """Store the winners of an export (`fmt` "json" or "csv"); the number stored. Every record
+    is read and checked before anything is written; ValueError names the first bad one."""
+    results = _read_runs(text, fmt)
     for fingerprint, result in results:
         record_tuning_result(db, fingerprint, result)
     return len(results)

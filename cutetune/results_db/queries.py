@@ -5,7 +5,7 @@ Each write is one transaction: a failure part way leaves the database as it was.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, fields, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -186,11 +186,18 @@ def winners_to_serve(db: Database, here: DeviceFingerprint,
     per kernel source, problem and bucket: one measured in this very environment where there
     is one, else the most recent; each says how its environment differed
     (Winner.measured_elsewhere)."""
+    return choose_to_serve(winners_with_devices(db, None, kernel_name), here)
+
+
+def choose_to_serve(measured: Iterable[tuple[DeviceFingerprint, Winner]],
+                    here: DeviceFingerprint) -> list[Winner]:
+    """Of winners with the devices they were measured on, those the fingerprint policy lets
+    `here` serve, one per kernel source, problem and bucket (see winners_to_serve)."""
     chosen: dict[tuple[str, str, str, int], Winner] = {}
-    for measured, winner in winners_with_devices(db, None, kernel_name):
-        if not serves_here(measured, here):
+    for device, winner in measured:
+        if not serves_here(device, here):
             continue
-        winner = replace(winner, measured_elsewhere=environment_differences(measured, here))
+        winner = replace(winner, measured_elsewhere=environment_differences(device, here))
         key = (winner.kernel_name, winner.source_hash, winner.static_key, winner.bucket)
         held = chosen.get(key)
         if held is None or _preferred(winner, held):

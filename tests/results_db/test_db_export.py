@@ -86,3 +86,17 @@ def test_empty_json_export_is_an_empty_list(db):
 def test_unknown_format_lists_the_accepted_ones(db):
     with pytest.raises(ValueError, match="unknown export format 'yaml': expected one of json, csv"):
         export_winners(db, "yaml")
+
+
+def test_shipped_winners_are_read_from_exports_under_the_fingerprint_policy(tuned, h200,
+                                                                              tmp_path):
+    from cutetune.results_db import shipped_winners
+
+    assert shipped_winners(h200, tmp_path / "none") == []
+    (tmp_path / "h200.json").write_text(export_winners(tuned, "json"))
+    (served,) = shipped_winners(h200, tmp_path)  # the H100's winner is not served here
+    assert (served.median_us, served.measured_elsewhere) == (2.0, "")
+    patched = dataclasses.replace(h200, torch="2.9.1")
+    (elsewhere,) = shipped_winners(patched, tmp_path)
+    assert elsewhere.measured_elsewhere == "torch 2.9.0 (here 2.9.1)"
+    assert shipped_winners(dataclasses.replace(h200, cutlass_dsl="4.9.0"), tmp_path) == []
