@@ -59,7 +59,7 @@ def grid_barrier(mWs: cute.Tensor, tidx: Int32, bidx: Int32, BLOCKS: cutlass.Con
 
 
 def pair_entries(mPairs: cute.Tensor, first: Int32, stride: Int32, end: Int32,
-                  K: int, count: int = IDS_IN_FLIGHT) -> list:
+                 K: int, count: int = IDS_IN_FLIGHT) -> list:
     """mPairs (tokens, K) at pairs first, first + stride, ... (count of them; those past end
     read the last pair again): every load issued before any value is used, so a thread's
     pairs cost one memory round trip per count, not one each."""
@@ -73,7 +73,7 @@ def pair_entries(mPairs: cute.Tensor, first: Int32, stride: Int32, end: Int32,
 
 @cute.jit
 def local_expert(expert: Int32, sFlags: cute.Tensor, E: cutlass.Constexpr[int],
-                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> Int32:
+                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> Int32:
     """The pair's local expert, or -1 when its expert is not local; an id outside [0, E) is
     skipped the same way and raises sFlags[1]."""
     local = expert - BEGIN
@@ -87,8 +87,8 @@ def local_expert(expert: Int32, sFlags: cute.Tensor, E: cutlass.Constexpr[int],
 
 @cute.jit
 def slot_entries(experts: list, sCount: cute.Tensor, sFlags: cute.Tensor, first: Int32,
-                  end: Int32, stride: Int32, E: cutlass.Constexpr[int],
-                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> list:
+                 end: Int32, stride: Int32, E: cutlass.Constexpr[int],
+                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> list:
     """The slots of pairs first, first + stride, ... (their experts loaded by pair_entries) in
     their local experts, from shared-memory atomic counters; -1 for a pair of no local expert
     or past end."""
@@ -106,7 +106,7 @@ def slot_entries(experts: list, sCount: cute.Tensor, sFlags: cute.Tensor, first:
 
 @cute.jit
 def store_slot_values(experts: list, slots: list, value_of, mRowOf: cute.Tensor,
-                       first: Int32, end: Int32, stride: Int32, K: cutlass.Constexpr[int]):
+                      first: Int32, end: Int32, stride: Int32, K: cutlass.Constexpr[int]):
     """row_of of pairs first, first + stride, ... below end: value_of(slot, expert) of the
     pair's slot and expert id (its row, or split_block_ranks' rank_code), or -1 where it has
     no slot."""
@@ -122,9 +122,9 @@ def store_slot_values(experts: list, slots: list, value_of, mRowOf: cute.Tensor,
 
 @cute.jit
 def route_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor,
-                 sFlags: cute.Tensor, experts: list, first: Int32, end: Int32, stride: Int32,
-                 K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
-                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> list:
+                sFlags: cute.Tensor, experts: list, first: Int32, end: Int32, stride: Int32,
+                K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int]) -> list:
     """The thread's pairs first, first + stride, ... below end get a slot (slot_entries).
     The first IDS_IN_FLIGHT, whose experts the caller loaded ahead of its own round trips,
     keep theirs in registers (returned); the rest, IDS_IN_FLIGHT at a time, store theirs in
@@ -132,7 +132,7 @@ def route_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor,
     slots = slot_entries(experts, sCount, sFlags, first, end, stride, E, BEGIN, L)
     for base in range(first + IDS_IN_FLIGHT * stride, end, stride * IDS_IN_FLIGHT):
         later = slot_entries(pair_entries(mIds, base, stride, end, K), sCount, sFlags, base,
-                              end, stride, E, BEGIN, L)
+                             end, stride, E, BEGIN, L)
         for i in cutlass.range_constexpr(IDS_IN_FLIGHT):
             pair = base + i * stride
             if pair < end:
@@ -143,8 +143,8 @@ def route_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sCount: cute.Tensor,
 
 @cute.jit
 def finish_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, experts: list,
-                  slots: list, first: Int32, end: Int32, stride: Int32,
-                  K: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int]):
+                 slots: list, first: Int32, end: Int32, stride: Int32,
+                 K: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int]):
     """row_of of route_pairs' pairs (the same thread each): the expert's base + the slot, from
     registers for the first IDS_IN_FLIGHT, from row_of (with the ids reloaded) for the rest."""
     def row_of(slot, expert):
@@ -153,14 +153,14 @@ def finish_pairs(mIds: cute.Tensor, mRowOf: cute.Tensor, sBase: cute.Tensor, exp
     store_slot_values(experts, slots, row_of, mRowOf, first, end, stride, K)
     for base in range(first + IDS_IN_FLIGHT * stride, end, stride * IDS_IN_FLIGHT):
         store_slot_values(pair_entries(mIds, base, stride, end, K),
-                           pair_entries(mRowOf, base, stride, end, K), row_of, mRowOf, base,
-                           end, stride, K)
+                          pair_entries(mRowOf, base, stride, end, K), row_of, mRowOf, base,
+                          end, stride, K)
 
 
 @cute.jit
 def scan_offsets(sTotal: cute.Tensor, sOffsets: cute.Tensor, sPadStart: cute.Tensor,
-          sPadEnd: cute.Tensor, sFlags: cute.Tensor, lane: Int32, L: cutlass.Constexpr[int],
-          PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool]):
+                 sPadEnd: cute.Tensor, sFlags: cute.Tensor, lane: Int32, L: cutlass.Constexpr[int],
+                 PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool]):
     """One warp: offsets = exclusive scan of the counts rounded up to PAD; with ZERO_PAD, the
     segments with padding rows listed as [start, end) row ranges (their count in sFlags[0],
     which is 0 without ZERO_PAD). Lane l owns
@@ -220,7 +220,7 @@ def unit_position(unit: Int32, tidx: Int32, SLICES: int, THREADS: int) -> tuple:
 
 
 def unit_loads(gX: cute.Tensor, tokens: Int32, group: Int32, column: Int32,
-                VEC: int, TPB: int, HINTS: str = cache_hints.NORMAL) -> list:
+               VEC: int, TPB: int, HINTS: str = cache_hints.NORMAL) -> list:
     """Vector `column` of tokens group * TPB + [0, TPB) of gX ((1, VEC), (rows, V)), in
     register fragments, loaded with the cache hints HINTS: every load issued before any is
     used. A token past the last loads the last one again (the stores skip it)."""
@@ -238,8 +238,8 @@ def unit_loads(gX: cute.Tensor, tokens: Int32, group: Int32, column: Int32,
 
 @cute.jit
 def unit_stores(gDisp: cute.Tensor, values: list, row_of, tokens: Int32, group: Int32,
-                 column: Int32, K: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
-                 HINTS: cutlass.Constexpr[str] = cache_hints.NORMAL):
+                column: Int32, K: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
+                HINTS: cutlass.Constexpr[str] = cache_hints.NORMAL):
     """Store unit_loads' vectors to each of their tokens' rows, row_of(token, k) (skipped
     where negative), with the cache hints HINTS. Every row index is read before the first
     store: the compiler cannot move a load above a store it cannot prove disjoint, and one
@@ -258,11 +258,11 @@ def unit_stores(gDisp: cute.Tensor, values: list, row_of, tokens: Int32, group: 
 
 @cute.jit
 def copy_units(gX: cute.Tensor, row_of, gDisp: cute.Tensor, tokens: Int32, tidx: Int32,
-                first_unit: Int32, unit_stride: Int32, K: cutlass.Constexpr[int],
-                VEC: cutlass.Constexpr[int], V: cutlass.Constexpr[int],
-                THREADS: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
-                SLICES: cutlass.Constexpr[int], AFTER_ROUTING: cutlass.Constexpr[bool],
-                HINTS: cutlass.Constexpr[str]):
+               first_unit: Int32, unit_stride: Int32, K: cutlass.Constexpr[int],
+               VEC: cutlass.Constexpr[int], V: cutlass.Constexpr[int],
+               THREADS: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int],
+               SLICES: cutlass.Constexpr[int], AFTER_ROUTING: cutlass.Constexpr[bool],
+               HINTS: cutlass.Constexpr[str]):
     """Units first_unit, first_unit + unit_stride, ...: unit u copies vector
     (u % SLICES) * THREADS + tidx (of the row's V) of tokens (u // SLICES) * TPB + [0, TPB) to
     each of their rows, row_of(token, k) (a pair's row, or negative: none). gX and gDisp are
@@ -281,9 +281,9 @@ def copy_units(gX: cute.Tensor, row_of, gDisp: cute.Tensor, tokens: Int32, tidx:
 
 @cute.jit
 def zero_padding_rows(gDisp: cute.Tensor, mPadStart: cute.Tensor, mPadEnd: cute.Tensor,
-                  segments: Int32, tidx: Int32, first_unit: Int32, unit_stride: Int32,
-                  VEC: cutlass.Constexpr[int], V: cutlass.Constexpr[int],
-                  THREADS: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int]):
+                      segments: Int32, tidx: Int32, first_unit: Int32, unit_stride: Int32,
+                      VEC: cutlass.Constexpr[int], V: cutlass.Constexpr[int],
+                      THREADS: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int]):
     """Units (padded segment, slice), grid-stride: zero the segment's padding rows there."""
     zeros = cute.make_rmem_tensor(cute.make_layout((1, VEC)), gDisp.element_type)
     zeros.fill(0)

@@ -67,14 +67,14 @@ FORM = Space(
 
 @cute.kernel
 def fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
-                  mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
-                  mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
-                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
-                  PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
-                  VEC: cutlass.Constexpr[int],
-                  V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                  TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
-                  BLOCKS: cutlass.Constexpr[int]):
+                 mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
+                 mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
+                 PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
+                 VEC: cutlass.Constexpr[int],
+                 V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                 TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
+                 BLOCKS: cutlass.Constexpr[int]):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     sCount, _, sOffsets, sPadStart, sPadEnd, sFlags = routing_smem(L)
@@ -91,7 +91,7 @@ def fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp:
             sFlags[1] = 0
         cute.arch.sync_threads()
         slots = route_pairs(mIds, mRowOf, sCount, sFlags, experts, tidx, pairs, THREADS, K, E,
-                             BEGIN, L)
+                            BEGIN, L)
         cute.arch.sync_threads()
         if tidx < WARP:
             scan_offsets(sCount, sOffsets, sPadStart, sPadEnd, sFlags, tidx, L, PAD, ZERO_PAD)
@@ -114,7 +114,7 @@ def fused_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp:
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
     copy_units(gX, StoredRows(mRowOf), gDisp, cute.size(mRowOf, mode=[0]), tidx,
-                bidx, BLOCKS, K, VEC, V, THREADS, TPB, SLICES, False, cache_hints.NORMAL)
+               bidx, BLOCKS, K, VEC, V, THREADS, TPB, SLICES, False, cache_hints.NORMAL)
     if cutlass.const_expr(ZERO_PAD):
         zero_padding_rows(gDisp, mPadStart, mPadEnd, mWs[pad_list], tidx, bidx, BLOCKS, VEC, V,
-                      THREADS, SLICES)
+                          THREADS, SLICES)

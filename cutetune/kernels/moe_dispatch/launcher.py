@@ -54,7 +54,7 @@ def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
     units = copy_unit_total(cute.size(mX, mode=[0]), TPB, SLICES)
     if cutlass.const_expr(FORM == FUSED):
         fused_kernel(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, BEGIN, L,
-                      PAD, ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
+                     PAD, ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
             grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=True)
     elif cutlass.const_expr(FORM == REPLICATED):
         # Blocks past the copy units would only route; the padding units are known only
@@ -63,19 +63,19 @@ def _dispatch_launch(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
         if cutlass.const_expr(not ZERO_PAD):
             blocks = cutlass.min(units, BLOCKS)
         replicated_kernel(mX, mIds, mRowOf, mDisp, mCounts, mOffsets, mError, K, E, BEGIN, L,
-                           PAD, ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
+                          PAD, ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS).launch(
             grid=(blocks, 1, 1), block=(THREADS, 1, 1), stream=stream)
     elif cutlass.const_expr(FORM == SPLIT_BLOCK_RANKS):
         rank_kernel(mIds, mRowOf, mWs, K, E, BEGIN, L, THREADS, BLOCKS).launch(
             grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1), stream=stream)
         # Launched early behind the routing kernel (programmatic dependent launch), as split's.
         block_ranks_copy_kernel(mX, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, L, PAD,
-                                 ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS, HINTS).launch(
+                                ZERO_PAD, VEC, V, THREADS, TPB, SLICES, BLOCKS, HINTS).launch(
             grid=(cutlass.max(units, 1), 1, 1), block=(THREADS, 1, 1), stream=stream,
             use_pdl=True)
     else:
         route_kernel(mIds, mRowOf, mDisp, mCounts, mOffsets, mError, mWs, K, E, BEGIN, L, PAD,
-                      ZERO_PAD, VEC, V, THREADS, SLICES, BLOCKS).launch(
+                     ZERO_PAD, VEC, V, THREADS, SLICES, BLOCKS).launch(
             grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1), stream=stream, cooperative=True)
         # Launched early behind the routing kernel (programmatic dependent launch): its
         # launch, first blocks and x loads overlap routing; it waits before reading row_of.

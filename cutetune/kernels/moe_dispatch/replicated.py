@@ -161,14 +161,14 @@ class _RankedRows:
 
 @cute.kernel
 def replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
-                       mDisp: cute.Tensor, mCounts: cute.Tensor, mOffsets: cute.Tensor,
-                       mError: cute.Tensor, K: cutlass.Constexpr[int],
-                       E: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int],
-                       L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
-                       ZERO_PAD: cutlass.Constexpr[bool], VEC: cutlass.Constexpr[int],
-                       V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                       TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
-                       BLOCKS: cutlass.Constexpr[int]):
+                      mDisp: cute.Tensor, mCounts: cute.Tensor, mOffsets: cute.Tensor,
+                      mError: cute.Tensor, K: cutlass.Constexpr[int],
+                      E: cutlass.Constexpr[int], BEGIN: cutlass.Constexpr[int],
+                      L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
+                      ZERO_PAD: cutlass.Constexpr[bool], VEC: cutlass.Constexpr[int],
+                      V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                      TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
+                      BLOCKS: cutlass.Constexpr[int]):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     WARPS = THREADS // WARP
@@ -247,7 +247,7 @@ def replicated_kernel(mX: cute.Tensor, mIds: cute.Tensor, mRowOf: cute.Tensor,
         if unit < units and column < V:
             unit_stores(gDisp, preloaded[i], row_of, tokens, group, column, K, TPB)
     copy_units(gX, row_of, gDisp, tokens, tidx, bidx + PRELOADED_UNITS * BLOCKS, BLOCKS, K,
-                VEC, V, THREADS, TPB, SLICES, False, cache_hints.NORMAL)
+               VEC, V, THREADS, TPB, SLICES, False, cache_hints.NORMAL)
     if cutlass.const_expr(ZERO_PAD):
         zero_padding_rows(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, BLOCKS, VEC, V, THREADS,
-                      SLICES)
+                          SLICES)

@@ -128,8 +128,8 @@ def _publish_counts(mWs: cute.Tensor, sCount: cute.Tensor, sBase: cute.Tensor,
 
 @cute.jit
 def publish_row(mWs: cute.Tensor, sCount: cute.Tensor, sFlags: cute.Tensor, tidx: Int32,
-                 bidx: Int32, L: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                 BLOCKS: cutlass.Constexpr[int]) -> cute.Tensor:
+                bidx: Int32, L: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                BLOCKS: cutlass.Constexpr[int]) -> cute.Tensor:
     """Row bidx of the published (BLOCKS, L + 1) table: the block's L counts and its error
     flag (sFlags[1]), with plain stores. Returns the table."""
     ROW = L + 1
@@ -178,7 +178,7 @@ def _route_chunks(mIds: cute.Tensor, mRowOf: cute.Tensor, mCounts: cute.Tensor,
         sFlags[1] = 0
     cute.arch.sync_threads()
     slots = route_pairs(mIds, mRowOf, sCount, sFlags, experts, begin + tidx, end, THREADS, K,
-                         E, BEGIN, L)
+                        E, BEGIN, L)
     cute.arch.sync_threads()
     if cutlass.const_expr(PUBLISH):
         _publish_counts(mWs, sCount, sBase, sFlags, tidx, bidx, L, THREADS, BLOCKS)
@@ -208,13 +208,13 @@ def _route_chunks(mIds: cute.Tensor, mRowOf: cute.Tensor, mCounts: cute.Tensor,
 
 @cute.kernel
 def route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
-                  mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
-                  mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
-                  BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
-                  PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
-                  VEC: cutlass.Constexpr[int],
-                  V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                  SLICES: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+                 mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
+                 mWs: cute.Tensor, K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
+                 PAD: cutlass.Constexpr[int], ZERO_PAD: cutlass.Constexpr[bool],
+                 VEC: cutlass.Constexpr[int],
+                 V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                 SLICES: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     # The copy kernel may launch now: it loads x, then waits for this grid to finish.
@@ -225,19 +225,19 @@ def route_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
     if cutlass.const_expr(ZERO_PAD):
         gDisp = cute.zipped_divide(mDisp, (1, VEC))
         zero_padding_rows(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, BLOCKS, VEC, V, THREADS,
-                      SLICES)
+                          SLICES)
 
 
 @cute.kernel
 def copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
-                 K: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
-                 V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                 TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
-                 HINTS: cutlass.Constexpr[str]):
+                K: cutlass.Constexpr[int], VEC: cutlass.Constexpr[int],
+                V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
+                HINTS: cutlass.Constexpr[str]):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     gdim, _, _ = cute.arch.grid_dim()
     gX = cute.zipped_divide(mX, (1, VEC))
     gDisp = cute.zipped_divide(mDisp, (1, VEC))
     copy_units(gX, StoredRows(mRowOf), gDisp, cute.size(mRowOf, mode=[0]), tidx,
-                bidx, gdim, K, VEC, V, THREADS, TPB, SLICES, True, HINTS)
+               bidx, gdim, K, VEC, V, THREADS, TPB, SLICES, True, HINTS)

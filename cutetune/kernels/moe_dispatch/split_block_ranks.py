@@ -89,9 +89,9 @@ FORM = Space(
 
 @cute.kernel
 def rank_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mWs: cute.Tensor,
-                 K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
-                 BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
-                 THREADS: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
+                K: cutlass.Constexpr[int], E: cutlass.Constexpr[int],
+                BEGIN: cutlass.Constexpr[int], L: cutlass.Constexpr[int],
+                THREADS: cutlass.Constexpr[int], BLOCKS: cutlass.Constexpr[int]):
     """split_block_ranks' routing: block `bidx` ranks the pairs of its contiguous chunk in their
     local experts (shared-memory atomics), stores each pair's rank in row_of as
     rank_code, and its L counts and its error flag to row bidx of the published table
@@ -116,12 +116,12 @@ def rank_kernel(mIds: cute.Tensor, mRowOf: cute.Tensor, mWs: cute.Tensor,
 
     store_slot_values(experts, slot_entries(experts, sCount, sFlags, first, end, THREADS, E,
                                               BEGIN, L),
-                       code_of, mRowOf, first, end, THREADS, K)
+                      code_of, mRowOf, first, end, THREADS, K)
     for base in range(first + IDS_IN_FLIGHT * THREADS, end, IDS_IN_FLIGHT * THREADS):
         later = pair_entries(mIds, base, THREADS, end, K)
         store_slot_values(later, slot_entries(later, sCount, sFlags, base, end, THREADS, E,
                                                 BEGIN, L),
-                           code_of, mRowOf, base, end, THREADS, K)
+                          code_of, mRowOf, base, end, THREADS, K)
     cute.arch.sync_threads()
     publish_row(mWs, sCount, sFlags, tidx, bidx, L, THREADS, BLOCKS)
 
@@ -239,13 +239,13 @@ class _GroupRows:
 
 @cute.kernel
 def block_ranks_copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
-                             mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
-                             mWs: cute.Tensor, K: cutlass.Constexpr[int],
-                             L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
-                             ZERO_PAD: cutlass.Constexpr[bool], VEC: cutlass.Constexpr[int],
-                             V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
-                             TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
-                             BLOCKS: cutlass.Constexpr[int], HINTS: cutlass.Constexpr[str]):
+                            mCounts: cute.Tensor, mOffsets: cute.Tensor, mError: cute.Tensor,
+                            mWs: cute.Tensor, K: cutlass.Constexpr[int],
+                            L: cutlass.Constexpr[int], PAD: cutlass.Constexpr[int],
+                            ZERO_PAD: cutlass.Constexpr[bool], VEC: cutlass.Constexpr[int],
+                            V: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int],
+                            TPB: cutlass.Constexpr[int], SLICES: cutlass.Constexpr[int],
+                            BLOCKS: cutlass.Constexpr[int], HINTS: cutlass.Constexpr[str]):
     """split_block_ranks' copy: one unit per block. The block loads its x vectors, waits for
     routing, resolves its group's rows (_resolve_ranks, warp 0), stores the vectors there and
     zeroes its share of the padding rows."""
@@ -269,7 +269,7 @@ def block_ranks_copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Te
     cute.arch.sync_threads()
     if column < V:
         unit_stores(gDisp, values, _GroupRows(sRows, group, K, TPB), tokens, group, column, K,
-                     TPB, HINTS)
+                    TPB, HINTS)
     if cutlass.const_expr(ZERO_PAD):
         zero_padding_rows(gDisp, sPadStart, sPadEnd, sFlags[0], tidx, bidx, gdim, VEC, V, THREADS,
-                      SLICES)
+                          SLICES)

@@ -76,7 +76,7 @@ FORM = Space(
 
 @cute.kernel
 def bulk_copy_kernel(mX: cute.Tensor, mRowOf: cute.Tensor, mDisp: cute.Tensor,
-                      K: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int]):
+                     K: cutlass.Constexpr[int], TPB: cutlass.Constexpr[int]):
     """Tokens bidx * TPB + [0, TPB), one warp: lane 0 loads each token's row into shared
     memory with a bulk copy (its own mbarrier), before waiting for routing; then lane k < K
     stores each row to its k-th row of dispatched with a bulk copy, and the block waits until
