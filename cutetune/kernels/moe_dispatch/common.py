@@ -175,8 +175,8 @@ def smem_bytes(problem: MoEProblem, config: FormConfig) -> int:
     # counts and offsets over the scan's width (L rounded up to 32, offsets one more), bases,
     # padded-segment starts and ends, and three flags: as routing_smem allocates them; the
     # replicated form adds each pair's local expert and rank, and each warp's counts
-    # (_pair_tensors); split_block_ranks' copy block the routing blocks' table, its prefix
-    # sums and its group's rows (_block_rank_tensors).
+    # (replicated.py allocates them); split_block_ranks' copy block the routing blocks' table,
+    # its prefix sums and its group's rows (split_block_ranks.py).
     L = problem.local_experts
     width = scan_width(L)
     routing = 4 * (2 * width + 1 + 3 * L + SMEM_FLAGS)
