@@ -91,12 +91,11 @@ class Dispatcher:
         self._parallel_compiles = 0
         # Every stored winner, stale ones included: which are current depends on the kernel's
         # source, known only when a kernel is warmed up.
-        self._winners: dict[tuple[str, str], list[Any]] = {}
-        for w in winners:
-            self._winners.setdefault((w.kernel_name, w.static_key), []).append(w)
-        self._shipped: dict[tuple[str, str], list[Any]] = {}
-        for w in shipped:
-            self._shipped.setdefault((w.kernel_name, w.static_key), []).append(w)
+        self._winners = _by_problem(winners)
+        self._shipped = _by_problem(shipped)
+        # The entries each static problem serves, planned once (precompile, install and
+        # entry_for all read them; the winners do not change).
+        self._planned: dict[tuple[str, str], tuple[BucketEntry, ...]] = {}
         self._compiled: dict[tuple[str, str, str], Any] = {}
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
@@ -115,6 +114,12 @@ class Dispatcher:
                 if w.source_hash == source}
 
     def _table(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> ProblemTable:
+        key = (kernel.name, problem.static_key())
+        if key not in self._planned:
+            self._planned[key] = self._plan(kernel, problem)
+        return ProblemTable(kernel.name, problem.with_tokens(1), self._planned[key], warmed_up)
+
+    def _plan(self, kernel: KernelDef, problem: Problem) -> tuple[BucketEntry, ...]:
         yours = self._current(self._winners, kernel, problem)
         shipped = self._current(self._shipped, kernel, problem)
         tuned = {**shipped, **yours}
@@ -133,7 +138,7 @@ class Dispatcher:
             else:
                 entries.append(BucketEntry(bucket, kernel.default_config(at_bucket, self.spec),
                                            DEFAULT, None))
-        return ProblemTable(kernel.name, problem.with_tokens(1), tuple(entries), warmed_up)
+        return tuple(entries)
 
     def entry_for(self, kernel: KernelDef, problem: Problem) -> BucketEntry:
         """What a call of `problem` (at its token count) would be served, without compiling."""
@@ -177,7 +182,7 @@ class Dispatcher:
         pool = CompilePool(self.store, min(self.compile_processes, len(missing)), modules)
         try:
             futures = [pool.submit(*point) for point in missing.values()]
-            failures = [f.result().failure for f in futures if f.result().failure]
+            failures = [failure for f in futures if (failure := f.result().failure)]
         finally:
             pool.close()
         if failures:  # the point compiles again when it is served, which raises its error
@@ -302,6 +307,14 @@ class Dispatcher:
         return "\n".join(lines) if lines else "nothing warmed up or served yet"
 
 
+def _by_problem(winners: Iterable[Any]) -> dict[tuple[str, str], list[Any]]:
+    """Winners grouped by (kernel, static key)."""
+    grouped: dict[tuple[str, str], list[Any]] = {}
+    for w in winners:
+        grouped.setdefault((w.kernel_name, w.static_key), []).append(w)
+    return grouped
+
+
 def _ranges(buckets: list[int]) -> str:
     if not buckets:
         return "none"
@@ -366,13 +379,15 @@ def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = 
     )
     from cutetune.settings import load_settings
     from cutetune.spaces.models import load_model
+    from cutetune.tuner.roofline import device_spec_for
 
     shape = load_model(model)
     fingerprint = DeviceFingerprint.current()
     settings = load_settings()
     db = Database.open(db_url or settings.db_url)
     try:
-        dispatcher = Dispatcher(_current_device_spec(), winners_to_serve(db, fingerprint),
+        dispatcher = Dispatcher(device_spec_for(fingerprint.gpu_name),
+                                winners_to_serve(db, fingerprint),
                                 artifact_store(settings.cache_dir, fingerprint),
                                 compile_processes=os.cpu_count() or 1,
                                 shipped=shipped_winners(fingerprint))

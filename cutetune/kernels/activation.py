@@ -62,8 +62,7 @@ from cutetune.spaces.space import Constraint, Param, Space
 
 # The seed heuristic gives a thread at least this many bits of gate (and as many of up) to load
 # before it waits. The space also holds narrower vectors and fewer bits per thread: a small call
-# spread over more threads and SMs can finish sooner (measured on the H200 at a few tokens:
-# BENCHMARKS.md, every output allocated per call).
+# spread over more threads and SMs can finish sooner.
 MIN_BITS_PER_THREAD = 128
 GELU_FORMS = ("none", "tanh")
 # The compile-time activation names the kernel body branches on.

@@ -42,7 +42,7 @@ class Problem:
 
     def static_tuple(self) -> tuple:
         """The static fields in declaration order: the dispatcher's hot-path key."""
-        return tuple(self.static_fields().values())
+        return tuple(getattr(self, name) for name in _static_names(type(self)))
 
     @classmethod
     def static_tuple_of(cls, **static: Any) -> tuple:

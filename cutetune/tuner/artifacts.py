@@ -84,7 +84,7 @@ class ArtifactStore:
     def find(self, kernel: KernelDef, problem: Problem, config: Any) -> Path | None:
         """The point's artifact if a sound one is stored; an unsound one is deleted."""
         for path in self.directory.glob(f"{self.key(kernel, problem, config)}-*.o"):
-            if _digest(path.read_bytes())[:16] == path.stem.rsplit("-", 1)[1]:
+            if _digest(path.read_bytes())[:16] == _name_parts(path)[1]:
                 return path
             path.unlink(missing_ok=True)
             self.counts.unsound += 1
@@ -95,7 +95,7 @@ class ArtifactStore:
         file's content when it is needed)."""
         if not self.directory.is_dir():
             return set()
-        return {path.stem.rsplit("-", 1)[0] for path in self.directory.glob("*-*.o")}
+        return {_name_parts(path)[0] for path in self.directory.glob("*-*.o")}
 
     def compile(self, kernel: KernelDef, problem: Problem, config: Any) -> Path:
         """Compile the point in this process for `arch` and store its artifact. The arch is
@@ -140,7 +140,7 @@ class ArtifactStore:
         """Every stored artifact's manifest, with its file and size; for `cutetune cache ls`."""
         found = []
         for path in sorted(self.directory.glob("*-*.o")):
-            manifest_file = path.with_name(f"{path.stem.rsplit('-', 1)[0]}.json")
+            manifest_file = path.with_name(f"{_name_parts(path)[0]}.json")
             try:
                 manifest = json.loads(manifest_file.read_text())
             except (OSError, ValueError):
@@ -157,7 +157,7 @@ class ArtifactStore:
         import cutlass.cute as cute
 
         module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
-        function = getattr(module, _function_name(path.stem.rsplit("-", 1)[0]))
+        function = getattr(module, _function_name(_name_parts(path)[0]))
         return kernel.bound(problem, config, function)
 
 
@@ -181,6 +181,12 @@ def _write_atomically(path: Path, data: bytes) -> None:
         os.replace(temporary, path)
     finally:
         Path(temporary).unlink(missing_ok=True)
+
+
+def _name_parts(path: Path) -> tuple[str, str]:
+    """An artifact file's (key, content digest), from its name `{key}-{digest}.o`."""
+    key, content = path.stem.rsplit("-", 1)
+    return key, content
 
 
 def _function_name(key: str) -> str:

@@ -61,8 +61,7 @@ BASE_REGISTERS = 40
 # no atomic round trip before the barrier. Otherwise each block adds its counts to global
 # counters with one returning atomic per expert (its base), and reads the totals after the
 # barrier. Every block reads the whole published table, so publishing pays only while the table
-# is small; the bound sits between the tables the H200 measurements found faster than the
-# atomics and those they found slower (BENCHMARKS.md, moe_dispatch: the count exchange).
+# is small: at most this many words.
 PUBLISHED_COUNT_WORDS = 512
 
 # Workspace layout (int32 words). The barrier word and the epoch sit on their own 128-byte

@@ -65,28 +65,27 @@ SPACE = Alternatives(
     ),
 )
 
-# The default's crossovers, from the H200 measurements in BENCHMARKS.md. split_block_ranks
-# (moe_dispatch: split_block_ranks) for prefill calls of few local pairs over few local
-# experts: with more local experts each copy block reads a longer table, which no measurement
-# covers; 3 tokens per copy block (moe_dispatch: 3 tokens per copy block).
+# Where the default takes split_block_ranks: prefill calls of few local pairs over few local
+# experts (each copy block reads the whole routing table, longer with more experts), with 3
+# tokens per copy block (fewer, fuller blocks each pay that read once).
 BLOCK_RANKS_DEFAULT_MAX_PAIRS = 16384
 BLOCK_RANKS_DEFAULT_MAX_LOCAL_EXPERTS = 8
 BLOCK_RANKS_DEFAULT_TOKENS_PER_BLOCK = 3
-# split's routing grid leaves a block about this many pairs (moe_dispatch: the routing grid).
+# split's routing grid leaves a block about this many pairs.
 ROUTED_PAIRS_PER_BLOCK = 1024
 
 
 def default_config(problem: MoEProblem, device) -> FormConfig:
-    """Decode-sized calls (at most REPLICATED_MAX_PAIRS pairs) replicated over 128 blocks
-    (faster than the seed's fused form on the H200: BENCHMARKS.md, where decode dispatch time
-    goes), with 4 warps per block up to 256 pairs and 8 beyond, as a warp ranks
-    pairs / (32 * warps) steps. Prefill split, 8 warps per block (blocks of 4-8 warps reach the
-    copy ceiling, blocks of 1 warp do not), streaming copy hints, and the routing grid of about
-    ROUTED_PAIRS_PER_BLOCK pairs a block (default_routing_grid); narrower where the device
-    holds fewer cooperative blocks. Before split, for few local experts and at most
-    BLOCK_RANKS_DEFAULT_MAX_PAIRS local pairs, split_block_ranks over the narrowest routing grid
-    with BLOCK_RANKS_DEFAULT_TOKENS_PER_BLOCK tokens per copy block. Where none of these fits
-    the device, the space's first valid point."""
+    """Decode-sized calls (at most REPLICATED_MAX_PAIRS pairs) replicated over 128 blocks (no
+    barrier, where the seed's fused form waits at one), with 4 warps per block up to 256 pairs
+    and 8 beyond, as a warp ranks pairs / (32 * warps) steps. Prefill split, 8 warps per block
+    (blocks of 4-8 warps reach the copy ceiling, blocks of 1 warp do not), streaming copy
+    hints, and the routing grid of about ROUTED_PAIRS_PER_BLOCK pairs a block
+    (default_routing_grid); narrower where the device holds fewer cooperative blocks. Before
+    split, for few local experts and at most BLOCK_RANKS_DEFAULT_MAX_PAIRS local pairs,
+    split_block_ranks over the narrowest routing grid with BLOCK_RANKS_DEFAULT_TOKENS_PER_BLOCK
+    tokens per copy block. Where none of these fits the device, the space's first valid
+    point."""
     if not vector_bits(problem):
         # No vector divides the hidden size: let the space say which constraint removed what.
         SPACE.valid_points(problem, device)
