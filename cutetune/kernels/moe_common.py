@@ -71,8 +71,12 @@ class MoEProblem(Problem):
 
     @property
     def capacity(self) -> int:
-        """Rows of the dispatched buffer: every pair plus the most padding the segments need."""
-        return self.num_tokens * self.top_k + self.local_experts * (self.pad - 1)
+        return dispatch_capacity(self.num_tokens, self.top_k, self.local_experts, self.pad)
+
+
+def dispatch_capacity(tokens: int, top_k: int, local_experts: int, pad: int) -> int:
+    """Rows of the dispatched buffer: every pair plus the most padding the segments need."""
+    return tokens * top_k + local_experts * (pad - 1)
 
 
 def problems_for_model(model: ModelShape, dtype: str) -> list[MoEProblem]:

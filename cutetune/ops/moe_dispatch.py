@@ -8,7 +8,7 @@ import torch
 
 from cutetune.dispatch import current_dispatcher
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
-from cutetune.kernels.moe_common import MOE_DTYPES, MoEProblem
+from cutetune.kernels.moe_common import MOE_DTYPES, MoEProblem, dispatch_capacity
 from cutetune.kernels.moe_dispatch import KERNEL
 from cutetune.kernels.moe_dispatch.common import MAX_LOCAL_EXPERTS, workspace_words
 
@@ -134,7 +134,7 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     local = end - begin
-    capacity = tokens * top_k + local * (pad - 1)
+    capacity = dispatch_capacity(tokens, top_k, local, pad)
     # counts, offsets and the error flag in one allocation.
     small = torch.empty(2 * local + 2, dtype=torch.int32, device=x.device)
     counts, offsets, error = small[:local], small[local:2 * local + 1], small[2 * local + 1:]
@@ -173,7 +173,7 @@ def _dispatch_shapes(x, topk_ids, num_experts, pad, expert_begin, expert_end, va
     """The outputs' shapes, as `_moe_dispatch` allocates them."""
     local = num_experts if expert_begin is None else expert_end - expert_begin
     tokens, top_k = topk_ids.shape
-    capacity = tokens * top_k + local * (pad - 1)
+    capacity = dispatch_capacity(tokens, top_k, local, pad)
     return (x.new_empty((capacity, x.shape[1])),
             topk_ids.new_empty((local,)), topk_ids.new_empty((local + 1,)),
             topk_ids.new_empty((tokens, top_k)))
