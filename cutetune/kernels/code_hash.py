@@ -55,7 +55,21 @@ def _code_of(tree: ast.Module) -> str:
                 and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree, include_attributes=False)
+    return _canonical(tree)
+
+
+def _canonical(node: object) -> str:
+    """A syntax tree as text that every Python version writes alike, so that a winner tuned
+    under one interpreter is served under another: each node's type and the fields that hold
+    something. `ast.dump` does not do this: 3.12 adds empty type_params to every function and
+    class, and 3.13 leaves empty fields out."""
+    if isinstance(node, ast.AST):
+        fields = ", ".join(f"{name}={_canonical(value)}" for name in node._fields
+                           if (value := getattr(node, name, None)) is not None and value != [])
+        return f"{type(node).__name__}({fields})"
+    if isinstance(node, list):
+        return f"[{', '.join(_canonical(item) for item in node)}]"
+    return repr(node)
 
 
 def _imported_modules(tree: ast.Module) -> set[str]:
