@@ -333,18 +333,25 @@ def show(obj: Context, kernel: str | None, all_devices: bool, failed: bool) -> N
 @cli.command()
 @click.option("--format", "fmt", type=click.Choice(["json", "csv"]), required=True)
 @kernel_filter
+@click.option("--model", "-m", default=None,
+              help="only the problems this model uses (preset name or HF config.json path)")
+@dtype_option
 @click.option("--all-devices", is_flag=True, help="winners of every device, not only this GPU")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="file to write (default: standard output)")
 @click.pass_obj
-def export(obj: Context, fmt: str, kernel: str | None, all_devices: bool,
-           out: str | None) -> None:
+def export(obj: Context, fmt: str, kernel: str | None, model: str | None, dtype: str,
+           all_devices: bool, out: str | None) -> None:
     """Export the stored winners as JSON or CSV."""
+    from cutetune.kernels.registry import get_kernel, kernel_names
     from cutetune.results_db import export_winners
 
+    problems = None if model is None else {
+        (name, problem.static_key()) for name in ([kernel] if kernel else kernel_names())
+        for problem in _model_problems(get_kernel(name), model, dtype, skip_if_absent=True)}
     db = obj.open_db()
     with obj.reading():
-        text = export_winners(db, fmt, _fingerprint_or_none(all_devices), kernel)
+        text = export_winners(db, fmt, _fingerprint_or_none(all_devices), kernel, problems)
     if out is None:
         click.echo(text, nl=False)
     else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Collection
 from dataclasses import asdict, fields
 from datetime import datetime
 from typing import Any
@@ -33,8 +34,10 @@ def export_winners(
     fmt: str,
     fingerprint: DeviceFingerprint | None = None,
     kernel_name: str | None = None,
+    problems: Collection[tuple[str, str]] | None = None,
 ) -> str:
-    """The stored winners, each with its full device fingerprint, as text in `fmt`.
+    """The stored winners, each with its full device fingerprint, as text in `fmt`; only those
+    of `problems` ((kernel name, static key) pairs, e.g. a model's) where it is given.
 
     "json": a list of objects with sorted keys, each config embedded as an object.
     "csv": a header, then one line per winner, with the config as its JSON text.
@@ -46,6 +49,7 @@ def export_winners(
         {**{name: getattr(winner, name) for name in _WINNER_COLUMNS}, **asdict(device),
          "updated_at": winner.updated_at.isoformat()}
         for device, winner in winners_with_devices(db, fingerprint, kernel_name)
+        if problems is None or (winner.kernel_name, winner.static_key) in problems
     ]
     if fmt == "json":
         return _to_json(records)

@@ -258,6 +258,24 @@ def test_export_json_to_stdout(stored_db):
         assert record["source_hash"] == qk.KERNEL.source_hash()
 
 
+def test_export_of_a_model_keeps_only_the_problems_it_uses(stored_db):
+    """A model with those problems keeps every winner; one without (Llama has no QK-norm, and
+    another hidden size) keeps none."""
+    def exported(model):
+        result = invoke(stored_db, "export", "--format", "json", "--all-devices",
+                        "--model", model)
+        assert result.exit_code == 0, result.output
+        return [(r["kernel_name"], r["bucket"]) for r in json.loads(result.stdout)]
+
+    assert exported("qwen3-8b") == [("qk_norm", b) for b in STORED_BUCKETS]
+    assert exported("llama-3.1-8b") == []
+
+
+def test_export_of_an_unknown_model_is_one_clear_line(stored_db):
+    assert_clean_error(invoke(stored_db, "export", "--format", "json", "--model", "gpt-9"),
+                       "--model", "gpt-9")
+
+
 def test_export_json_of_an_empty_db_is_an_empty_list(empty_db):
     result = invoke(empty_db, "export", "--format", "json")
     assert result.exit_code == 0, result.output
