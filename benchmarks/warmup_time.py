@@ -4,7 +4,10 @@ Each model gets a results DB holding a winner for every bucket (1..32768) of eve
 every kernel it uses, each bucket a different point where the space has enough (the roofline's
 ranked points, in turn), so that the warmup makes ready as many distinct points as a fully
 tuned model could. Each warmup runs in a fresh process with torch already imported and CUDA
-initialised; the time is that of the `warmup` call alone.
+initialised; the time is that of the `warmup` call alone. Each warmup's report lines (time per
+kernel, and the artifact cache's loaded / compiled counts with the seconds each took) are
+printed; with CUTETUNE_WARMUP_PROFILE=1 each child also prints the 30 costliest calls of its
+warmup (cProfile, cumulative) to stderr, shown here.
 
     python3 benchmarks/warmup_time.py OUT.csv MODEL [MODEL ...]
 """
@@ -21,14 +24,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 CHILD = """
-import json, sys, time
+import cProfile, json, os, pstats, sys, time
 import torch
 torch.cuda.init()
 import cutetune
+profile = cProfile.Profile() if os.environ.get("CUTETUNE_WARMUP_PROFILE") == "1" else None
 start = time.perf_counter()
+if profile:
+    profile.enable()
 dispatcher = cutetune.warmup(sys.argv[1], db_url=sys.argv[2])
 torch.cuda.synchronize()
 seconds = time.perf_counter() - start
+if profile:
+    profile.disable()
+    pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
 stats = dispatcher.stats.values()
 print(json.dumps({"seconds": seconds, "points": sum(s.points for s in stats),
                   "loaded": sum(s.loaded for s in stats), "report": dispatcher.report()}))
@@ -90,6 +99,8 @@ def timed_warmup(model: str, db_url: str, cache_dir: Path, timeout_s: float) -> 
                          f"{expired.stderr or ''}") from None
     if done.returncode:
         raise SystemExit(f"{model}: warmup failed ({done.returncode}):\n{done.stderr}")
+    if os.environ.get("CUTETUNE_WARMUP_PROFILE") == "1":
+        print(done.stderr, file=sys.stderr, flush=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -108,8 +119,9 @@ def main(out: str, models: list[str], timeout_s: float = 120.0) -> None:
                      "cold_s": round(cold["seconds"], 2), "warm_s": round(warm["seconds"], 3),
                      "warm_loaded": warm["loaded"], "cpus": os.cpu_count()})
         print(rows[-1], flush=True)
-        print(next(line for line in cold["report"].splitlines()
-                   if line.startswith("artifact cache")), flush=True)
+        for run in (cold, warm):  # the report up to its per-problem lines
+            print("\n".join(line for line in run["report"].splitlines()
+                            if line.startswith(("warmup of", "artifact cache"))), flush=True)
     with open(out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()

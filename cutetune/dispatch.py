@@ -89,6 +89,7 @@ class Dispatcher:
         self.store = store
         self.compile_processes = compile_processes
         self._parallel_compiles = 0
+        self._parallel_compile_s = 0.0
         # Every stored winner, stale ones included: which are current depends on the kernel's
         # source, known only when a kernel is warmed up.
         self._winners = _by_problem(winners)
@@ -179,6 +180,7 @@ class Dispatcher:
         from cutetune.tuner.compile_pool import CompilePool
 
         modules = sorted({kernel.compile_function.__module__ for kernel, _ in work})
+        start = time.perf_counter()
         pool = CompilePool(self.store, min(self.compile_processes, len(missing)), modules)
         try:
             futures = [pool.submit(*point) for point in missing.values()]
@@ -189,6 +191,7 @@ class Dispatcher:
             log.warning("cutetune: %d of %d points failed to compile in parallel: %s",
                         len(failures), len(missing), failures[0])
         self._parallel_compiles += len(missing) - len(failures)
+        self._parallel_compile_s += time.perf_counter() - start
         return len(points), len(missing) - len(failures)
 
     def _install(self, kernel: KernelDef, problem: Problem, warmed_up: bool,
@@ -256,15 +259,18 @@ class Dispatcher:
     # -- reporting ------------------------------------------------------------------------
 
     def cache_summary(self) -> str:
-        """Where this dispatcher's points came from: loaded from the artifact cache, or
-        compiled (and how many of those in parallel processes)."""
+        """Where this dispatcher's points came from and what each way took: loaded from the
+        artifact cache, compiled here, or compiled in parallel processes (their pool's wall
+        time, its start included)."""
         if self.store is None:
             return "no artifact cache: every point compiled in memory"
         counts = self.store.counts
-        return (f"artifact cache {self.store.directory}: {counts.loaded} loaded, "
-                f"{counts.compiled + self._parallel_compiles} compiled "
-                f"({self._parallel_compiles} in parallel processes), {counts.unsound} unsound "
-                f"files compiled again")
+        return (f"artifact cache {self.store.directory}: {counts.loaded} loaded "
+                f"({counts.load_s:.2f} s), {counts.compiled + self._parallel_compiles} compiled "
+                f"({counts.compiled} here in {counts.compile_s:.2f} s, "
+                f"{self._parallel_compiles} in parallel processes in "
+                f"{self._parallel_compile_s:.2f} s), {counts.unsound} unsound files compiled "
+                "again")
 
     def tables(self) -> list[ProblemTable]:
         return list(self._tables.values())

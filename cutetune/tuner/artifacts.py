@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import tempfile
+import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -52,11 +53,14 @@ def _digest(text: str | bytes) -> str:
 @dataclass
 class CacheCounts:
     """What a store did in this process: points loaded from it, points compiled into it, and
-    unsound files (truncated, or not what their name says) deleted and compiled again."""
+    unsound files (truncated, or not what their name says) deleted and compiled again; and the
+    seconds loading and compiling took, which a warmup's report shows."""
 
     loaded: int = 0
     compiled: int = 0
     unsound: int = 0
+    load_s: float = 0.0
+    compile_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,15 +111,18 @@ class ArtifactStore:
     def get(self, kernel: KernelDef, problem: Problem, config: Any) -> Any:
         """The point ready to launch: loaded from its stored artifact, else compiled in this
         process and stored for the next."""
+        start = time.perf_counter()
         loaded = self.load(kernel, problem, config)
         if loaded is not None:
             self.counts.loaded += 1
+            self.counts.load_s += time.perf_counter() - start
             return loaded
         function = self._compile_and_store(kernel, problem, config)[1]
         return kernel.bound(problem, config, function)
 
     def _compile_and_store(self, kernel: KernelDef, problem: Problem,
                            config: Any) -> tuple[Path, Any]:
+        start = time.perf_counter()
         key = self.key(kernel, problem, config)
         function = kernel.compile_function(problem, config, f"--gpu-arch {self.arch}")
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -134,6 +141,7 @@ class ArtifactStore:
         finally:
             Path(temporary).unlink(missing_ok=True)
         self.counts.compiled += 1
+        self.counts.compile_s += time.perf_counter() - start
         return final, function
 
     def entries(self) -> list[dict[str, Any]]:
