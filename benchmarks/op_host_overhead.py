@@ -1,0 +1,112 @@
+"""The host time each public op adds over the bare compiled call (BENCHMARKS.md, "Host time per
+call"): after `cutetune.warmup(MODEL)`, for each kernel the model uses, at one token (a decode
+step, where host time matters), a loop of 2000 calls of the public op (input checks, the
+dispatcher's lookup, the compiled kernel) and a loop of 2000 bare calls of the compiled kernel
+the dispatcher serves for that call (`kernel.launch(compiled, tensors)`, as the tuner times it),
+each after 200 warm-up calls and ended by one synchronize; the per-call difference is the op's
+cost. Each op's loop and its bare loop alternate over five rounds, and the medians are printed.
+
+    python3 benchmarks/op_host_overhead.py MODEL [--out overhead.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import cutetune
+from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
+from cutetune.spaces.models import load_model
+
+CALLS, WARMUP_CALLS, ROUNDS = 2000, 200, 5
+
+
+def op_calls(tensors: dict, problem) -> dict[str, Callable[[], object]]:
+    """The public op calls of one kernel's inputs, by op name (rmsnorm's problem is either the
+    plain or the fused form)."""
+    t = tensors
+    name = type(problem).__name__
+    if name == "QKNormProblem":
+        return {"qk_norm": lambda: cutetune.qk_norm(t["q"], t["k"], t["q_weight"],
+                                                    t["k_weight"], eps=problem.eps)}
+    if name == "RMSNormProblem" and problem.fused_add:
+        return {"fused_add_rmsnorm": lambda: cutetune.fused_add_rmsnorm(
+            t["x"], t["residual"], t["weight"], eps=problem.eps, out=t["out"])}
+    if name == "RMSNormProblem":
+        return {"rmsnorm": lambda: cutetune.rmsnorm(t["x"], t["weight"], eps=problem.eps,
+                                                    out=t["out"])}
+    if name == "SiluAndMulProblem":
+        return {"silu_and_mul": lambda: cutetune.silu_and_mul(t["x"], out=t["out"])}
+    if name == "GeluAndMulProblem":
+        return {"gelu_and_mul": lambda: cutetune.gelu_and_mul(
+            t["x"], approximate=problem.approximate, out=t["out"])}
+    if name == "MoEProblem" and "expert_out" in t:
+        return {"moe_combine": lambda: cutetune.moe_combine(
+            t["expert_out"], t["row_of"], t["topk_weights"], t["out"], experts=problem.experts,
+            pad=problem.pad, expert_begin=problem.expert_begin, expert_end=problem.expert_end)}
+    if name == "MoEProblem":
+        return {"moe_dispatch": lambda: cutetune.moe_dispatch(
+            t["x"], t["topk_ids"], problem.experts, pad=problem.pad,
+            expert_range=(problem.expert_begin, problem.expert_end),
+            zero_padding=problem.zero_padding)}
+    raise ValueError(f"no public op call written for {name}")
+
+
+def per_call_us(call: Callable[[], object]) -> float:
+    for _ in range(WARMUP_CALLS):
+        call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(CALLS):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / CALLS * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--db", default=None, help="results database (default: the settings')")
+    parser.add_argument("--out", default=None, help="CSV to write")
+    args = parser.parse_args()
+    dispatcher = cutetune.warmup(args.model, db_url=args.db)
+    device = torch.device("cuda")
+    rows = []
+    for name in kernel_names():
+        kernel = get_kernel(name)
+        try:
+            problems = kernel.problems_for_model(load_model(args.model), "bfloat16")
+        except NotApplicableError:
+            continue
+        for static in problems:
+            problem = static.with_tokens(1)
+            tensors = kernel.make_inputs(problem, device, torch.Generator(device).manual_seed(0))
+            compiled = dispatcher.lookup(kernel, problem.static_tuple(), 1)
+            bare_call = functools.partial(kernel.launch, compiled, tensors)
+            for op, call in op_calls(tensors, problem).items():
+                bare, public = [], []
+                for _ in range(ROUNDS):
+                    bare.append(per_call_us(bare_call))
+                    public.append(per_call_us(call))
+                row = {"model": args.model, "op": op, "problem": problem.describe(),
+                       "bare_us": round(statistics.median(bare), 3),
+                       "op_us": round(statistics.median(public), 3)}
+                row["added_us"] = round(row["op_us"] - row["bare_us"], 3)
+                rows.append(row)
+                print(f"{op:18s} bare {row['bare_us']:6.2f} us  op {row['op_us']:6.2f} us  "
+                      f"added {row['added_us']:5.2f} us  {row['problem']}", flush=True)
+    if args.out:
+        with open(args.out, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
