@@ -9,6 +9,7 @@ cutetune itself would do rather than a second reading of its rules.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, fields
 
 import pandas as pd
@@ -26,6 +27,7 @@ from cutetune.results_db import (
     trials_frame,
     winners_frame,
     winners_to_serve,
+    winners_with_devices,
 )
 from cutetune.spaces.models import load_model
 from cutetune.spaces.problem import Problem
@@ -113,7 +115,8 @@ def model_problems(model: str, dtype: str = "bfloat16") -> tuple[ModelProblem, .
         kernel = get_kernel(name)
         try:
             found.extend((kernel, problem) for problem in kernel.problems_for_model(shape, dtype))
-        except NotApplicableError:
+        # Not used by the model, or at sizes the kernel cannot serve: nothing of it to report.
+        except (NotApplicableError, ValueError):
             continue
     return tuple(ModelProblem(kernel, problem, _label(kernel, problem, found))
                  for kernel, problem in found)
@@ -179,9 +182,11 @@ def _pick_device(db: Database, devices: pd.DataFrame, problems: tuple[ModelProbl
     fingerprints = devices_named(devices, wanted)
     if not fingerprints:
         return None
-    counts = _of_model(winners_frame(db), problems)["gpu_name"].value_counts()
-    # Most winners of the model first; among equals the first stored.
-    return max(reversed(fingerprints), key=lambda f: counts.get(f.gpu_name, 0))
+    keys = {p.key for p in problems}
+    counts = Counter(device for device, winner in winners_with_devices(db)
+                     if (winner.kernel_name, winner.static_key) in keys)
+    # The most winners of the model; among equals, the first stored.
+    return max(fingerprints, key=lambda f: counts[f])
 
 
 def _of_model(frame: pd.DataFrame, problems: tuple[ModelProblem, ...]) -> pd.DataFrame:

@@ -3,6 +3,7 @@ copies of them made into test inputs (h200_results)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 
 import pandas as pd
@@ -22,12 +23,14 @@ from cutetune.report.markdown import render_markdown
 from cutetune.report.tables import (
     SECTIONS,
     coverage,
+    environment,
     failures,
     roofline,
     search,
     speedups,
     winner_configs,
 )
+from cutetune.results_db import Database, record_ceilings, winners_with_devices
 from cutetune.spaces.models import UnknownModelError
 
 
@@ -137,3 +140,18 @@ def test_a_model_with_nothing_tuned():
     assert set(data.coverage["source"]) <= {DEFAULT, "shipped"}
     assert "Nothing is tuned for llama-3.1-70b" in data.summary()
     assert isinstance(coverage(data), pd.DataFrame)
+
+
+def test_the_device_with_the_most_winners_unless_one_is_named(tmp_path):
+    url = current_copy(tmp_path)
+    db = Database.open(url)
+    h200 = winners_with_devices(db)[0][0]
+    h100 = dataclasses.replace(h200, gpu_name="NVIDIA H100 80GB HBM3")
+    record_ceilings(db, h100, {"copy_gbps": 3000.0})  # stored after the H200: a later id
+    db.dispose()
+    assert load_report_data(url, "qwen3-8b").device == h200
+    named = load_report_data(url, "qwen3-8b", device="H100")
+    assert named.device == h100 and named.ceilings["copy_gbps"] == 3000.0
+    assert named.winners.empty and "Nothing is tuned for qwen3-8b" in named.summary()
+    assert environment(named).set_index("gpu_name")["reported"].to_dict() == {
+        h200.gpu_name: False, h100.gpu_name: True}
