@@ -90,12 +90,26 @@ def speedups(data: ReportData) -> pd.DataFrame:
 
 
 def winner_configs(data: ReportData) -> pd.DataFrame:
-    """Each winner's knobs by bucket: how the choice moves from decode to prefill."""
+    """Per problem, one row per knob of its winners and one each for their time and percent
+    of the roofline, one column per bucket: how the choice moves from decode to prefill."""
     if data.winners.empty:
         return pd.DataFrame()
     knobs = knob_columns(data.winners)
-    table = data.winners[["problem", "bucket", "median_us", "pct_roofline", *knobs]]
-    return table.dropna(axis=1, how="all").sort_values(["problem", "bucket"], kind="stable")
+    rows = []
+    for problem, winners in data.winners.groupby("problem", sort=False):
+        by_bucket = winners.set_index("bucket").sort_index()
+        for knob in [k for k in knobs if by_bucket[k].notna().any()]:
+            rows.append({"problem": problem, "row": knob,
+                         **{b: _whole(v) for b, v in by_bucket[knob].items()}})
+        rows.append({"problem": problem, "row": "median us", **by_bucket["median_us"]})
+        rows.append({"problem": problem, "row": "% roofline", **by_bucket["pct_roofline"]})
+    return pd.DataFrame(rows)
+
+
+def _whole(value: object) -> object:
+    """A knob's value as the config holds it: the frame of every kernel's knobs reads a
+    missing knob as NaN, which turns integer columns into floats."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def best_so_far(trials: pd.DataFrame) -> pd.DataFrame:

@@ -24,7 +24,7 @@ def test_markdown_report_of_the_h200_results(tmp_path):
     text = out.read_text()
     assert text.startswith("# Tuning report: qwen3-8b on NVIDIA H200")
     assert "64 winners" in text and "1024 trials in 64 tuning runs" in text
-    assert "| qk_norm | 1 | 1.314 |" in text
+    assert "| qk_norm | warps_per_block | 8 | 4 |" in text
     # One progress line per section on stderr, then where the report went.
     progress = [line for line in result.stderr.splitlines() if line.startswith("report: ")]
     assert progress == [f"report: {section.title}" for section in SECTIONS]
@@ -36,7 +36,7 @@ def test_markdown_to_standard_output_through_the_group_db_option(tmp_path):
                                       "--format", "md"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("# Tuning report: qwen3-30b-a3b on NVIDIA H200")
-    assert "| moe_combine | 1 |" in result.stdout
+    assert "| moe_dispatch | form | replicated |" in result.stdout
 
 
 def test_an_empty_database_gives_a_report_that_says_so(tmp_path):
