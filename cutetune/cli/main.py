@@ -375,6 +375,10 @@ def import_(obj: Context, path: str, fmt: str | None) -> None:
     click.echo(f"imported {stored} winners from {path}", err=True)
 
 
+# The packages of the `report` extra, which the HTML report needs (the Markdown one does not).
+REPORT_PACKAGES = ("matplotlib", "nbformat", "nbclient", "ipykernel", "nbconvert")
+
+
 @cli.command()
 @model_option
 @dtype_option
@@ -412,6 +416,13 @@ def report(obj: Context, model: str, dtype: str, db_url: str | None, device: str
         raise click.BadParameter(str(err), param_hint="--device") from None
     finally:
         db.dispose()
+    if fmt == "html":
+        from importlib.util import find_spec
+
+        missing = [name for name in REPORT_PACKAGES if find_spec(name) is None]
+        if missing:
+            raise click.UsageError(f"the HTML report needs {', '.join(missing)}: pip install "
+                                   "'cutetune[report]' (--format md needs none of them)")
     out = out or ("report.html" if fmt == "html" else None)
     handle = _open_for_writing(out) if out else None
     if fmt == "md":

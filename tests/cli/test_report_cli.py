@@ -81,3 +81,15 @@ def test_bad_model_device_and_database(tmp_path):
     not_a_db.write_text("not a database")
     assert "cannot read the database" in one_error_line(
         invoke("--model", "qwen3-8b", "--db", f"sqlite:///{not_a_db}", "--format", "md"))
+
+
+def test_the_html_report_without_the_report_extra(monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "nbclient" else real(name, *a))
+    error = one_error_line(invoke("--model", "qwen3-8b", "--db", H200_URL,
+                                  "--out", str(tmp_path / "r.html")))
+    assert "the HTML report needs nbclient: pip install 'cutetune[report]'" in error
+    assert not (tmp_path / "r.html").exists()
