@@ -143,18 +143,14 @@ def load_report_data(db_url: str, model: str, device: str | None = None,
     db = Database.open(db_url, read_only=True)
     try:
         devices = devices_frame(db)
+        # None where the database holds no device, and so no winner, trial or bench row.
         fingerprint = _pick_device(db, devices, problems, device)
-        if fingerprint is None:
-            return ReportData(model, None, problems, devices, _empty_coverage(),
-                              _with_knobs(_of_model(winners_frame(db), problems), problems),
-                              _of_model(trials_frame(db), problems).assign(exhaustive=False),
-                              _of_model(bench_frame(db), problems))
         return ReportData(
             model, fingerprint, problems, devices,
             _coverage(db, fingerprint, problems),
             _with_knobs(_of_model(winners_frame(db, fingerprint), problems), problems),
-            _with_exhaustive(_of_model(trials_frame(db, fingerprint=fingerprint), problems),
-                             problems, fingerprint, latest_ceilings(db, fingerprint)),
+            _with_exhaustive(db, _of_model(trials_frame(db, fingerprint=fingerprint), problems),
+                             problems, fingerprint),
             _latest(_of_model(bench_frame(db, fingerprint), problems)))
     finally:
         db.dispose()
@@ -203,13 +199,13 @@ def _empty_coverage() -> pd.DataFrame:
     return pd.DataFrame(columns=["kernel_name", "problem", "bucket", "source", "tuned_bucket"])
 
 
-def _coverage(db: Database, fingerprint: DeviceFingerprint,
+def _coverage(db: Database, fingerprint: DeviceFingerprint | None,
               problems: tuple[ModelProblem, ...]) -> pd.DataFrame:
     """What the dispatcher would serve at each bucket on this device: it plans from the same
-    winners a warmup there would read (the database's, then the shipped ones)."""
-    try:
-        spec = device_spec_for(fingerprint.gpu_name)
-    except ValueError:  # a GPU without a DeviceSpec: the dispatcher cannot plan for it
+    winners a warmup there would read (the database's, then the shipped ones). Empty without
+    a device, or for a GPU without a DeviceSpec, which the dispatcher cannot plan for."""
+    spec = _spec_of(fingerprint)
+    if spec is None:
         return _empty_coverage()
     dispatcher = Dispatcher(spec, winners_to_serve(db, fingerprint), store=None,
                             shipped=shipped_winners(fingerprint))
@@ -237,16 +233,15 @@ def _with_knobs(winners: pd.DataFrame, problems: tuple[ModelProblem, ...]) -> pd
     return pd.concat([winners, knobs], axis=1)
 
 
-def _with_exhaustive(trials: pd.DataFrame, problems: tuple[ModelProblem, ...],
-                     fingerprint: DeviceFingerprint,
-                     measured: dict[str, float]) -> pd.DataFrame:
+def _with_exhaustive(db: Database, trials: pd.DataFrame, problems: tuple[ModelProblem, ...],
+                     fingerprint: DeviceFingerprint | None) -> pd.DataFrame:
     """The trials with `exhaustive`: their run timed every candidate the tuner's plan (of the
     current kernel source) gives its bucket, so its best is the best of the whole space."""
     trials = trials.assign(exhaustive=False)
-    try:
-        spec = device_spec_for(fingerprint.gpu_name)
-    except ValueError:
+    spec = _spec_of(fingerprint)
+    if spec is None:
         return trials
+    measured = latest_ceilings(db, fingerprint)
     ceilings = Ceilings.from_measured(spec, {name: value for name, value in measured.items()
                                              if name in _CEILING_NAMES})
     by_key = {p.key: p for p in problems}
@@ -265,6 +260,17 @@ def _with_exhaustive(trials: pd.DataFrame, problems: tuple[ModelProblem, ...],
 
 
 _CEILING_NAMES = {field.name for field in fields(Ceilings)} - {"measured"}
+
+
+def _spec_of(fingerprint: DeviceFingerprint | None):
+    """The DeviceSpec of the fingerprint's GPU; None without one, or for a GPU cutetune has
+    no spec of."""
+    if fingerprint is None:
+        return None
+    try:
+        return device_spec_for(fingerprint.gpu_name)
+    except ValueError:
+        return None
 
 
 def _latest(bench: pd.DataFrame) -> pd.DataFrame:
