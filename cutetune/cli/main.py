@@ -1,4 +1,4 @@
-"""The `cutetune` command line: plan, tune, bench, show, export."""
+"""The `cutetune` command line: plan, tune, bench, show, export, report."""
 
 from __future__ import annotations
 
@@ -380,6 +380,92 @@ def import_(obj: Context, path: str, fmt: str | None) -> None:
     except ValueError as err:
         raise click.UsageError(f"{path}: {err}") from None
     click.echo(f"imported {stored} winners from {path}", err=True)
+
+
+# The packages of the `report` extra, which the HTML report needs (the Markdown one does not).
+REPORT_PACKAGES = ("matplotlib", "nbformat", "nbclient", "ipykernel", "nbconvert")
+
+
+@cli.command()
+@model_option
+@dtype_option
+@click.option("--db", "db_url", default=None,
+              help="SQLAlchemy URL of the results DB [default: cutetune's --db]")
+@click.option("--device", default=None,
+              help="the device to report on, by (part of) its GPU name [default: the one "
+                   "with the most winners for the model]")
+@click.option("--format", "fmt", type=click.Choice(["html", "md"]), default="html",
+              show_default=True,
+              help="html: the report notebook run headless, figures embedded; md: its tables")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="file to write [default: report.html; the Markdown on standard output]")
+@click.pass_obj
+def report(obj: Context, model: str, dtype: str, db_url: str | None, device: str | None,
+           fmt: str, out: str | None) -> None:
+    """Report one model's tuning results from the database: the devices and their ceilings,
+    which buckets are tuned, the bench rows against the peers, the winners' configurations,
+    the searches, the roofline's predictions and the failures."""
+    from cutetune.report.data import devices_named, load_report_data, model_problems
+    from cutetune.results_db import devices_frame
+    from cutetune.spaces.models import UnknownModelError
+
+    obj = Context(db_url) if db_url else obj
+    try:
+        model_problems(model, dtype)
+    except UnknownModelError as err:
+        raise click.BadParameter(str(err), param_hint="--model") from None
+    # A bad URL, an unreadable file or an unknown device is one line, before any work.
+    db = obj.open_db()
+    try:
+        with obj.reading():
+            devices_named(devices_frame(db), device)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--device") from None
+    finally:
+        db.dispose()
+    if fmt == "html":
+        from importlib.util import find_spec
+
+        missing = [name for name in REPORT_PACKAGES if find_spec(name) is None]
+        if missing:
+            raise click.UsageError(f"the HTML report needs {', '.join(missing)}: pip install "
+                                   "'cutetune[report]' (--format md needs none of them)")
+    out = out or ("report.html" if fmt == "html" else None)
+    handle = _open_for_writing(out) if out else None
+    if fmt == "md":
+        from cutetune.report.markdown import render_markdown
+
+        with obj.reading():
+            data = load_report_data(obj.db_url, model, device, dtype)
+        text = render_markdown(data, on_section=lambda s: click.echo(f"report: {s.title}",
+                                                                      err=True))
+    else:
+        text = _report_html(obj.db_url, model, device, dtype)
+    if handle is None:
+        click.echo(text, nl=False)
+        return
+    with handle:
+        handle.write(text)
+    click.echo(f"wrote {out}", err=True)
+
+
+def _report_html(db_url: str, model: str, device: str | None, dtype: str) -> str:
+    """The report notebook, run headless with these parameters, as one HTML page."""
+    from nbclient.exceptions import CellExecutionError
+
+    from cutetune.report.notebook import execute, report_notebook, to_html, with_parameters
+    from cutetune.report.tables import section
+
+    notebook = with_parameters(report_notebook(), db_url=db_url, model=model, device=device,
+                               dtype=dtype)
+    click.echo("report: starting the notebook's kernel and reading the database ...", err=True)
+    try:
+        execute(notebook, on_section=lambda key: click.echo(f"report: {section(key).title}",
+                                                             err=True))
+    except CellExecutionError as err:
+        raise click.ClickException(f"the report notebook failed: {err.ename}: "
+                                   f"{err.evalue}") from None
+    return to_html(notebook)
 
 
 @cli.group()

@@ -2,13 +2,16 @@
 
 Open one with `Database.open(url)` (any SQLite or PostgreSQL SQLAlchemy URL); write with
 `record_*`, read with `winners`, `stored_runs`, `quarantined_points`, `latest_ceilings` and the
-pandas frames, export with `export_winners` and read an export back with `import_winners`.
+pandas frames (winners, trials, bench rows, devices with their ceilings), export with
+`export_winners` and read an export back with `import_winners`.
 """
 
 from cutetune.results_db.export import FORMATS, export_winners, import_winners, read_winners
 from cutetune.results_db.fingerprint import DeviceFingerprint
 from cutetune.results_db.queries import (
+    bench_frame,
     clear_quarantine,
+    devices_frame,
     latest_ceilings,
     quarantined_points,
     record_bench,
@@ -43,7 +46,9 @@ __all__ = [
     "TrialRecord",
     "TuningResult",
     "Winner",
+    "bench_frame",
     "clear_quarantine",
+    "devices_frame",
     "export_winners",
     "import_winners",
     "read_winners",

@@ -255,8 +255,10 @@ def record_bench(db: Database, fingerprint: DeviceFingerprint, rows: Sequence[Be
         )
 
 
-def trials_frame(db: Database, kernel_name: str | None = None) -> pd.DataFrame:
-    """Every stored trial, one row each, with its kernel, problem, bucket and GPU name."""
+def trials_frame(db: Database, kernel_name: str | None = None,
+                 fingerprint: DeviceFingerprint | None = None) -> pd.DataFrame:
+    """Every stored trial (of one device when `fingerprint` is given), one row each, with its
+    kernel, problem, bucket and GPU name."""
     statement = (
         select(
             KernelRow.name.label("kernel_name"),
@@ -286,6 +288,42 @@ def trials_frame(db: Database, kernel_name: str | None = None) -> pd.DataFrame:
     )
     if kernel_name is not None:
         statement = statement.where(KernelRow.name == kernel_name)
+    if fingerprint is not None:
+        statement = statement.where(*_is_device(fingerprint))
+    return _frame(db, statement)
+
+
+def bench_frame(db: Database, fingerprint: DeviceFingerprint | None = None) -> pd.DataFrame:
+    """Every stored benchmark row (of one device when `fingerprint` is given), oldest first,
+    with the GPU name of its device."""
+    statement = (
+        select(BenchRow.kernel_name, BenchRow.static_key, BenchRow.num_tokens,
+               BenchRow.implementation, BenchRow.median_us, BenchRow.gbps, BenchRow.pct_of_copy,
+               BenchRow.measured_at, DeviceRow.gpu_name)
+        .join(DeviceRow, BenchRow.device_id == DeviceRow.id)
+        .order_by(BenchRow.measured_at, BenchRow.id)
+    )
+    if fingerprint is not None:
+        statement = statement.where(*_is_device(fingerprint))
+    return _frame(db, statement)
+
+
+def devices_frame(db: Database) -> pd.DataFrame:
+    """Every device fingerprint, one row each, with the latest value of each ceiling measured
+    on it as a column of that name (missing where it was never measured)."""
+    with db.session() as session:
+        devices = session.scalars(select(DeviceRow).order_by(DeviceRow.id)).all()
+        fingerprints = [_fingerprint(device) for device in devices]
+    rows = [{**asdict(fingerprint), **latest_ceilings(db, fingerprint)}
+            for fingerprint in fingerprints]
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=list(
+        dict.fromkeys([f.name for f in fields(DeviceFingerprint)]
+                      + [name for row in rows for name in row])))
+
+
+def _frame(db: Database, statement: Select) -> pd.DataFrame:
     with db.session() as session:
         rows = session.execute(statement).all()
     import pandas as pd  # here, not at import: an engine's warmup reads winners, no frames

@@ -14,6 +14,8 @@ import cutetune.results_db.queries as queries
 from cutetune.results_db import (
     BenchRecord,
     Winner,
+    bench_frame,
+    devices_frame,
     latest_ceilings,
     record_bench,
     record_ceilings,
@@ -268,3 +270,26 @@ def test_the_fingerprint_policy_serves_across_driver_cuda_and_torch_and_says_so(
     (elsewhere,) = [w for w in winners_to_serve(db, dataclasses.replace(h200, torch="2.10"))
                     if w.bucket == 64]
     assert "torch" in elsewhere.measured_elsewhere and "(here 2.10)" in elsewhere.measured_elsewhere
+
+
+def test_trials_frame_of_one_device(db, h200, h100, make_result):
+    record_tuning_result(db, h200, make_result())
+    record_tuning_result(db, h100, make_result())
+    assert set(trials_frame(db, fingerprint=h100)["gpu_name"]) == {h100.gpu_name}
+    assert len(trials_frame(db, fingerprint=h100)) * 2 == len(trials_frame(db))
+
+
+def test_bench_frame_and_devices_frame(db, h200, h100):
+    record_bench(db, h200, [BenchRecord("rms_norm", "{}", 8, "cutetune tuned", 2.0, 1.0, 50.0)])
+    record_ceilings(db, h200, {"copy_gbps": 4000.0})
+    record_ceilings(db, h200, {"copy_gbps": 4200.0, "launch_floor_us": 0.55})
+    record_ceilings(db, h100, {"launch_floor_us": 0.6})
+    bench = bench_frame(db)
+    assert list(bench["implementation"]) == ["cutetune tuned"]
+    assert list(bench["gpu_name"]) == [h200.gpu_name]
+    assert bench_frame(db, h100).empty
+    devices = devices_frame(db).set_index("gpu_name")
+    assert devices.loc[h200.gpu_name, "copy_gbps"] == 4200.0  # the latest value
+    assert devices.loc[h200.gpu_name, "launch_floor_us"] == 0.55
+    assert devices.loc[h100.gpu_name, "launch_floor_us"] == 0.6
+    assert devices["copy_gbps"].isna().sum() == 1  # never measured on the H100
