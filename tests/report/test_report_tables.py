@@ -17,7 +17,8 @@ from h200_results import (
     current_copy,
 )
 
-from cutetune.dispatch import DEFAULT, NEAREST, TUNED
+from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED
+from cutetune.report import data as report_data
 from cutetune.report.data import load_report_data, model_problems
 from cutetune.report.markdown import render_markdown
 from cutetune.report.tables import (
@@ -59,17 +60,22 @@ def test_the_committed_results_as_stored(h200_url):
     assert ("qk_norm", "cache_hints") not in table.index
 
 
-def test_coverage_is_the_dispatchers_plan(tmp_path):
+def test_coverage_is_the_dispatchers_plan(tmp_path, monkeypatch):
     url = current_copy(tmp_path)
     data = load_report_data(url, "qwen3-8b")
     assert set(data.coverage["source"]) == {TUNED}
     assert (coverage(data)["stale_winners"] == 0).all()
-    # Without the winners above 64 tokens, those buckets are served by bucket 64's winner
-    # where it is a valid point there, else by the default.
+    # Without the winners above 64 tokens, those buckets are served by the package's shipped
+    # winners; without those too, by bucket 64's winner where it is a valid point there, else
+    # by the default.
     path = url.removeprefix("sqlite:///")
     with sqlite3.connect(path) as connection:
         connection.execute("DELETE FROM winners WHERE bucket > 64")
     connection.close()
+    data = load_report_data(url, "qwen3-8b")
+    assert set(data.coverage.loc[data.coverage["bucket"] > 64, "source"]) <= {SHIPPED, NEAREST}
+    assert coverage(data).loc["qk_norm", 128] == "S"
+    monkeypatch.setattr(report_data, "shipped_winners", lambda fingerprint: [])
     data = load_report_data(url, "qwen3-8b")
     above = data.coverage[data.coverage["bucket"] > 64]
     assert set(above["source"]) <= {NEAREST, DEFAULT} and NEAREST in set(above["source"])
