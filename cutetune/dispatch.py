@@ -279,8 +279,8 @@ class Dispatcher:
 
     def report(self) -> str:
         if self.spec is None:
-            return ("no CUDA device is visible: this dispatcher serves nothing (the ops run on "
-                    "a CUDA device)")
+            return ("no CUDA device is visible: this dispatcher serves no kernel (the ops compute "
+                    "CPU tensors with their kernels' fp32 references)")
         lines = [f"warmup of {name}: {st.problems} problems, {st.points} points "
                  f"({st.loaded} from the artifact cache) in {st.seconds:.2f} s; "
                  f"{st.stale_winners} winners ignored (older kernel source)"
