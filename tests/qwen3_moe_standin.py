@@ -8,31 +8,49 @@ from __future__ import annotations
 
 import sys
 import types
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional
 
-HIDDEN, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 256, 4, 2, 128, 512
-EXPERTS, TOP_K, EXPERT_INTERMEDIATE, EPS, ROPE_THETA = 8, 2, 128, 1e-6, 1e6
+
+@dataclass(frozen=True)
+class StandinShape:
+    """The config fields the stand-in reads, named as transformers' Qwen3MoeConfig names them."""
+
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 128
+    vocab_size: int = 512
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1e6
+
+
+TINY = StandinShape()
+# Qwen3-30B-A3B's layer (DESIGN.md's table), with a small vocabulary: the benchmark's model.
+QWEN3_30B_A3B_LAYERS = StandinShape(hidden_size=2048, num_attention_heads=32,
+                                    num_key_value_heads=4, num_experts=128, num_experts_per_tok=8,
+                                    moe_intermediate_size=768, vocab_size=4096)
+VOCAB = TINY.vocab_size
 
 
 class StandinConfig:
     model_type = "qwen3_moe"
-    name_or_path = "qwen3-moe-standin"
     _attn_implementation = "eager"
 
-    def __init__(self, layers: int = 2):
-        self.fields = dict(
-            model_type=self.model_type, hidden_size=HIDDEN, num_attention_heads=HEADS,
-            num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, rms_norm_eps=EPS,
-            num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=True,
-            moe_intermediate_size=EXPERT_INTERMEDIATE, intermediate_size=4 * HIDDEN,
-            hidden_act="silu", vocab_size=VOCAB, num_hidden_layers=layers,
-            rope_theta=ROPE_THETA)
+    def __init__(self, shape: StandinShape, name: str = "qwen3-moe-standin"):
+        self.shape = shape
+        self.name_or_path = name
 
     def to_dict(self) -> dict:
-        return dict(self.fields)
+        return dict(asdict(self.shape), model_type=self.model_type, norm_topk_prob=True,
+                    hidden_act="silu", intermediate_size=4 * self.shape.hidden_size)
 
 
 def transformers_stub() -> dict[str, types.ModuleType]:
@@ -45,17 +63,21 @@ def transformers_stub() -> dict[str, types.ModuleType]:
     return {"transformers": package, "transformers.modeling_utils": modeling_utils}
 
 
-def transformers_or_stub(monkeypatch) -> None:
-    """The installed transformers where there is one, else the stub."""
+def transformers_or_stub(monkeypatch=None) -> None:
+    """The installed transformers where there is one, else the stub (undone at the test's end
+    when a pytest monkeypatch is given; for the process's life otherwise)."""
     try:
         import transformers  # noqa: F401
     except ImportError:
         for name, module in transformers_stub().items():
-            monkeypatch.setitem(sys.modules, name, module)
+            if monkeypatch is None:
+                sys.modules[name] = module
+            else:
+                monkeypatch.setitem(sys.modules, name, module)
 
 
 class Qwen3MoeRMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = EPS):
+    def __init__(self, hidden_size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.variance_epsilon = eps
@@ -69,11 +91,11 @@ class Qwen3MoeRMSNorm(nn.Module):
 
 
 class Qwen3MoeMLP(nn.Module):
-    def __init__(self, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_proj = nn.Linear(HIDDEN, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(HIDDEN, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, HIDDEN, bias=False)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
         self.act_fn = nn.SiLU()
 
     def forward(self, x):
@@ -81,11 +103,14 @@ class Qwen3MoeMLP(nn.Module):
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    def __init__(self):
+    def __init__(self, shape: StandinShape):
         super().__init__()
-        self.num_experts, self.top_k, self.norm_topk_prob = EXPERTS, TOP_K, True
-        self.gate = nn.Linear(HIDDEN, EXPERTS, bias=False)
-        self.experts = nn.ModuleList([Qwen3MoeMLP(EXPERT_INTERMEDIATE) for _ in range(EXPERTS)])
+        self.num_experts, self.top_k = shape.num_experts, shape.num_experts_per_tok
+        self.norm_topk_prob = True
+        self.gate = nn.Linear(shape.hidden_size, shape.num_experts, bias=False)
+        self.experts = nn.ModuleList([
+            Qwen3MoeMLP(shape.hidden_size, shape.moe_intermediate_size)
+            for _ in range(shape.num_experts)])
 
     def forward(self, hidden_states):
         batch_size, sequence_length, hidden_dim = hidden_states.shape
@@ -145,16 +170,19 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
 class Qwen3MoeAttention(nn.Module):
     def __init__(self, config: StandinConfig, layer_idx: int):
         super().__init__()
-        self.config, self.layer_idx, self.head_dim = config, layer_idx, HEAD_DIM
-        self.num_key_value_groups = HEADS // KV_HEADS
-        self.scaling = HEAD_DIM ** -0.5
+        shape = config.shape
+        hidden, heads, kv_heads, d = (shape.hidden_size, shape.num_attention_heads,
+                                      shape.num_key_value_heads, shape.head_dim)
+        self.config, self.layer_idx, self.head_dim = config, layer_idx, d
+        self.num_key_value_groups = heads // kv_heads
+        self.scaling = d ** -0.5
         self.attention_dropout, self.sliding_window = 0.0, None
-        self.q_proj = nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False)
-        self.k_proj = nn.Linear(HIDDEN, KV_HEADS * HEAD_DIM, bias=False)
-        self.v_proj = nn.Linear(HIDDEN, KV_HEADS * HEAD_DIM, bias=False)
-        self.o_proj = nn.Linear(HEADS * HEAD_DIM, HIDDEN, bias=False)
-        self.q_norm = Qwen3MoeRMSNorm(HEAD_DIM)
-        self.k_norm = Qwen3MoeRMSNorm(HEAD_DIM)
+        self.q_proj = nn.Linear(hidden, heads * d, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(heads * d, hidden, bias=False)
+        self.q_norm = Qwen3MoeRMSNorm(d, shape.rms_norm_eps)
+        self.k_norm = Qwen3MoeRMSNorm(d, shape.rms_norm_eps)
 
     def forward(self, hidden_states, position_embeddings, attention_mask, **kwargs):
         input_shape = hidden_states.shape[:-1]
@@ -174,10 +202,11 @@ class Qwen3MoeAttention(nn.Module):
 class Qwen3MoeDecoderLayer(nn.Module):
     def __init__(self, config: StandinConfig, layer_idx: int):
         super().__init__()
+        shape = config.shape
         self.self_attn = Qwen3MoeAttention(config, layer_idx)
-        self.mlp = Qwen3MoeSparseMoeBlock()
-        self.input_layernorm = Qwen3MoeRMSNorm(HIDDEN)
-        self.post_attention_layernorm = Qwen3MoeRMSNorm(HIDDEN)
+        self.mlp = Qwen3MoeSparseMoeBlock(shape)
+        self.input_layernorm = Qwen3MoeRMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3MoeRMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
     def forward(self, hidden_states, position_embeddings, attention_mask=None, **kwargs):
         residual = hidden_states
@@ -198,15 +227,16 @@ class Qwen3MoeStandin(nn.Module):
     """embed, the decoder layers, the final norm, lm_head; rotary embeddings and a causal mask
     built on the device (a CUDA graph can capture the whole forward)."""
 
-    def __init__(self, layers: int = 2):
+    def __init__(self, shape: StandinShape, name: str = "qwen3-moe-standin"):
         super().__init__()
-        self.config = StandinConfig(layers)
-        self.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
-        self.layers = nn.ModuleList([Qwen3MoeDecoderLayer(self.config, i) for i in range(layers)])
-        self.norm = Qwen3MoeRMSNorm(HIDDEN)
-        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False)
-        exponents = torch.arange(0, HEAD_DIM, 2, dtype=torch.float) / HEAD_DIM
-        inv_freq = 1.0 / (ROPE_THETA ** exponents)
+        self.config = StandinConfig(shape, name)
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleList([Qwen3MoeDecoderLayer(self.config, i)
+                                     for i in range(shape.num_hidden_layers)])
+        self.norm = Qwen3MoeRMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        exponents = torch.arange(0, shape.head_dim, 2, dtype=torch.float) / shape.head_dim
+        inv_freq = 1.0 / (shape.rope_theta ** exponents)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     @property
@@ -228,10 +258,11 @@ class Qwen3MoeStandin(nn.Module):
         return self.lm_head(self.norm(hidden_states))
 
 
-def build_standin(dtype: torch.dtype, device, layers: int = 2, seed: int = 0) -> Qwen3MoeStandin:
+def build_standin(dtype: torch.dtype, device, shape: StandinShape = TINY,
+                  seed: int = 0) -> Qwen3MoeStandin:
     """Random weights with a transformer's scale (0.02), norms spread around 1."""
     torch.manual_seed(seed)
-    model = Qwen3MoeStandin(layers)
+    model = Qwen3MoeStandin(shape)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from qwen3_moe_standin import HIDDEN, VOCAB, build_standin, transformers_stub
+from qwen3_moe_standin import VOCAB, build_standin, transformers_stub
 
 from cutetune.integrations.transformers import patch, unpatch
 
@@ -43,6 +43,6 @@ def test_the_standin_is_patched_whole_with_the_transformers_stub(monkeypatch):
     assert report.left_alone == ()
     assert {e.op for e in report.replaced} == {
         "rmsnorm", "fused_add_rmsnorm", "qk_norm", "moe_dispatch, silu_and_mul, moe_combine"}
-    assert got.shape == (1, 9, VOCAB) and HIDDEN == model.norm.weight.shape[0]
+    assert got.shape == (1, 9, VOCAB)
     torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=3e-2)
     assert torch.equal(again, expected)
