@@ -26,6 +26,7 @@ from typing import Any
 
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
+from cutetune.spaces.models import ModelShape, load_model
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
 from cutetune.tuner.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
@@ -284,8 +285,8 @@ class Dispatcher:
 
     def report(self) -> str:
         if self.spec is None:
-            return ("no CUDA device is visible: this dispatcher serves nothing (the ops run on "
-                    "a CUDA device)")
+            return ("no CUDA device is visible: this dispatcher serves no kernel (the ops compute "
+                    "CPU tensors with their kernels' fp32 references)")
         lines = [f"warmup of {name}: {st.problems} problems, {st.points} points "
                  f"({st.loaded} from the artifact cache) in {st.seconds:.2f} s; "
                  f"{st.stale_winners} winners ignored (older kernel source)"
@@ -371,10 +372,12 @@ def _current_device_spec():
     return device_spec_for(torch.cuda.get_device_name())
 
 
-def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = None,
-           db_url: str | None = None) -> Dispatcher:
+def warmup(model: str | ModelShape, dtype: str = "bfloat16",
+           kernels: Sequence[str] | None = None, db_url: str | None = None) -> Dispatcher:
     """Load this device's winners for every kernel `model` uses, compile them, and make the
-    result the dispatcher that `cutetune.qk_norm` and the other ops call through."""
+    result the dispatcher that `cutetune.qk_norm` and the other ops call through. `model` is
+    a preset name, the path of a Hugging Face config.json, or a ModelShape (e.g.
+    `cutetune.spaces.models.model_from_hf_config` of a loaded model's config)."""
     global _current
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
     from cutetune.results_db import (
@@ -384,10 +387,9 @@ def warmup(model: str, dtype: str = "bfloat16", kernels: Sequence[str] | None = 
         winners_to_serve,
     )
     from cutetune.settings import load_settings
-    from cutetune.spaces.models import load_model
     from cutetune.tuner.roofline import device_spec_for
 
-    shape = load_model(model)
+    shape = model if isinstance(model, ModelShape) else load_model(model)
     fingerprint = DeviceFingerprint.current()
     settings = load_settings()
     db = Database.open(db_url or settings.db_url)

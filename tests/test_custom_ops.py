@@ -5,7 +5,6 @@ run)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import cutetune
@@ -53,14 +52,15 @@ def test_a_decoder_block_traces_as_one_graph_of_cutetune_ops():
 
 def test_eager_calls_do_not_go_through_the_custom_op(monkeypatch):
     """Eager mode calls the kernel path directly (the custom op's dispatch costs host time):
-    with the custom op replaced by a failure, the eager call still reaches the op's own input
-    check (a CPU tensor is refused)."""
+    with the custom op replaced by a failure, the eager call still computes (on the CPU, with
+    the kernel's reference)."""
     from cutetune.ops import activation
 
     def through_the_custom_op(*args):
         raise AssertionError("an eager call went through the custom op")
 
     monkeypatch.setattr(activation, "_SILU_OP", through_the_custom_op)
-    x = torch.zeros(3, 2 * INTER, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="runs on a CUDA device"):
-        cutetune.silu_and_mul(x)
+    x = torch.randn(3, 2 * INTER, dtype=torch.bfloat16)
+    gate, up = x.float().chunk(2, dim=1)
+    torch.testing.assert_close(cutetune.silu_and_mul(x).float(),
+                               torch.nn.functional.silu(gate) * up, rtol=1.6e-2, atol=1e-2)

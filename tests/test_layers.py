@@ -10,7 +10,8 @@ import cutetune
 
 PACKAGE = Path(cutetune.__file__).parent
 # Each layer and the layers it may import. Kernels declare kernels and know nothing of how
-# they are tuned, stored or served; the public ops sit above the dispatcher they call.
+# they are tuned, stored or served; the public ops sit above the dispatcher they call, and the
+# integrations above the ops.
 MAY_IMPORT = {
     "settings": set(),
     "version": set(),
@@ -26,6 +27,8 @@ MAY_IMPORT = {
     "report": {"spaces", "kernels", "tuner", "results_db", "dispatch", "bench", "settings"},
     "cli": {"spaces", "kernels", "tuner", "results_db", "dispatch", "ops", "bench", "settings",
             "version", "report"},
+    # Other libraries' models served by the public ops; nothing in cutetune imports them.
+    "integrations": {"spaces", "kernels", "dispatch", "ops"},
     "__init__": {"dispatch", "ops", "version"},
 }
 

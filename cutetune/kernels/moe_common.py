@@ -157,12 +157,14 @@ def reference_dispatch(x: torch.Tensor, topk_ids: torch.Tensor,
 
 def reference_combine(expert_out: torch.Tensor, row_of: torch.Tensor,
                       topk_weights: torch.Tensor) -> torch.Tensor:
-    """fp32 sum over k of weight * the pair's expert row (rows of -1 add nothing)."""
+    """fp32 sum over k of weight * the pair's expert row (rows of -1, or past the capacity,
+    add nothing, as in the kernel)."""
     rows = row_of.long()
-    gathered = expert_out.index_select(0, rows.clamp(min=0).flatten()).view(
+    capacity = expert_out.shape[0]
+    gathered = expert_out.index_select(0, rows.clamp(0, max(capacity - 1, 0)).flatten()).view(
         *rows.shape, expert_out.shape[1])
     weighted = gathered.float() * topk_weights.float()[..., None]
-    return torch.where((rows >= 0)[..., None], weighted, 0.0).sum(1)
+    return torch.where(((rows >= 0) & (rows < capacity))[..., None], weighted, 0.0).sum(1)
 
 
 def check_dispatch(outputs, expected, problem: MoEProblem) -> None:

@@ -14,12 +14,13 @@ from cutetune.kernels.activation import (
 )
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.registry import KernelDef
+from cutetune.ops.cpu import reference_outputs
 
 
 def _check_inputs(op: str, x: torch.Tensor,
-                  out: torch.Tensor | None) -> tuple[str, int, int]:
+                  out: torch.Tensor | None) -> tuple[str, int, int, int]:
     """Raise one clear error for the first thing wrong with the inputs; else return the dtype
-    name, the token count and the intermediate width.
+    name, the token count, the intermediate width and x's CUDA device index (-1: the CPU).
 
     The valid case reads each attribute once (every tensor attribute read costs host time,
     and this runs on every call). Any config of the space may serve the call, so rows,
@@ -53,11 +54,11 @@ def _check_inputs(op: str, x: torch.Tensor,
                              f"for x of shape {shape}, got {tuple(out.shape)}")
         _check_rows("out", out, element_bytes)
     device = x.get_device()
-    if device < 0:
-        raise ValueError(f"x is on {x.device}: {op} runs on a CUDA device")
+    if device < 0 and x.device.type != "cpu":
+        raise ValueError(f"x is on {x.device}: {op} runs on a CUDA device or the CPU")
     if out is not None and out.get_device() != device:
         raise ValueError(f"out is on {out.device} but x is on {x.device}")
-    return name, shape[0], intermediate
+    return name, shape[0], intermediate, device
 
 
 def _check_rows(name: str, t: torch.Tensor, element_bytes: int) -> None:
@@ -73,11 +74,13 @@ def _check_rows(name: str, t: torch.Tensor, element_bytes: int) -> None:
 
 
 def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None, tokens: int,
-                 intermediate: int, static: tuple) -> torch.Tensor:
+                 intermediate: int, device: int, static: tuple) -> torch.Tensor:
     if out is None:
         out = x.new_empty((tokens, intermediate))
     if tokens == 0:
         return out
+    if device < 0:
+        return out.copy_(reference_outputs(kernel, static, tokens, {"x": x})["out"])
     compiled = current_dispatcher().lookup(kernel, static, tokens)
     compiled(x, out)
     return out
@@ -89,8 +92,9 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 
     x may be a view with a padded row stride (a multiple of 16 bytes); out must not overlap
     x. The kernel is the winner tuned for this device and token bucket when
-    `cutetune.warmup` loaded one, else the heuristic default. Under torch.compile the call is
-    the custom op cutetune::silu_and_mul."""
+    `cutetune.warmup` loaded one, else the heuristic default. On CPU tensors the op computes
+    with the kernel's fp32 reference instead (cutetune.ops.cpu). Under torch.compile the call
+    is the custom op cutetune::silu_and_mul."""
     if torch.compiler.is_compiling():
         out = _new_out(x) if out is None else out
         _SILU_OP(x, out)
@@ -99,9 +103,9 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
 
 
 def _silu_and_mul(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    dtype, tokens, intermediate = _check_inputs("silu_and_mul", x, out)
+    dtype, tokens, intermediate, device = _check_inputs("silu_and_mul", x, out)
     return _act_and_mul(
-        SILU_KERNEL, x, out, tokens, intermediate,
+        SILU_KERNEL, x, out, tokens, intermediate, device,
         SiluAndMulProblem.static_tuple_of(dtype=dtype, intermediate=intermediate))
 
 
@@ -120,9 +124,9 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
 
 
 def _gelu_and_mul(x: torch.Tensor, out: torch.Tensor | None, approximate: str) -> torch.Tensor:
-    dtype, tokens, intermediate = _check_inputs("gelu_and_mul", x, out)
+    dtype, tokens, intermediate, device = _check_inputs("gelu_and_mul", x, out)
     return _act_and_mul(
-        GELU_KERNEL, x, out, tokens, intermediate,
+        GELU_KERNEL, x, out, tokens, intermediate, device,
         GeluAndMulProblem.static_tuple_of(dtype=dtype, intermediate=intermediate,
                                           approximate=approximate))
 

@@ -10,13 +10,15 @@ from cutetune.dispatch import current_dispatcher
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_combine import KERNEL, MAX_TOP_K
 from cutetune.kernels.moe_common import DEFAULT_PAD, MOE_DTYPES, MoEProblem
+from cutetune.ops.cpu import reference_outputs
 
 _VECTOR_BYTES = 16
 
 
 def _check_inputs(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
-                  out: torch.Tensor | None) -> None:
-    """Raise one clear error for the first thing wrong with the inputs.
+                  out: torch.Tensor | None) -> int:
+    """Raise one clear error for the first thing wrong with the inputs; return expert_out's
+    CUDA device index (-1: the CPU).
 
     The valid case reads each attribute once (every tensor attribute read costs host time,
     and this runs on every call). Any config of the space may serve the call, so rows
@@ -76,14 +78,15 @@ def _check_inputs(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: 
                          f"that divides hidden size {hidden}), got strides expert_out "
                          f"{e_stride}" + ("" if out is None else f", out {o_stride}"))
     device = expert_out.get_device()
-    if device < 0:
+    if device < 0 and expert_out.device.type != "cpu":
         raise ValueError(f"expert_out is on {expert_out.device}: moe_combine runs on a CUDA "
-                         "device")
+                         "device or the CPU")
     if not (row_of.get_device() == device and topk_weights.get_device() == device
             and (out is None or out.get_device() == device)):
         name = next(n for n, t in named if t is not None and t.get_device() != device)
         raise ValueError(f"{name} is on {dict(named)[name].device} but expert_out is on "
                          f"{expert_out.device}")
+    return device
 
 
 def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
@@ -101,7 +104,8 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
     what moe_dispatch was called with; combine's math does not depend on them, but the kernel
     tuned for the model is looked up by them (the defaults stand for an untuned problem).
     The kernel is the winner tuned for this device and token bucket when `cutetune.warmup`
-    loaded one, else the heuristic default. Under torch.compile the call is the custom op
+    loaded one, else the heuristic default. On CPU tensors the op computes with the kernel's
+    fp32 reference instead (cutetune.ops.cpu). Under torch.compile the call is the custom op
     cutetune::moe_combine."""
     if torch.compiler.is_compiling():
         if out is None:
@@ -116,7 +120,7 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
 def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
                  out: torch.Tensor | None, experts: int | None, pad: int, expert_begin: int,
                  expert_end: int | None) -> torch.Tensor:
-    _check_inputs(expert_out, row_of, topk_weights, out)
+    device = _check_inputs(expert_out, row_of, topk_weights, out)
     tokens, top_k = row_of.shape
     capacity, hidden = expert_out.shape
     if out is None:
@@ -132,6 +136,9 @@ def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: t
     static = MoEProblem.static_tuple_of(
         dtype=DTYPE_NAMES[expert_out.dtype], hidden=hidden, experts=experts, top_k=top_k,
         pad=pad, expert_begin=expert_begin, expert_end=expert_end, zero_padding=False)
+    if device < 0:
+        return out.copy_(reference_outputs(KERNEL, static, tokens, {
+            "expert_out": expert_out, "row_of": row_of, "topk_weights": topk_weights})["out"])
     compiled = current_dispatcher().lookup(KERNEL, static, tokens)
     compiled(expert_out, row_of, topk_weights, out)
     return out

@@ -11,6 +11,7 @@ from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_common import MOE_DTYPES, MoEProblem, dispatch_capacity
 from cutetune.kernels.moe_dispatch import KERNEL
 from cutetune.kernels.moe_dispatch.common import MAX_LOCAL_EXPERTS, workspace_words
+from cutetune.ops.cpu import reference_outputs
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,9 @@ def _workspace(device: int, local_experts: int) -> torch.Tensor:
     return workspace
 
 
-def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int, int]:
-    """Raise one clear error for the first thing wrong; else return the dtype name and the
-    local expert range. Devices are checked last, so that everything else is testable on a
-    machine without a GPU."""
+def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int, int, int]:
+    """Raise one clear error for the first thing wrong; else return the dtype name, the
+    local expert range and x's CUDA device index (-1: the CPU). Devices are checked last."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not isinstance(topk_ids, torch.Tensor):
@@ -91,11 +91,11 @@ def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int
     if x.data_ptr() % 16:
         raise ValueError("x must start 16-byte aligned")
     device = x.get_device()
-    if device < 0:
-        raise ValueError(f"x is on {x.device}: moe_dispatch runs on a CUDA device")
+    if device < 0 and x.device.type != "cpu":
+        raise ValueError(f"x is on {x.device}: moe_dispatch runs on a CUDA device or the CPU")
     if topk_ids.get_device() != device:
         raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
-    return name, begin, end
+    return name, begin, end, device
 
 
 def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int = 16,
@@ -112,7 +112,8 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
     -1) and raises a flag on the device; with validate=True the call synchronises and raises
     ValueError if it was raised (off by default: it stalls the host). The kernel is the winner
     tuned for this device and token bucket when `cutetune.warmup` loaded one, else the
-    heuristic default.
+    heuristic default. On CPU tensors the op computes with the kernel's torch reference
+    instead (cutetune.ops.cpu; it zeros the padding rows).
 
     Scratch (the grid-barrier word, counters) is kept per device and stream; before capturing
     a CUDA graph, call the op once on the capture stream (the usual warm-up), so that its
@@ -130,7 +131,7 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
                   zero_padding: bool) -> DispatchResult:
     if not isinstance(zero_padding, bool):
         raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
-    dtype, begin, end = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
+    dtype, begin, end, device = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     local = end - begin
@@ -147,10 +148,15 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
     static = MoEProblem.static_tuple_of(
         dtype=dtype, hidden=hidden, experts=num_experts, top_k=top_k, pad=pad,
         expert_begin=begin, expert_end=end, zero_padding=zero_padding)
-    compiled = current_dispatcher().lookup(KERNEL, static, tokens)
-    device = x.get_device()
-    compiled(x, topk_ids, row_of, dispatched, counts, offsets, error,
-             _workspace(device, local))
+    if device < 0:
+        expected = reference_outputs(KERNEL, static, tokens, {"x": x, "topk_ids": topk_ids})
+        for name, written in (("dispatched", dispatched), ("counts", counts),
+                              ("offsets", offsets), ("row_of", row_of), ("error", error)):
+            written.copy_(expected[name])
+    else:
+        compiled = current_dispatcher().lookup(KERNEL, static, tokens)
+        compiled(x, topk_ids, row_of, dispatched, counts, offsets, error,
+                 _workspace(device, local))
     if validate and int(error.item()):
         raise ValueError(f"topk_ids holds expert ids outside [0, {num_experts}): those pairs "
                          "were skipped (row -1)")

@@ -7,11 +7,13 @@ import torch
 from cutetune.dispatch import current_dispatcher
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormProblem
+from cutetune.ops.cpu import reference_outputs
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
-                  k_weight: torch.Tensor) -> None:
-    """Raise one clear error for the first thing wrong with the inputs.
+                  k_weight: torch.Tensor) -> int:
+    """Raise one clear error for the first thing wrong with the inputs; return q's CUDA
+    device index (-1: the CPU).
 
     The valid case reads each attribute once (every tensor attribute read costs host time,
     and this runs on every call); naming the offending tensor is left to the error path."""
@@ -28,8 +30,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
         raise TypeError(f"{name} has dtype {dict(named)[name].dtype} but q has {dtype}: "
                         "they must match")
     device = q.get_device()
-    if device < 0:
-        raise ValueError(f"q is on {q.device}: qk_norm runs on a CUDA device")
+    if device < 0 and q.device.type != "cpu":
+        raise ValueError(f"q is on {q.device}: qk_norm runs on a CUDA device or the CPU")
     if not (k.get_device() == device and q_weight.get_device() == device
             and k_weight.get_device() == device):
         name = next(n for n, t in named if t.get_device() != device)
@@ -57,6 +59,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
         raise ValueError("q, k and the weights must start 16-byte aligned, and the token "
                          f"strides of q and k ({q_stride[0]}, {k_stride[0]} elements) must be "
                          "multiples of 16 bytes")
+    return device
 
 
 def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
@@ -66,6 +69,7 @@ def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: 
 
     q and k may be views into a fused qkv tensor. The kernel is the winner tuned for this
     device and token bucket when `cutetune.warmup` loaded one, else the heuristic default.
+    On CPU tensors the op computes with the kernel's fp32 reference instead (cutetune.ops.cpu).
     Under torch.compile the call is the custom op cutetune::qk_norm (no graph break)."""
     if torch.compiler.is_compiling():
         _QK_NORM_OP(q, k, q_weight, k_weight, float(eps), float(weight_bias))
@@ -76,13 +80,19 @@ def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: 
 
 def _qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
              eps: float, weight_bias: float) -> None:
-    _check_inputs(q, k, q_weight, k_weight)
+    device = _check_inputs(q, k, q_weight, k_weight)
     tokens = q.shape[0]
     if tokens == 0:
         return
     static = QKNormProblem.static_tuple_of(
         dtype=DTYPE_NAMES[q.dtype], head_dim=q.shape[2], q_heads=q.shape[1],
         kv_heads=k.shape[1], eps=float(eps), weight_bias=float(weight_bias))
+    if device < 0:
+        expected = reference_outputs(KERNEL, static, tokens, {
+            "q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight})
+        q.copy_(expected["q"])
+        k.copy_(expected["k"])
+        return
     compiled = current_dispatcher().lookup(KERNEL, static, tokens)
     compiled(q, k, q_weight, k_weight)
 

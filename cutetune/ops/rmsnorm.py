@@ -9,6 +9,7 @@ import torch
 from cutetune.dispatch import current_dispatcher
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.rmsnorm import KERNEL, MAX_HIDDEN, MIN_HIDDEN, MIN_VECTOR_BITS, RMSNormProblem
+from cutetune.ops.cpu import reference_outputs
 
 _VECTOR_BYTES = 16
 
@@ -18,9 +19,11 @@ def _row_strides(named) -> str:
 
 
 def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                  out: torch.Tensor | None, out_dtype: torch.dtype | None) -> torch.dtype:
+                  out: torch.Tensor | None, out_dtype: torch.dtype | None
+                  ) -> tuple[torch.dtype, int]:
     """Raise one clear error for the first thing wrong with the inputs; return the output
-    dtype. `residual` and `out` may be None (plain form; out allocated by the caller).
+    dtype and x's CUDA device index (-1: the CPU). `residual` and `out` may be None (plain
+    form; out allocated by the caller).
 
     The valid case reads each attribute once (every tensor attribute read costs host time,
     and this runs on every call); naming the offending tensor is left to the error path. The
@@ -86,20 +89,20 @@ def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.
                          f"widest vector that divides hidden size {hidden}), got strides "
                          + _row_strides(named))
     device = x.get_device()
-    if device < 0:
-        raise ValueError(f"x is on {x.device}: rmsnorm runs on a CUDA device")
+    if device < 0 and x.device.type != "cpu":
+        raise ValueError(f"x is on {x.device}: rmsnorm runs on a CUDA device or the CPU")
     if not (weight.get_device() == device
             and (residual is None or residual.get_device() == device)
             and (out is None or out.get_device() == device)):
         name = next(n for n, t in named if t is not None and t.get_device() != device)
         raise ValueError(f"{name} is on {dict(named)[name].device} but x is on {x.device}")
-    return out_dtype
+    return out_dtype, device
 
 
 def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
          weight_bias: float, out_dtype: torch.dtype | None,
          out: torch.Tensor | None) -> torch.Tensor:
-    out_dtype = _check_inputs(x, residual, weight, out, out_dtype)
+    out_dtype, device = _check_inputs(x, residual, weight, out, out_dtype)
     rows, hidden = x.shape
     if out is None:
         out = torch.empty((rows, hidden), dtype=out_dtype, device=x.device)
@@ -109,6 +112,12 @@ def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, e
     static = RMSNormProblem.static_tuple_of(
         dtype=DTYPE_NAMES[x.dtype], out_dtype=DTYPE_NAMES[out_dtype], hidden=hidden,
         eps=float(eps), weight_bias=float(weight_bias), fused_add=fused)
+    if device < 0:
+        expected = reference_outputs(KERNEL, static, rows, {
+            "x": x, "residual": residual if fused else x, "weight": weight})
+        if fused:
+            residual.copy_(expected["residual"])
+        return out.copy_(expected["out"])
     compiled = current_dispatcher().lookup(KERNEL, static, rows)
     # The plain form ignores its residual argument: x fills it.
     compiled(x, residual if fused else x, weight, out)
@@ -124,7 +133,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_bia
 
     x's rows may be strided (last dimension contiguous). The kernel is the winner tuned for
     this device and row-count bucket when `cutetune.warmup` loaded one, else the heuristic
-    default. Under torch.compile the call is the custom op cutetune::rmsnorm."""
+    default. On CPU tensors the op computes with the kernel's fp32 reference instead (same
+    output dtype and in-place writes; cutetune.ops.cpu). Under torch.compile the call is the
+    custom op cutetune::rmsnorm."""
     if torch.compiler.is_compiling():
         return _compiled_run(x, None, weight, eps, weight_bias, out_dtype, out)
     return _run(x, None, weight, eps, weight_bias, out_dtype, out)

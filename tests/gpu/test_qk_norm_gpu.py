@@ -112,7 +112,7 @@ def test_public_op_captures_into_a_cuda_graph():
      "contiguous"),
     (lambda q, k, qw, kw: (q, k[:3], qw, kw), "tokens"),
     (lambda q, k, qw, kw: (q, k, qw[:64], kw), "vector"),
-    (lambda q, k, qw, kw: (q.cpu(), k, qw, kw), "CUDA device"),
+    (lambda q, k, qw, kw: (q.cpu(), k, qw, kw), "k is on cuda:0 but q is on cpu"),
     (lambda q, k, qw, kw: (q[0], k, qw, kw), "(tokens, heads, head_dim)"),
 ])
 def test_public_op_rejects_bad_input(mutate, message):

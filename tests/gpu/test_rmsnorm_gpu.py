@@ -239,7 +239,7 @@ def test_public_op_captures_into_a_cuda_graph():
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda x, r, w: (x, r, w.cpu()), "weight is on cpu but x is on cuda:0"),
     (lambda x, r, w: (x, r.cpu(), w), "residual is on cpu but x is on cuda:0"),
-    (lambda x, r, w: (x.cpu(), r, w), "x is on cpu: rmsnorm runs on a CUDA device"),
+    (lambda x, r, w: (x.cpu(), r, w), "residual is on cuda:0 but x is on cpu"),
     (lambda x, r, w: (x, r, w.half()), "must match"),
     (lambda x, r, w: (x[:, 1:2001], r[:, 1:2001], w[:2000]), "aligned to 8 elements"),
 ])

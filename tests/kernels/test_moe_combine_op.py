@@ -1,7 +1,5 @@
-"""The public moe_combine op's input checks that run before anything touches a GPU.
-
-Devices are checked last, so every other check is reachable with CPU tensors.
-"""
+"""The public moe_combine op's input checks, tested on CPU tensors (devices are checked last),
+and its CPU path (the kernel's fp32 reference)."""
 
 import re
 
@@ -34,24 +32,34 @@ def _misaligned(rows, hidden, dtype=torch.bfloat16):
     return torch.empty(rows * hidden + 1, dtype=dtype)[1:].view(rows, hidden)
 
 
-def test_valid_cpu_inputs_reach_the_device_check():
-    message = "expert_out is on cpu: moe_combine runs on a CUDA device"
-    with pytest.raises(ValueError, match=message):
-        moe_combine(_expert_out(), _row_of(), _weights())
-    with pytest.raises(ValueError, match=message):
-        moe_combine(_expert_out(), _row_of(), _weights(), out=_out())
-    # fp16, a hidden size only 32-bit vectors divide, padded rows, no tokens, every top-k.
-    with pytest.raises(ValueError, match=message):
-        moe_combine(_expert_out(hidden=1002, dtype=torch.float16), _row_of(),
-                    _weights(), out=_out(hidden=1002, dtype=torch.float16))
-    with pytest.raises(ValueError, match=message):
-        moe_combine(_expert_out(hidden=HIDDEN + 8)[:, :HIDDEN], _row_of(), _weights(),
-                    out=_out(hidden=HIDDEN + 16)[:, :HIDDEN])
-    with pytest.raises(ValueError, match=message):
-        moe_combine(_expert_out(), _row_of(tokens=0), _weights(tokens=0))
-    for top_k in (1, 32):
-        with pytest.raises(ValueError, match=message):
-            moe_combine(_expert_out(), _row_of(top_k=top_k), _weights(top_k=top_k))
+def _expected(expert_out, row_of, weights):
+    capacity = expert_out.shape[0]
+    rows = expert_out.float()[row_of.long().clamp(0, capacity - 1)]
+    used = (row_of >= 0) & (row_of < capacity)  # other rows add nothing
+    return (rows * weights[..., None] * used[..., None]).sum(1)
+
+
+def test_valid_cpu_inputs_are_combined_with_the_reference():
+    row_of = _row_of()
+    row_of[1, 0] = -1  # adds nothing
+    cases = [(_expert_out(), row_of, _weights(), None),
+             (_expert_out(), _row_of(), _weights(), _out()),
+             # fp16, a hidden size only 32-bit vectors divide, padded rows, every top-k.
+             (_expert_out(hidden=1002, dtype=torch.float16), _row_of(), _weights(),
+              _out(hidden=1002, dtype=torch.float16)),
+             (_expert_out(hidden=HIDDEN + 8)[:, :HIDDEN], _row_of(), _weights(),
+              _out(hidden=HIDDEN + 16)[:, :HIDDEN]),
+             *[(_expert_out(), _row_of(top_k=k), _weights(top_k=k), None) for k in (1, 32)]]
+    for expert_out, rows, weights, out in cases:
+        got = moe_combine(expert_out, rows, weights, out=out)
+        assert out is None or got is out
+        assert got.dtype == expert_out.dtype
+        torch.testing.assert_close(got.float(), _expected(expert_out, rows, weights),
+                                   rtol=1.6e-2, atol=2e-2)
+    assert moe_combine(_expert_out(), _row_of(tokens=0), _weights(tokens=0)).shape == (0, HIDDEN)
+    with pytest.raises(ValueError, match="expert_out is on meta: moe_combine runs on a CUDA "
+                                         "device or the CPU"):
+        moe_combine(_expert_out().to("meta"), _row_of().to("meta"), _weights().to("meta"))
 
 
 @pytest.mark.parametrize(("args", "out", "error", "message"), [

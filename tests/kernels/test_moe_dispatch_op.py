@@ -1,5 +1,5 @@
-"""The public op's input checks: one clear error before anything launches (on the CPU, every
-check but the device one runs before the device check)."""
+"""The public op's input checks: one clear error before anything launches (tested on CPU
+tensors: devices are checked last), and its CPU path (the kernel's torch reference)."""
 
 import pytest
 import torch
@@ -19,12 +19,20 @@ def misaligned_x():
     return flat[1:1 + 3 * 64].view(3, 64)  # contiguous, but 2 bytes past a 16-byte boundary
 
 
-def test_valid_cpu_inputs_reach_the_device_check():
+def test_valid_cpu_inputs_are_dispatched_with_the_reference():
     x, ids = inputs()
-    with pytest.raises(ValueError, match="x is on cpu: moe_dispatch runs on a CUDA device"):
-        moe_dispatch(x, ids, 8)
-    with pytest.raises(ValueError, match="x is on cpu"):
-        moe_dispatch(x.half(), ids, 8, pad=1, expert_range=(2, 6), validate=True)
+    result = moe_dispatch(x.half(), ids, 8, pad=4, expert_range=(2, 6), validate=True)
+    local = (ids >= 2) & (ids < 6)
+    counts = torch.bincount(ids[local].long() - 2, minlength=4)
+    assert result.counts.tolist() == counts.tolist()
+    padded = (counts + 3) // 4 * 4
+    assert result.offsets.tolist() == [0, *torch.cumsum(padded, 0).tolist()]
+    assert torch.equal(result.row_of < 0, ~local)
+    for t, k in local.nonzero().tolist():
+        assert torch.equal(result.dispatched[result.row_of[t, k]], x[t].half())
+    with pytest.raises(ValueError, match="x is on meta: moe_dispatch runs on a CUDA device or "
+                                         "the CPU"):
+        moe_dispatch(x.to("meta"), ids.to("meta"), 8)
 
 
 def test_result_is_a_frozen_record_of_the_four_outputs():
@@ -78,6 +86,7 @@ def test_bad_input_is_one_clear_error(args, kwargs, error, message):
 
 def test_a_local_range_of_many_experts_is_fine_up_to_the_limit():
     x, ids = inputs()
-    # 4096 experts, 1024 of them local: everything but the device passes.
-    with pytest.raises(ValueError, match="x is on cpu"):
-        moe_dispatch(x, ids, 4096, expert_range=(1024, 2048))
+    # 4096 experts, 1024 of them local: every check passes (no pair is local).
+    result = moe_dispatch(x, ids, 4096, expert_range=(1024, 2048))
+    assert result.counts.shape == (1024,) and int(result.counts.sum()) == 0
+    assert bool((result.row_of == -1).all())

@@ -13,9 +13,26 @@ def _cpu_inputs(dtype=torch.bfloat16):
     return q, k, w, w
 
 
-def test_cpu_tensors_are_rejected_with_the_device_named():
-    with pytest.raises(ValueError, match="q is on cpu: qk_norm runs on a CUDA device"):
-        cutetune.qk_norm(*_cpu_inputs())
+def test_cpu_tensors_are_normalised_in_place_with_the_reference():
+    q, k, _, _ = _cpu_inputs()
+    q_weight, k_weight = (1 + 0.5 * torch.randn(2, 128)).bfloat16()
+
+    def expected(x, w):
+        x = x.float()
+        return (w.float() + 1.0) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+    want_q, want_k = expected(q, q_weight), expected(k, k_weight)
+    got_q, got_k = cutetune.qk_norm(q, k, q_weight, k_weight, eps=1e-5, weight_bias=1.0)
+    assert got_q is q and got_k is k
+    torch.testing.assert_close(q.float(), want_q, rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(k.float(), want_k, rtol=1.6e-2, atol=1e-2)
+
+
+def test_tensors_on_another_device_are_refused():
+    q, k, w, _ = _cpu_inputs()
+    with pytest.raises(ValueError, match="q is on meta: qk_norm runs on a CUDA device or the "
+                                         "CPU"):
+        cutetune.qk_norm(q.to("meta"), k.to("meta"), w.to("meta"), w.to("meta"))
 
 
 def test_non_tensor_is_rejected():

@@ -1,5 +1,6 @@
-"""The public ops' input checks: every check but the device runs before the device is read, so
-each bad input is tested here on CPU tensors (which then fail on the device, last)."""
+"""The public ops' input checks, tested on CPU tensors (the device is checked last), and the CPU
+path: valid CPU inputs are computed with the kernel's fp32 reference, written as the kernel
+writes them."""
 
 import re
 
@@ -20,19 +21,39 @@ def _strided(rows, hidden, pad, dtype=torch.bfloat16):
     return torch.randn(rows, hidden + pad).to(dtype)[:, :hidden]
 
 
-def test_valid_cpu_inputs_fail_only_on_the_device():
+def _expected(x, w, eps=1e-6, weight_bias=0.0):
+    x = x.float()
+    return (w.float() + weight_bias) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def test_valid_cpu_inputs_are_computed_with_the_reference():
     x, residual, w = _cpu_inputs()
-    with pytest.raises(ValueError, match="x is on cpu: rmsnorm runs on a CUDA device"):
-        rmsnorm(x, w)
-    with pytest.raises(ValueError, match="x is on cpu: rmsnorm runs on a CUDA device"):
-        fused_add_rmsnorm(x, residual, w, out=torch.empty_like(x, dtype=torch.float32),
-                          out_dtype=torch.float32)
+    w = (1 + 0.5 * torch.randn(w.shape)).to(w.dtype)
+    out = rmsnorm(x, w, eps=1e-5, weight_bias=1.0)
+    assert out.dtype == x.dtype
+    torch.testing.assert_close(out.float(), _expected(x, w, 1e-5, 1.0), rtol=1.6e-2, atol=1e-2)
+    summed = (x.float() + residual.float()).to(x.dtype)
+    out = torch.empty_like(x, dtype=torch.float32)
+    got, got_residual = fused_add_rmsnorm(x, residual, w, out=out, out_dtype=torch.float32)
+    assert got is out and got_residual is residual
+    assert torch.equal(residual, summed)  # updated in place, rounded to x's dtype
+    torch.testing.assert_close(out, _expected(summed, w), rtol=1e-5, atol=1e-5)
     # Strided rows aligned to the vector, odd hidden sizes the narrowest vector divides, one
-    # row with any stride: all pass every check before the device.
-    for args in [(_strided(3, 4096, 8), w), (_strided(3, 2882, 2), torch.ones(2882).bfloat16()),
-                 (torch.randn(1, 2881), torch.ones(2881))]:
-        with pytest.raises(ValueError, match="runs on a CUDA device"):
-            rmsnorm(*args)
+    # row with any stride: all pass every check.
+    for x, weight in [(_strided(3, 4096, 8), w),
+                      (_strided(3, 2882, 2), torch.ones(2882).bfloat16()),
+                      (torch.randn(1, 2881), torch.ones(2881))]:
+        torch.testing.assert_close(rmsnorm(x, weight).float(), _expected(x, weight),
+                                   rtol=1.6e-2, atol=1e-2)
+    x = _strided(3, 4096, 4)
+    torch.testing.assert_close(rmsnorm(x, w, out_dtype=torch.float32), _expected(x, w))
+
+
+def test_tensors_on_another_device_are_refused():
+    x, _, w = _cpu_inputs()
+    with pytest.raises(ValueError, match="x is on meta: rmsnorm runs on a CUDA device or the "
+                                         "CPU"):
+        rmsnorm(x.to("meta"), w.to("meta"))
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [
@@ -80,10 +101,8 @@ def test_valid_cpu_inputs_fail_only_on_the_device():
                              .view(4, 4096)), ValueError, "must start aligned"),
     (lambda x, r, w: rmsnorm(x, torch.ones(4097).bfloat16()[1:]), ValueError,
      "must start aligned to 8 elements"),
-    # bf16 in, fp32 out: the widest vector is 4 elements, so 4-aligned strides suffice...
-    (lambda x, r, w: rmsnorm(_strided(3, 4096, 4), w, out_dtype=torch.float32), ValueError,
-     "runs on a CUDA device"),
-    # ...but not 2-aligned ones.
+    # bf16 in, fp32 out: the widest vector is 4 elements, so 4-aligned strides suffice (the
+    # valid-input test above), but not 2-aligned ones.
     (lambda x, r, w: rmsnorm(_strided(3, 4096, 2), w, out_dtype=torch.float32), ValueError,
      "must start aligned to 4 elements"),
 ])

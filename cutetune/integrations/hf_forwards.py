@@ -1,0 +1,147 @@
+"""The forwards cutetune installs on a Hugging Face model's modules (which modules is decided by
+cutetune.integrations.transformers). Each computes what the module's own forward computes, with
+cutetune's ops in place of the torch operations they fuse; they are bound to the module
+instance, so the modules, their parameters and the model's state_dict stay as they were. They
+serve inference: the ops have no backward."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch.nn import functional
+
+from cutetune.ops.moe_combine import moe_combine
+from cutetune.ops.moe_dispatch import moe_dispatch
+from cutetune.ops.qk_norm import qk_norm
+from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
+
+# Names of the tensors the patch adds to a module (non-persistent buffers: they follow the
+# module across devices but stay out of its state_dict).
+GATE_UP_WEIGHT = "cutetune_gate_up_weight"
+DOWN_WEIGHTS = "cutetune_down_weights"
+
+
+def rmsnorm_forward(norm: torch.nn.Module, hidden_states: torch.Tensor, *, eps: float,
+                    weight_bias: float) -> torch.Tensor:
+    shape = hidden_states.shape
+    out = rmsnorm(hidden_states.reshape(-1, shape[-1]), norm.weight, eps=eps,
+                  weight_bias=weight_bias)
+    return out.view(shape)
+
+
+def _add_and_norm(x: torch.Tensor, fresh: torch.Tensor, weight: torch.Tensor, eps: float,
+                  weight_bias: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + fresh), x + fresh) in one launch. `fresh` is a tensor the layer has just
+    computed: it takes the sum in place, so the layer's input (which the caller may keep, e.g.
+    as a recorded hidden state) is never written."""
+    shape = fresh.shape
+    hidden = shape[-1]
+    normed, summed = fused_add_rmsnorm(x.reshape(-1, hidden), fresh.view(-1, hidden), weight,
+                                       eps=eps, weight_bias=weight_bias)
+    return normed.view(shape), summed.view(shape)
+
+
+def pre_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, *, eps: float,
+                           weight_bias: float, **kwargs) -> torch.Tensor:
+    """A Llama-style decoder layer (Llama, Qwen3, Qwen3-MoE): the residual add after attention
+    runs inside the post-attention norm. `eps` and `weight_bias` are that norm's."""
+    attn_out, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
+    normed, summed = _add_and_norm(hidden_states, attn_out,
+                                   layer.post_attention_layernorm.weight, eps, weight_bias)
+    mlp_out = layer.mlp(normed)
+    if isinstance(mlp_out, tuple):  # a MoE block returns its router logits too
+        mlp_out = mlp_out[0]
+    return summed + mlp_out
+
+
+def sandwich_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor,
+                                position_embeddings_global: torch.Tensor,
+                                position_embeddings_local: torch.Tensor, *, eps: float,
+                                weight_bias: float, output_attentions: bool = False,
+                                **kwargs) -> tuple[torch.Tensor, ...]:
+    """A Gemma 3 decoder layer (norms before and after attention and MLP): the residual add
+    after attention runs inside the pre-feedforward norm. `eps` and `weight_bias` are that
+    norm's."""
+    position_embeddings = (position_embeddings_local if layer.self_attn.is_sliding
+                           else position_embeddings_global)
+    attn_out, attn_weights = layer.self_attn(
+        hidden_states=layer.input_layernorm(hidden_states),
+        position_embeddings=position_embeddings, output_attentions=output_attentions, **kwargs)
+    normed, summed = _add_and_norm(hidden_states, layer.post_attention_layernorm(attn_out),
+                                   layer.pre_feedforward_layernorm.weight, eps, weight_bias)
+    out = summed + layer.post_feedforward_layernorm(layer.mlp(normed))
+    return (out, attn_weights) if output_attentions else (out,)
+
+
+def qk_norm_attention_forward(
+        attn: torch.nn.Module, hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None, past_key_values=None,
+        cache_position: torch.Tensor | None = None, *, eps: float, weight_bias: float,
+        apply_rotary_pos_emb: Callable, eager_attention_forward: Callable,
+        attention_functions: Mapping[str, Callable], **kwargs):
+    """The attention of Qwen3, Qwen3-MoE and Gemma 3 with q and k normalised per head in one
+    launch, in place. The rest is theirs: `apply_rotary_pos_emb` and `eager_attention_forward`
+    come from the model's own modeling module, `attention_functions` is transformers'
+    registry of the other implementations."""
+    input_shape = hidden_states.shape[:-1]
+    head_dim = attn.head_dim
+    q = attn.q_proj(hidden_states)
+    k = attn.k_proj(hidden_states)
+    qk_norm(q.view(-1, q.shape[-1] // head_dim, head_dim),
+            k.view(-1, k.shape[-1] // head_dim, head_dim),
+            attn.q_norm.weight, attn.k_norm.weight, eps=eps, weight_bias=weight_bias)
+    hidden_shape = (*input_shape, -1, head_dim)
+    query_states = q.view(hidden_shape).transpose(1, 2)
+    key_states = k.view(hidden_shape).transpose(1, 2)
+    value_states = attn.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+    if past_key_values is not None:
+        cache_kwargs = {"sin": sin, "cos": cos, "cache_position": cache_position}
+        key_states, value_states = past_key_values.update(key_states, value_states,
+                                                          attn.layer_idx, cache_kwargs)
+    implementation = attn.config._attn_implementation
+    interface = (eager_attention_forward if implementation == "eager"
+                 else attention_functions[implementation])
+    attn_output, attn_weights = interface(
+        attn, query_states, key_states, value_states, attention_mask,
+        dropout=attn.attention_dropout if attn.training else 0.0, scaling=attn.scaling,
+        sliding_window=attn.sliding_window, **kwargs)
+    attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+    return attn.o_proj(attn_output), attn_weights
+
+
+def gated_mlp_forward(mlp: torch.nn.Module, x: torch.Tensor, *,
+                      act_and_mul: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)) with gate and up as one GEMM whose output is [gate | up],
+    the layout the fused activation reads."""
+    gate_up = functional.linear(x, getattr(mlp, GATE_UP_WEIGHT))
+    shape = gate_up.shape
+    act = act_and_mul(gate_up.view(-1, shape[-1]))
+    return mlp.down_proj(act.view(*shape[:-1], shape[-1] // 2))
+
+
+def sparse_moe_forward(block: torch.nn.Module, hidden_states: torch.Tensor, *, pad: int,
+                       act_and_mul: Callable[[torch.Tensor], torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-MoE's sparse block: the router as theirs, then moe_dispatch, each expert's two
+    GEMMs as grouped GEMMs over its padded segment (torch._grouped_mm), the fused activation,
+    and moe_combine's weighted sum (accumulated in fp32). Returns (out, router_logits)."""
+    batch, sequence, hidden = hidden_states.shape
+    x = hidden_states.reshape(-1, hidden)
+    router_logits = block.gate(x)
+    routing = functional.softmax(router_logits, dim=1, dtype=torch.float)
+    weights, experts = torch.topk(routing, block.top_k, dim=-1)
+    if block.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    routed = moe_dispatch(x, experts.int(), block.num_experts, pad=pad)
+    # Each expert's segment ends at offsets[e + 1]; rows past the last are never read.
+    ends = routed.offsets[1:]
+    gate_up = torch._grouped_mm(routed.dispatched, getattr(block, GATE_UP_WEIGHT).transpose(1, 2),
+                                offs=ends)
+    expert_out = torch._grouped_mm(act_and_mul(gate_up),
+                                   getattr(block, DOWN_WEIGHTS).transpose(1, 2), offs=ends)
+    out = moe_combine(expert_out, routed.row_of, weights, experts=block.num_experts, pad=pad)
+    return out.view(batch, sequence, hidden), router_logits

@@ -1,0 +1,322 @@
+"""cutetune's kernels in a loaded Hugging Face transformers model, in one call:
+
+    from cutetune.integrations.transformers import patch, unpatch
+    report = patch(model)   # installs the forwards; on a GPU, warms up the model's kernels
+    print(report)           # what was replaced, what was left alone and why
+    unpatch(model)          # the original forwards again
+
+Families: Llama, Qwen3, Qwen3-MoE and Gemma 3 (text, or the text model inside the multimodal
+one). Per decoder layer: the RMSNorms (the residual add after attention fused into the next
+norm, Gemma's (1 + w) scale included), the per-head q/k norm in one launch, the gated MLP's
+activation (gate_proj and up_proj computed as one GEMM whose output is [gate | up]) and
+Qwen3-MoE's token shuffle (moe_dispatch and moe_combine around the experts' grouped GEMMs).
+
+A module is replaced only where the op's own input checks accept its shape and dtype (a
+zero-token call at patch time: no kernel is looked up or launched for it); the others are left
+alone and listed with the op's reason. No module object is replaced: the patch binds forwards
+to the instances and adds non-persistent buffers (the fused gate/up weights, the stacked expert
+weights), whose slices the original Linear weights then view, so the weights are held once and
+the state_dict is unchanged. Patch after moving the model to its device and dtype. The ops have
+no backward: the patched model is for inference.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from cutetune.dispatch import warmup as warmup_dispatcher
+from cutetune.integrations import hf_forwards as fw
+from cutetune.integrations.report import PatchEntry, PatchReport
+from cutetune.kernels.dtypes import DTYPE_NAMES
+from cutetune.kernels.moe_common import DEFAULT_PAD
+from cutetune.ops.activation import gelu_and_mul, silu_and_mul
+from cutetune.ops.moe_combine import moe_combine
+from cutetune.ops.moe_dispatch import moe_dispatch
+from cutetune.ops.qk_norm import qk_norm
+from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
+from cutetune.spaces.models import ModelShape, model_from_hf_config
+
+# config.model_type -> the prefix of the family's modeling classes.
+FAMILIES = {"llama": "Llama", "qwen3": "Qwen3", "qwen3_moe": "Qwen3Moe", "gemma3": "Gemma3",
+            "gemma3_text": "Gemma3"}
+# Gemma 3 normalises after attention and after the MLP too; its residual add after attention
+# precedes the pre-feedforward norm, the other families' the post-attention norm.
+_FUSED_NORM = {"Gemma3": "pre_feedforward_layernorm"}
+# Gemma's norms scale by (1 + w).
+_WEIGHT_BIAS = {"Gemma3": 1.0}
+# hidden_act -> (the op's name in the report, the op): the gated activations cutetune fuses,
+# as transformers' ACT2FN defines them.
+ACTIVATIONS: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
+    "silu": ("silu_and_mul", silu_and_mul),
+    "swish": ("silu_and_mul", silu_and_mul),
+    "gelu": ("gelu_and_mul", functools.partial(gelu_and_mul, approximate="none")),
+    "gelu_pytorch_tanh": ("gelu_and_mul(tanh)",
+                          functools.partial(gelu_and_mul, approximate="tanh")),
+}
+_STATE = "_cutetune_patch"
+# The installed forwards follow these releases' modeling code (the decoder layers' and the
+# attentions' forwards, the MoE block's routing); another release may compute differently.
+TRANSFORMERS_VERSIONS = "4.57"
+
+
+class NotPatchableError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Install:
+    """What the patch does to one module: its bound forward, the buffers it adds, and the
+    Parameters that become views of them."""
+
+    module: torch.nn.Module
+    forward: Callable
+    buffers: tuple[tuple[str, torch.Tensor], ...] = ()
+    views: tuple[tuple[torch.nn.Parameter, torch.Tensor], ...] = ()
+
+
+@dataclass(frozen=True)
+class _PatchState:
+    installs: tuple[_Install, ...]
+    report: PatchReport
+
+
+def patch(model: torch.nn.Module, warmup: bool = True) -> PatchReport:
+    """Serve `model`'s norms, q/k norms, gated activations and MoE token shuffle with
+    cutetune's ops, and return the report of what was replaced and what was left alone (print
+    it for a table). With warmup=True and the model on a GPU, `cutetune.warmup` first loads
+    and compiles the kernels for the model's shapes (from its config). A family cutetune does
+    not know, or a transformers release other than the one the forwards follow, raises
+    NotPatchableError naming what it can patch, and changes nothing."""
+    import transformers
+
+    if not transformers.__version__.startswith(TRANSFORMERS_VERSIONS + "."):
+        raise NotPatchableError(
+            f"cutetune patches models of transformers {TRANSFORMERS_VERSIONS}.x, whose modeling "
+            f"code its forwards follow; this is transformers {transformers.__version__}")
+    if _STATE in vars(model):
+        raise NotPatchableError("the model is already patched by cutetune: unpatch it first")
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    prefix = FAMILIES.get(model_type)
+    if prefix is None:
+        raise NotPatchableError(
+            f"cutetune cannot patch {type(model).__name__} (model_type {model_type!r}): it "
+            f"patches {', '.join(FAMILIES)} models")
+    shape = model_from_hf_config(config.to_dict(), name=config.name_or_path or model_type)
+    dtype = model.dtype
+    installs, entries = _Planner(prefix, shape, dtype).plan(model)
+    device = next(model.parameters()).device
+    if not warmup:
+        warmed = "not asked for"
+    elif device.type != "cuda":
+        warmed = (f"skipped: the model is on {device.type}, where the ops compute with their "
+                  "kernels' references")
+    elif not installs:
+        warmed = "skipped: nothing was replaced"
+    else:
+        warmup_dispatcher(shape, dtype=DTYPE_NAMES[dtype])
+        warmed = f"kernels for {shape.name} ({DTYPE_NAMES[dtype]}) loaded and compiled"
+    for install in installs:
+        for name, buffer in install.buffers:
+            install.module.register_buffer(name, buffer, persistent=False)
+        for parameter, view in install.views:
+            parameter.data = view
+        install.module.forward = install.forward
+    report = PatchReport(family=prefix, entries=tuple(entries), warmup=warmed)
+    setattr(model, _STATE, _PatchState(tuple(installs), report))
+    return report
+
+
+def unpatch(model: torch.nn.Module) -> None:
+    """Restore the forwards `patch` replaced and drop the buffers it added. The fused gate/up
+    and expert weights' Parameters stay views of one tensor each: the same objects and values
+    as before the patch."""
+    state = vars(model).get(_STATE)
+    if state is None:
+        raise NotPatchableError("the model is not patched by cutetune")
+    for install in state.installs:
+        del install.module.forward
+        for name, _ in install.buffers:
+            delattr(install.module, name)
+    delattr(model, _STATE)
+
+
+def patch_report(model: torch.nn.Module) -> PatchReport | None:
+    """The report of the patch in force on `model`; None when it is not patched."""
+    state = vars(model).get(_STATE)
+    return None if state is None else state.report
+
+
+def _refusal(call: Callable[[], object]) -> str:
+    """'' when the op accepts the call, else its one-line reason. The calls are for zero
+    tokens: the op's input checks run, no kernel is looked up or launched."""
+    try:
+        call()
+    except (TypeError, ValueError) as err:
+        return str(err)
+    return ""
+
+
+def _eps(norm: torch.nn.Module) -> float:
+    eps = getattr(norm, "variance_epsilon", None)  # Llama and Qwen3 call it that, Gemma eps
+    return float(norm.eps if eps is None else eps)
+
+
+class _Planner:
+    """Decides, module by module, what `patch` installs; changes nothing."""
+
+    def __init__(self, prefix: str, shape: ModelShape, dtype: torch.dtype):
+        self.prefix = prefix
+        self.shape = shape
+        self.dtype = dtype
+        self.weight_bias = _WEIGHT_BIAS.get(prefix, 0.0)
+        self.fused_norm = _FUSED_NORM.get(prefix, "post_attention_layernorm")
+        self.installs: list[_Install] = []
+        self.entries: list[PatchEntry] = []
+        # Modules whose work a patched parent now does (the fused norms, q/k norms, experts).
+        self.folded: set[int] = set()
+
+    def plan(self, model: torch.nn.Module) -> tuple[list[_Install], list[PatchEntry]]:
+        modules = list(model.named_modules())
+        p = self.prefix
+        # Parents first: each folds its children's work into its own forward.
+        for kind, plan_one in ((f"{p}DecoderLayer", self._layer),
+                               (f"{p}Attention", self._attention),
+                               (f"{p}SparseMoeBlock", self._moe_block),
+                               (f"{p}MLP", self._mlp),
+                               (f"{p}RMSNorm", self._norm)):
+            for name, module in modules:
+                if type(module).__name__ == kind and id(module) not in self.folded:
+                    plan_one(name, module)
+        return self.installs, self.entries
+
+    def _empty(self, *size: int, like: torch.nn.Module, dtype: torch.dtype | None = None):
+        device = next(like.parameters()).device
+        return torch.empty(*size, dtype=dtype or self.dtype, device=device)
+
+    def _entry(self, name: str, op: str, reason: str, note: str = "") -> bool:
+        self.entries.append(PatchEntry(name, op, not reason, reason or note))
+        return not reason
+
+    def _layer(self, name: str, layer: torch.nn.Module) -> None:
+        norm = getattr(layer, self.fused_norm)
+        eps, hidden = _eps(norm), norm.weight.shape[0]
+        reason = _refusal(lambda: fused_add_rmsnorm(
+            self._empty(0, hidden, like=norm), self._empty(0, hidden, like=norm), norm.weight,
+            eps=eps, weight_bias=self.weight_bias))
+        if not self._entry(name, "fused_add_rmsnorm", reason,
+                           f"residual add after attention fused into {self.fused_norm}"):
+            return
+        forward = (fw.sandwich_norm_layer_forward if self.prefix in _FUSED_NORM
+                   else fw.pre_norm_layer_forward)
+        self.installs.append(_Install(layer, functools.partial(
+            forward, layer, eps=eps, weight_bias=self.weight_bias)))
+        self.folded.add(id(norm))
+
+    def _attention(self, name: str, attn: torch.nn.Module) -> None:
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        if q_norm is None or k_norm is None:
+            return  # no per-head norm: nothing cutetune serves here
+        eps, d = _eps(q_norm), attn.head_dim
+        reason = _refusal(lambda: qk_norm(
+            self._empty(0, attn.q_proj.out_features // d, d, like=attn),
+            self._empty(0, attn.k_proj.out_features // d, d, like=attn),
+            q_norm.weight, k_norm.weight, eps=eps, weight_bias=self.weight_bias))
+        if not reason and _eps(k_norm) != eps:
+            reason = f"q_norm's eps {eps} differs from k_norm's {_eps(k_norm)}"
+        if not self._entry(name, "qk_norm", reason, "q_norm and k_norm in one launch"):
+            return
+        modeling = sys.modules[type(attn).__module__]
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        self.installs.append(_Install(attn, functools.partial(
+            fw.qk_norm_attention_forward, attn, eps=eps, weight_bias=self.weight_bias,
+            apply_rotary_pos_emb=modeling.apply_rotary_pos_emb,
+            eager_attention_forward=modeling.eager_attention_forward,
+            attention_functions=ALL_ATTENTION_FUNCTIONS)))
+        self.folded.update((id(q_norm), id(k_norm)))
+
+    def _activation(self, intermediate: int, like: torch.nn.Module):
+        """(op name, op, '') for the model's activation, or (name, None, reason)."""
+        act = self.shape.hidden_act
+        if act not in ACTIVATIONS:
+            return act, None, (f"activation {act!r} is not one cutetune fuses (it fuses "
+                               f"{', '.join(ACTIVATIONS)})")
+        op_name, op = ACTIVATIONS[act]
+        reason = _refusal(lambda: op(self._empty(0, 2 * intermediate, like=like)))
+        return op_name, op, reason
+
+    def _mlp(self, name: str, mlp: torch.nn.Module) -> None:
+        gate, up = mlp.gate_proj, mlp.up_proj
+        op_name, op, reason = self._activation(gate.out_features, mlp)
+        if not reason:
+            reason = _linear_refusal(gate, up)
+        if not self._entry(name, op_name, reason, "gate_proj and up_proj as one GEMM"):
+            return
+        fused = torch.cat([gate.weight.detach(), up.weight.detach()])
+        self.installs.append(_Install(
+            mlp, functools.partial(fw.gated_mlp_forward, mlp, act_and_mul=op),
+            buffers=((fw.GATE_UP_WEIGHT, fused),),
+            views=((gate.weight, fused[:gate.out_features]),
+                   (up.weight, fused[gate.out_features:]))))
+
+    def _moe_block(self, name: str, block: torch.nn.Module) -> None:
+        experts = list(block.experts)
+        intermediate = experts[0].gate_proj.out_features
+        hidden = experts[0].gate_proj.in_features
+        op_name, op, reason = self._activation(intermediate, block)
+        if not reason:
+            reason = next((r for e in experts
+                           if (r := _linear_refusal(e.gate_proj, e.up_proj, e.down_proj))), "")
+        if not reason:
+            reason = _refusal(lambda: moe_dispatch(
+                self._empty(0, hidden, like=block),
+                self._empty(0, block.top_k, like=block, dtype=torch.int32), block.num_experts,
+                pad=DEFAULT_PAD))
+        if not reason:
+            reason = _refusal(lambda: moe_combine(
+                self._empty(0, hidden, like=block),
+                self._empty(0, block.top_k, like=block, dtype=torch.int32),
+                self._empty(0, block.top_k, like=block, dtype=torch.float32),
+                experts=block.num_experts, pad=DEFAULT_PAD))
+        if not reason and not hasattr(torch, "_grouped_mm"):
+            reason = f"torch {torch.__version__} has no torch._grouped_mm for the experts"
+        if not self._entry(name, f"moe_dispatch, {op_name}, moe_combine", reason,
+                           f"{block.num_experts} experts' GEMMs as grouped GEMMs"):
+            return
+        gate_up = torch.stack([torch.cat([e.gate_proj.weight.detach(), e.up_proj.weight.detach()])
+                               for e in experts])
+        down = torch.stack([e.down_proj.weight.detach() for e in experts])
+        views = []
+        for i, e in enumerate(experts):
+            views += [(e.gate_proj.weight, gate_up[i, :intermediate]),
+                      (e.up_proj.weight, gate_up[i, intermediate:]),
+                      (e.down_proj.weight, down[i])]
+        self.installs.append(_Install(
+            block, functools.partial(fw.sparse_moe_forward, block, pad=DEFAULT_PAD,
+                                     act_and_mul=op),
+            buffers=((fw.GATE_UP_WEIGHT, gate_up), (fw.DOWN_WEIGHTS, down)),
+            views=tuple(views)))
+        self.folded.update(id(e) for e in experts)
+
+    def _norm(self, name: str, norm: torch.nn.Module) -> None:
+        eps, hidden = _eps(norm), norm.weight.shape[0]
+        reason = _refusal(lambda: rmsnorm(self._empty(0, hidden, like=norm), norm.weight,
+                                          eps=eps, weight_bias=self.weight_bias))
+        if self._entry(name, "rmsnorm", reason):
+            self.installs.append(_Install(norm, functools.partial(
+                fw.rmsnorm_forward, norm, eps=eps, weight_bias=self.weight_bias)))
+
+
+def _linear_refusal(*linears: torch.nn.Module) -> str:
+    for linear in linears:
+        if type(linear) is not torch.nn.Linear:
+            return f"a projection is {type(linear).__name__}, not torch.nn.Linear"
+        if linear.bias is not None:
+            return "the projections have biases, which the fused weights do not carry"
+    return ""

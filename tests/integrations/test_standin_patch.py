@@ -1,0 +1,48 @@
+"""The plain-torch Qwen3-MoE stand-in (tests/qwen3_moe_standin.py) that the GPU tests patch
+where transformers is not installed: checked here, on the CPU and against the stub of
+transformers, to compute what transformers' Qwen3-MoE computes and to be patched whole."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from qwen3_moe_standin import VOCAB, build_standin, transformers_stub
+
+from cutetune.integrations.transformers import patch, unpatch
+
+
+def test_the_standin_is_transformers_qwen3_moe():
+    transformers = pytest.importorskip("transformers")
+    standin = build_standin(torch.float32, "cpu")
+    fields = standin.config.to_dict()
+    config = transformers.Qwen3MoeConfig(**fields, attn_implementation="eager")
+    model = transformers.Qwen3MoeForCausalLM(config).eval()
+    missing, unexpected = model.load_state_dict(
+        {(k if k.startswith("lm_head.") else "model." + k): v
+         for k, v in standin.state_dict().items()}, strict=False)
+    assert unexpected == [] and all("rotary" in k for k in missing)
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(standin(ids), model(ids, use_cache=False).logits,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_the_standin_is_patched_whole_with_the_transformers_stub(monkeypatch):
+    for name, module in transformers_stub().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    model = build_standin(torch.bfloat16, "cpu")
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids)
+        report = patch(model)
+        got = model(ids)
+        unpatch(model)
+        again = model(ids)
+    assert report.left_alone == ()
+    assert {e.op for e in report.replaced} == {
+        "rmsnorm", "fused_add_rmsnorm", "qk_norm", "moe_dispatch, silu_and_mul, moe_combine"}
+    assert got.shape == (1, 9, VOCAB)
+    torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=3e-2)
+    assert torch.equal(again, expected)

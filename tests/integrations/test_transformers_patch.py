@@ -1,0 +1,246 @@
+"""cutetune.integrations.transformers on tiny random-weight models of each family it patches,
+built from a config (no download), on the CPU, where the ops compute with their kernels' fp32
+references: the patched model's logits match the unpatched model's, every op it claims to use
+runs, unpatch gives back the very modules and the same logits, and the patched model compiles
+as one graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from cutetune.integrations import hf_forwards  # noqa: E402
+from cutetune.integrations import transformers as integration  # noqa: E402
+from cutetune.integrations.transformers import NotPatchableError, patch, unpatch  # noqa: E402
+
+VOCAB, TOKENS = 128, 7
+# Shapes every op accepts: hidden 128 (rmsnorm takes 64 to 16384), head_dim 64 (qk_norm takes
+# 64, 128, 256), intermediates whose bf16 rows are multiples of 16 bytes (the activations).
+COMMON = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+# bf16: the patched model rounds in other places than transformers' modules do (a norm rounds
+# once, not twice; the MoE combine keeps the routing weights in fp32), a few bf16 ulps of the
+# logits (about 1 here) after two layers. fp32: the ops' CPU path is transformers' arithmetic.
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5),
+             torch.bfloat16: dict(rtol=1.6e-2, atol=3e-2)}
+
+
+def llama(**overrides):
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**COMMON, **overrides}))
+
+
+def qwen3(**overrides):
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**COMMON, **overrides}))
+
+
+def qwen3_moe(**overrides):
+    config = transformers.Qwen3MoeConfig(**{**COMMON, "num_experts": 8, "num_experts_per_tok": 2,
+                                            "moe_intermediate_size": 64, "norm_topk_prob": True,
+                                            **overrides})
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def gemma3(**overrides):
+    # One sliding-window layer and one global one: the layer picks its rotary embedding.
+    config = transformers.Gemma3TextConfig(**{
+        **COMMON, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"],
+        **overrides})
+    return transformers.Gemma3ForCausalLM(config)
+
+
+FAMILIES = {"llama": llama, "qwen3": qwen3, "qwen3_moe": qwen3_moe, "gemma3": gemma3}
+
+
+def build(family: str, dtype: torch.dtype, **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = FAMILIES[family](**overrides).to(dtype).eval()
+    with torch.no_grad():  # norms start at 1 (Gemma: 0); spread them so that a wrong weight shows
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.add_(0.5 * torch.randn_like(parameter))
+    return model
+
+
+def logits(model, ids=None, **kwargs) -> torch.Tensor:
+    if ids is None:
+        ids = torch.randint(0, VOCAB, (2, TOKENS), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return model(ids, use_cache=False, **kwargs).logits
+
+
+class OpCalls:
+    """Counts the calls of each op the installed forwards make (not patch's zero-token calls,
+    which only run the ops' input checks)."""
+
+    def __init__(self, monkeypatch):
+        self.counts: dict[str, int] = {}
+        for name in ("rmsnorm", "fused_add_rmsnorm", "qk_norm", "moe_dispatch", "moe_combine"):
+            monkeypatch.setattr(hf_forwards, name, self._counting(name, getattr(hf_forwards, name)))
+        activations = {act: (op_name, self._counting(op_name, op))
+                       for act, (op_name, op) in integration.ACTIVATIONS.items()}
+        monkeypatch.setattr(integration, "ACTIVATIONS", activations)
+
+    def _counting(self, name, op):
+        def counted(*args, **kwargs):
+            if args[0].shape[0]:
+                self.counts[name] = self.counts.get(name, 0) + 1
+            return op(*args, **kwargs)
+        return counted
+
+
+# Per family, the ops one forward of the 2-layer model calls (bf16, where every module is
+# served): per layer one input norm, one fused add + norm, the q/k norm where the family has
+# it; the final norm; Gemma's post-attention and post-feedforward norms.
+EXPECTED_CALLS = {
+    "llama": {"rmsnorm": 3, "fused_add_rmsnorm": 2, "silu_and_mul": 2},
+    "qwen3": {"rmsnorm": 3, "fused_add_rmsnorm": 2, "qk_norm": 2, "silu_and_mul": 2},
+    "qwen3_moe": {"rmsnorm": 3, "fused_add_rmsnorm": 2, "qk_norm": 2, "moe_dispatch": 2,
+                  "silu_and_mul": 2, "moe_combine": 2},
+    "gemma3": {"rmsnorm": 7, "fused_add_rmsnorm": 2, "qk_norm": 2, "gelu_and_mul(tanh)": 2},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patched_logits_match_and_unpatch_restores_the_model(family, dtype, monkeypatch):
+    model = build(family, dtype)
+    modules = dict(model.named_modules())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    expected = logits(model)
+    calls = OpCalls(monkeypatch)
+    report = patch(model)
+    assert report.replaced and "skipped: the model is on cpu" in report.warmup
+    got = logits(model)
+    torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
+    want = dict(EXPECTED_CALLS[family])
+    if family == "qwen3_moe" and dtype == torch.float32:
+        # moe_dispatch moves bf16/fp16 only: the MoE blocks are left alone, and each of their
+        # experts that the router picks is served as a gated MLP instead.
+        del want["moe_dispatch"], want["moe_combine"]
+        assert calls.counts.pop("silu_and_mul") >= 2
+        del want["silu_and_mul"]
+    assert calls.counts == want
+    assert list(model.state_dict()) == list(state)
+
+    unpatch(model)
+    assert dict(model.named_modules()) == modules  # the same objects, under the same names
+    assert not any("forward" in vars(m) for m in model.modules())
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    assert torch.equal(logits(model), expected)
+
+
+def _entries(report):
+    return {(e.module, e.op, e.replaced) for e in report.entries}
+
+
+def test_report_names_what_each_family_serves():
+    report = patch(build("gemma3", torch.bfloat16))
+    entries = _entries(report)
+    assert ("model.layers.0", "fused_add_rmsnorm", True) in entries
+    assert ("model.layers.1.self_attn", "qk_norm", True) in entries
+    assert ("model.layers.0.mlp", "gelu_and_mul(tanh)", True) in entries
+    assert ("model.layers.1.post_feedforward_layernorm", "rmsnorm", True) in entries
+    # Folded into the layer's and the attention's forwards, so no entry of their own.
+    assert not any(m.endswith(("pre_feedforward_layernorm", "q_norm", "k_norm"))
+                   for m, _, _ in entries)
+    text = str(report)
+    assert text.startswith("cutetune patch of a Gemma3 model: 13 modules replaced, 0 left alone")
+    assert "residual add after attention fused into pre_feedforward_layernorm" in text
+    assert "model.layers.*.self_attn" in text  # the layers' rows are one row each
+
+    entries = _entries(patch(build("llama", torch.bfloat16)))
+    assert not any(op == "qk_norm" for _, op, _ in entries)  # Llama has no q/k norm
+    assert ("model.layers.1", "fused_add_rmsnorm", True) in entries
+
+
+def test_unsupported_shapes_are_left_alone_with_the_ops_reason():
+    # head_dim 32 (qk_norm takes 64, 128, 256); intermediate 100 bf16 (200 bytes, not a multiple
+    # of 16); hidden 128 is fine, so the layers' norms are served.
+    model = build("qwen3", torch.bfloat16, head_dim=32, intermediate_size=100)
+    expected = logits(model)
+    report = patch(model)
+    left = {e.module: e.note for e in report.left_alone}
+    assert left["model.layers.0.self_attn"] == ("head_dim 32 is not supported: use one of "
+                                                "(64, 128, 256)")
+    assert left["model.layers.1.mlp"].startswith("the intermediate width 100 must be a multiple "
+                                                 "of 16 bytes")
+    # The q/k norms' own modules are then left to the plain norm, which refuses 32 too.
+    assert left["model.layers.0.self_attn.q_norm"] == ("hidden size 32 is not supported: use "
+                                                       "64 to 16384")
+    assert "left alone  head_dim 32 is not supported" in str(report)
+    torch.testing.assert_close(logits(model), expected, **TOLERANCE[torch.bfloat16])
+
+
+def test_a_hidden_size_the_norm_kernel_refuses_leaves_the_norms_and_layers_alone():
+    model = build("llama", torch.float32, hidden_size=48, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=24)
+    expected = logits(model)
+    report = patch(model)
+    reason = "hidden size 48 is not supported: use 64 to 16384"
+    left = {e.module: e.note for e in report.left_alone}
+    assert left["model.layers.0"] == reason and left["model.norm"] == reason
+    assert {e.op for e in report.replaced} == {"silu_and_mul"}
+    torch.testing.assert_close(logits(model), expected, **TOLERANCE[torch.float32])
+
+
+def test_an_unknown_family_is_one_error_and_nothing_changes():
+    config = transformers.MistralConfig(**COMMON)
+    model = transformers.MistralForCausalLM(config).eval()
+    with pytest.raises(NotPatchableError, match=r"cannot patch MistralForCausalLM \(model_type "
+                                                r"'mistral'\): it patches llama, qwen3, "
+                                                r"qwen3_moe, gemma3, gemma3_text models"):
+        patch(model)
+    assert not any("forward" in vars(m) for m in model.modules())
+    assert integration.patch_report(model) is None
+
+
+def test_patching_twice_or_unpatching_an_unpatched_model_is_an_error():
+    model = build("llama", torch.float32)
+    with pytest.raises(NotPatchableError, match="not patched"):
+        unpatch(model)
+    report = patch(model)
+    assert integration.patch_report(model) is report
+    with pytest.raises(NotPatchableError, match="already patched"):
+        patch(model)
+    unpatch(model)
+    patch(model)  # and again after unpatching
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_decoding_with_the_kv_cache_matches(family):
+    """Greedy generation goes through the attention's cache path (the patched forward updates
+    the cache itself); fp32, where the patched model computes what transformers computes."""
+    model = build(family, torch.float32)
+    prompt = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(2))
+    settings = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(prompt, **settings)
+        patch(model)
+        got = model.generate(prompt, **settings)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_patched_model_compiles_as_one_graph_of_cutetune_ops(family):
+    """fullgraph=True fails on a graph break; the backend records the graph torch.compile
+    traced and runs it (the custom ops' eager implementation is the CPU path)."""
+    model = build(family, torch.bfloat16)
+    patch(model)
+    eager = logits(model)
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=recording_backend)
+    got = logits(compiled)
+    assert len(graphs) == 1
+    called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
+    for op in EXPECTED_CALLS[family]:
+        op = op.removesuffix("(tanh)").replace("fused_add_rmsnorm", "rmsnorm")
+        assert any(f"cutetune.{op}" in target for target in called), (op, called)
+    torch.testing.assert_close(got, eager, **TOLERANCE[torch.bfloat16])
