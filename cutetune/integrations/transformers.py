@@ -31,7 +31,7 @@ import torch
 
 from cutetune.dispatch import warmup as warmup_dispatcher
 from cutetune.integrations import hf_forwards as fw
-from cutetune.integrations.report import PatchEntry, PatchReport
+from cutetune.integrations.patch_report import PatchEntry, PatchReport
 from cutetune.kernels.dtypes import DTYPE_NAMES
 from cutetune.kernels.moe_common import DEFAULT_PAD
 from cutetune.ops.activation import gelu_and_mul, silu_and_mul
