@@ -10,8 +10,11 @@ import torch
 from cutetune.kernels.registry import KernelDef
 
 
-def reference_outputs(kernel: KernelDef, static: tuple, num_tokens: int,
-                      tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The kernel's reference outputs (fp32) for the call the op was about to look up."""
+def write_reference(kernel: KernelDef, static: tuple, num_tokens: int,
+                    inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
+    """Write the kernel's reference results (fp32) for the call the op was about to look up
+    into `outputs`, by output name, as the kernel writes them."""
     problem = kernel.problem_type.from_static_tuple(static, num_tokens)
-    return kernel.reference(tensors, problem)
+    expected = kernel.reference(inputs, problem)
+    for name, tensor in outputs.items():
+        tensor.copy_(expected[name])

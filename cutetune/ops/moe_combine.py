@@ -10,7 +10,7 @@ from cutetune.dispatch import current_dispatcher
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_combine import KERNEL, MAX_TOP_K
 from cutetune.kernels.moe_common import DEFAULT_PAD, MOE_DTYPES, MoEProblem
-from cutetune.ops.cpu import reference_outputs
+from cutetune.ops.cpu import write_reference
 
 _VECTOR_BYTES = 16
 
@@ -137,8 +137,10 @@ def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: t
         dtype=DTYPE_NAMES[expert_out.dtype], hidden=hidden, experts=experts, top_k=top_k,
         pad=pad, expert_begin=expert_begin, expert_end=expert_end, zero_padding=False)
     if device < 0:
-        return out.copy_(reference_outputs(KERNEL, static, tokens, {
-            "expert_out": expert_out, "row_of": row_of, "topk_weights": topk_weights})["out"])
+        write_reference(KERNEL, static, tokens, {
+            "expert_out": expert_out, "row_of": row_of, "topk_weights": topk_weights},
+            {"out": out})
+        return out
     compiled = current_dispatcher().lookup(KERNEL, static, tokens)
     compiled(expert_out, row_of, topk_weights, out)
     return out

@@ -11,7 +11,7 @@ from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_common import MOE_DTYPES, MoEProblem, dispatch_capacity
 from cutetune.kernels.moe_dispatch import KERNEL
 from cutetune.kernels.moe_dispatch.common import MAX_LOCAL_EXPERTS, workspace_words
-from cutetune.ops.cpu import reference_outputs
+from cutetune.ops.cpu import write_reference
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,9 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
         dtype=dtype, hidden=hidden, experts=num_experts, top_k=top_k, pad=pad,
         expert_begin=begin, expert_end=end, zero_padding=zero_padding)
     if device < 0:
-        expected = reference_outputs(KERNEL, static, tokens, {"x": x, "topk_ids": topk_ids})
-        for name, written in (("dispatched", dispatched), ("counts", counts),
-                              ("offsets", offsets), ("row_of", row_of), ("error", error)):
-            written.copy_(expected[name])
+        write_reference(KERNEL, static, tokens, {"x": x, "topk_ids": topk_ids}, {
+            "dispatched": dispatched, "counts": counts, "offsets": offsets, "row_of": row_of,
+            "error": error})
     else:
         compiled = current_dispatcher().lookup(KERNEL, static, tokens)
         compiled(x, topk_ids, row_of, dispatched, counts, offsets, error,
