@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
 from pathlib import Path
 
 KERNELS_DIR = Path(__file__).resolve().parent
@@ -32,8 +31,8 @@ def code_closure(path: Path) -> list[Path]:
             continue
         seen.add(current)
         for name in _imported_modules(ast.parse(current.read_text())):
-            found = _module_file(name)
-            if found is not None and found.parent in roots and found not in NOT_CODE:
+            found = _module_file(name, roots)
+            if found is not None and found not in NOT_CODE:
                 pending.append(found)
     return sorted(seen)
 
@@ -83,14 +82,28 @@ def _imported_modules(tree: ast.Module) -> set[str]:
     return names
 
 
-def _module_file(name: str) -> Path | None:
-    """The source file of a module name; None for packages, built-ins, attributes and names
-    that are not modules."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):  # an attribute imported from a module, a missing parent
-        return None
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        return None
-    origin = Path(spec.origin).resolve()
-    return None if origin.name == "__init__.py" else origin
+def _module_file(name: str, roots: set[Path]) -> Path | None:
+    """The file of a module `name` that lies directly in one of `roots`; None for anything else
+    (other packages' modules, attributes, packages). Found from the name and the roots' package
+    names alone: looking a module up (importlib's find_spec) imports its parent packages, and a
+    peer's (liger_kernel.ops) pulls in transformers and torch._dynamo, seconds of a warmup that
+    needs none of them."""
+    for root in roots:
+        package = _package_name(root)
+        if package and not name.startswith(package + "."):
+            continue
+        rest = name[len(package) + 1:] if package else name
+        candidate = root / f"{rest}.py"
+        if "." not in rest and candidate.is_file():
+            return candidate
+    return None
+
+
+def _package_name(directory: Path) -> str:
+    """The dotted package name of a folder, from the __init__.py files above it ('' where it is
+    no package)."""
+    parts = []
+    while (directory / "__init__.py").is_file():
+        parts.insert(0, directory.name)
+        directory = directory.parent
+    return ".".join(parts)

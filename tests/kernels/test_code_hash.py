@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,20 @@ def test_the_closure_holds_the_kernel_and_the_helpers_it_generates_code_from(tmp
     names = {p.name for p in code_closure(Path(rmsnorm.__file__))}
     assert {"rmsnorm.py", "cache_hints.py", "dtypes.py"} <= names
     assert not {"registry.py", "code_hash.py"} & names
+
+
+def test_the_closure_is_found_without_importing_what_the_kernel_imports(tmp_path, monkeypatch):
+    """A peer imported inside a function (liger_kernel.ops...) is not imported to find the
+    closure: importing it costs a warmup seconds (transformers, torch._dynamo)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "heavy_peer").mkdir()
+    (tmp_path / "heavy_peer" / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (tmp_path / "heavy_peer" / "ops.py").write_text("def forward(x):\n    return x\n")
+    path = write_package(tmp_path, kernel=KERNEL + "\n\ndef peer():\n"
+                                                   "    from heavy_peer.ops import forward\n")
+    assert code_closure(path) == sorted([path.resolve(), (tmp_path / "helper.py").resolve(),
+                                         KERNELS_DIR / "cache_hints.py"])
+    assert "heavy_peer" not in sys.modules
 
 
 def test_comments_and_docstrings_keep_the_hash(tmp_path, monkeypatch):
