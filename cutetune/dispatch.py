@@ -91,6 +91,9 @@ class Dispatcher:
         self.compile_processes = compile_processes
         self._parallel_compiles = 0
         self._parallel_compile_s = 0.0
+        # The pools' processes' start-up and compile seconds, each summed over processes.
+        self._parallel_start_cpu_s = 0.0
+        self._parallel_compile_cpu_s = 0.0
         # Every stored winner, stale ones included: which are current depends on the kernel's
         # source, known only when a kernel is warmed up.
         self._winners = _by_problem(winners)
@@ -188,6 +191,8 @@ class Dispatcher:
             failures = [failure for f in futures if (failure := f.result().failure)]
         finally:
             pool.close()
+        self._parallel_start_cpu_s += pool.start_seconds
+        self._parallel_compile_cpu_s += pool.cpu_seconds
         if failures:  # the point compiles again when it is served, which raises its error
             log.warning("cutetune: %d of %d points failed to compile in parallel: %s",
                         len(failures), len(missing), failures[0])
@@ -262,7 +267,8 @@ class Dispatcher:
     def cache_summary(self) -> str:
         """Where this dispatcher's points came from and what each way took: loaded from the
         artifact cache, compiled here, or compiled in parallel processes (their pool's wall
-        time, its start included)."""
+        time, its start included, then the seconds its processes spent starting and compiling,
+        each summed over processes)."""
         if self.store is None:
             return "no artifact cache: every point compiled in memory"
         counts = self.store.counts
@@ -270,8 +276,9 @@ class Dispatcher:
                 f"({counts.load_s:.2f} s), {counts.compiled + self._parallel_compiles} compiled "
                 f"({counts.compiled} here in {counts.compile_s:.2f} s, "
                 f"{self._parallel_compiles} in parallel processes in "
-                f"{self._parallel_compile_s:.2f} s), {counts.unsound} unsound files compiled "
-                "again")
+                f"{self._parallel_compile_s:.2f} s: starting {self._parallel_start_cpu_s:.1f} s, "
+                f"compiling {self._parallel_compile_cpu_s:.1f} s over the processes), "
+                f"{counts.unsound} unsound files compiled again")
 
     def tables(self) -> list[ProblemTable]:
         return list(self._tables.values())

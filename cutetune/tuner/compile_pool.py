@@ -74,7 +74,8 @@ class CompilePool:
                  handler: str = "cutetune.tuner.compile_pool:CompileHandler"):
         self.store = store
         self.timeout_s = timeout_s
-        self.cpu_seconds = 0.0
+        self.cpu_seconds = 0.0  # the compiles', summed over processes
+        self.start_seconds = 0.0  # the processes' start-up (imports), summed over processes
         self._futures: dict[str, Future[CompileResult]] = {}
         self._taken: set[str] = set()
         self._lock = threading.Lock()
@@ -128,6 +129,15 @@ class CompilePool:
                     if key in self._taken:
                         continue
                     self._taken.add(key)
+                if not process.alive:
+                    began = time.perf_counter()
+                    try:
+                        process.start()
+                    except RuntimeError as err:  # it did not come up: the waiting caller raises
+                        future.set_exception(err)
+                        continue
+                    with self._lock:
+                        self.start_seconds += time.perf_counter() - began
                 start = time.perf_counter()
                 try:
                     result = process.call((name, problem, config), self.timeout_s)

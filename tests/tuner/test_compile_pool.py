@@ -95,7 +95,7 @@ def test_the_pool_compiles_once_per_point_and_reports_every_failure(tmp_path):
         assert crashing.result(120).failure == "crash: SIGSEGV while compiling"
         # After the crash a new compile process serves; a stored point needs none.
         assert pool.submit(KERNEL, PROBLEM, FaultConfig("wrong", 1)).result(120).failure is None
-        assert pool.cpu_seconds > 0
+        assert pool.cpu_seconds > 0 and pool.start_seconds > 0
     finally:
         pool.close()
     again = CompilePool(store, 1, ["fault_kernel"])
