@@ -1,6 +1,7 @@
 """A Qwen3-MoE-shaped causal LM in plain torch, computed the way transformers 4.57's
 modeling_qwen3_moe computes it and with its class and attribute names, so that cutetune's
-transformers integration patches it where transformers is not installed (the GPU machine).
+transformers integration patches it where that release is not installed (the GPU machine has
+none or 5.x).
 `transformers_stub` stands in for the two things the integration reads from the package: its
 version and the registry of attention implementations (the stand-in attends eagerly)."""
 
@@ -64,16 +65,23 @@ def transformers_stub() -> dict[str, types.ModuleType]:
 
 
 def transformers_or_stub(monkeypatch=None) -> None:
-    """The installed transformers where there is one, else the stub (undone at the test's end
-    when a pytest monkeypatch is given; for the process's life otherwise)."""
+    """The installed transformers where it is the release the forwards follow, else the stub
+    (undone at the test's end when a pytest monkeypatch is given; for the process's life
+    otherwise). The GPU machine has none or another release (5.x)."""
+    from cutetune.integrations.transformers import TRANSFORMERS_VERSIONS
+
     try:
-        import transformers  # noqa: F401
+        import transformers
     except ImportError:
-        for name, module in transformers_stub().items():
-            if monkeypatch is None:
-                sys.modules[name] = module
-            else:
-                monkeypatch.setitem(sys.modules, name, module)
+        transformers = None
+    if transformers is not None and transformers.__version__.startswith(
+            TRANSFORMERS_VERSIONS + "."):
+        return
+    for name, module in transformers_stub().items():
+        if monkeypatch is None:
+            sys.modules[name] = module
+        else:
+            monkeypatch.setitem(sys.modules, name, module)
 
 
 class Qwen3MoeRMSNorm(nn.Module):
