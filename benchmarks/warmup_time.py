@@ -104,7 +104,15 @@ def timed_warmup(model: str, db_url: str, cache_dir: Path, timeout_s: float) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main(out: str, models: list[str], timeout_s: float = 120.0) -> None:
+def print_report(heading: str, run: dict) -> None:
+    """A warmup's time and its report up to the per-problem lines, as soon as it has run (a
+    later warmup that runs out of time leaves this one's on record)."""
+    print(heading, flush=True)
+    print("\n".join(line for line in run["report"].splitlines()
+                    if line.startswith(("warmup of", "artifact cache"))), flush=True)
+
+
+def main(out: str, models: list[str], timeout_s: float = 300.0) -> None:
     rows = []
     for model in models:
         with tempfile.TemporaryDirectory() as scratch:
@@ -112,16 +120,13 @@ def main(out: str, models: list[str], timeout_s: float = 120.0) -> None:
             winners = store_winners(model, db_url)
             print(f"{model}: {winners} winners stored; cold warmup", file=sys.stderr, flush=True)
             cold = timed_warmup(model, db_url, Path(scratch) / "cache", timeout_s)
-            print(f"{model}: cold {cold['seconds']:.2f} s; warm warmup", file=sys.stderr,
-                  flush=True)
+            print_report(f"{model}: cold {cold['seconds']:.2f} s", cold)
             warm = timed_warmup(model, db_url, Path(scratch) / "cache", timeout_s)
+            print_report(f"{model}: warm {warm['seconds']:.3f} s", warm)
         rows.append({"model": model, "winners": winners, "points": cold["points"],
                      "cold_s": round(cold["seconds"], 2), "warm_s": round(warm["seconds"], 3),
                      "warm_loaded": warm["loaded"], "cpus": os.cpu_count()})
         print(rows[-1], flush=True)
-        for run in (cold, warm):  # the report up to its per-problem lines
-            print("\n".join(line for line in run["report"].splitlines()
-                            if line.startswith(("warmup of", "artifact cache"))), flush=True)
     with open(out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
