@@ -337,21 +337,26 @@ def show(obj: Context, kernel: str | None, all_devices: bool, failed: bool) -> N
               help="only the problems this model uses (preset name or HF config.json path)")
 @dtype_option
 @click.option("--all-devices", is_flag=True, help="winners of every device, not only this GPU")
+@click.option("--current", is_flag=True,
+              help="only winners measured with the installed kernels' code (their source hash)")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="file to write (default: standard output)")
 @click.pass_obj
 def export(obj: Context, fmt: str, kernel: str | None, model: str | None, dtype: str,
-           all_devices: bool, out: str | None) -> None:
+           all_devices: bool, current: bool, out: str | None) -> None:
     """Export the stored winners as JSON or CSV."""
     from cutetune.kernels.registry import get_kernel, kernel_names
     from cutetune.results_db import export_winners
 
+    names = [kernel] if kernel else kernel_names()
     problems = None if model is None else {
-        (name, problem.static_key()) for name in ([kernel] if kernel else kernel_names())
+        (name, problem.static_key()) for name in names
         for problem in _model_problems(get_kernel(name), model, dtype, skip_if_absent=True)}
+    source_hashes = {name: get_kernel(name).source_hash() for name in names} if current else None
     db = obj.open_db()
     with obj.reading():
-        text = export_winners(db, fmt, _fingerprint_or_none(all_devices), kernel, problems)
+        text = export_winners(db, fmt, _fingerprint_or_none(all_devices), kernel, problems,
+                              source_hashes)
     if out is None:
         click.echo(text, nl=False)
     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, fields
 from datetime import datetime
 from typing import Any
@@ -35,9 +35,12 @@ def export_winners(
     fingerprint: DeviceFingerprint | None = None,
     kernel_name: str | None = None,
     problems: Collection[tuple[str, str]] | None = None,
+    source_hashes: Mapping[str, str] | None = None,
 ) -> str:
     """The stored winners, each with its full device fingerprint, as text in `fmt`; only those
-    of `problems` ((kernel name, static key) pairs, e.g. a model's) where it is given.
+    of `problems` ((kernel name, static key) pairs, e.g. a model's) where it is given, and
+    only those measured with the code whose hash `source_hashes` gives per kernel name (e.g.
+    the installed kernels') where that is given.
 
     "json": a list of objects with sorted keys, each config embedded as an object.
     "csv": a header, then one line per winner, with the config as its JSON text.
@@ -49,7 +52,9 @@ def export_winners(
         {**{name: getattr(winner, name) for name in _WINNER_COLUMNS}, **asdict(device),
          "updated_at": winner.updated_at.isoformat()}
         for device, winner in winners_with_devices(db, fingerprint, kernel_name)
-        if problems is None or (winner.kernel_name, winner.static_key) in problems
+        if (problems is None or (winner.kernel_name, winner.static_key) in problems)
+        and (source_hashes is None
+             or source_hashes.get(winner.kernel_name) == winner.source_hash)
     ]
     if fmt == "json":
         return _to_json(records)

@@ -271,6 +271,24 @@ def test_export_of_a_model_keeps_only_the_problems_it_uses(stored_db):
     assert exported("llama-3.1-8b") == []
 
 
+def test_export_current_keeps_only_the_winners_of_the_installed_code(stored_db, tmp_path):
+    """A winner whose source hash is not the kernel's now (tuned with older code) is left out
+    with --current, kept without it."""
+    records = json.loads(invoke(stored_db, "export", "--format", "json", "--all-devices").stdout)
+    records[0]["source_hash"] = "0123456789abcdef"
+    (tmp_path / "mixed.json").write_text(json.dumps(records))
+    url = f"sqlite:///{tmp_path / 'mixed.db'}"
+    assert invoke(url, "import", str(tmp_path / "mixed.json")).exit_code == 0
+
+    def buckets(*flags):
+        result = invoke(url, "export", "--format", "json", "--all-devices", *flags)
+        assert result.exit_code == 0, result.output
+        return sorted(r["bucket"] for r in json.loads(result.stdout))
+
+    assert buckets() == sorted(STORED_BUCKETS)
+    assert buckets("--current") == sorted(set(STORED_BUCKETS) - {records[0]["bucket"]})
+
+
 def test_export_of_an_unknown_model_is_one_clear_line(stored_db):
     assert_clean_error(invoke(stored_db, "export", "--format", "json", "--model", "gpt-9"),
                        "--model", "gpt-9")
