@@ -3,7 +3,7 @@ a winner for every tuned bucket (1..32768) of every problem its model's kernels 
 on the H200 by the code of this commit (its code-closure hash), so that a warmup on an H200
 serves every bucket of those models from it. A kernel change that moves a hash fails here:
 re-tune the model on the H200 (`cutetune tune --model M`) and write the file again
-(`cutetune export --format json --all-devices --model M --out
+(`cutetune export --format json --all-devices --current --model M --out
 cutetune/shipped_winners/M-h200.json`)."""
 
 from __future__ import annotations
