@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tune, then bench, each KERNEL:MODEL pair in turn on the visible GPU; every log, the tuned DB
-# and the bench CSVs go to OUTDIR. The tables of BENCHMARKS.md come from these CSVs.
+# and the bench CSVs go to OUTDIR (benchmarks/bench_presets.sh writes the ones BENCHMARKS.md is
+# generated from).
 #   benchmarks/tune_and_bench.sh OUTDIR TRIALS KERNEL:MODEL ...
 set -uo pipefail
 out=$1 trials=$2
