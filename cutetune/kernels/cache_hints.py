@@ -4,8 +4,7 @@
 (PTX "cache streaming, likely accessed once": the lines are allocated evict-first in L1 and L2),
 for kernels that read each input byte once and write each output byte once. Whether it pays
 depends on the shape, so it is a point of the space, not a constant (measured on the H200 for
-silu_and_mul and for moe_dispatch's split copy: BENCHMARKS.md, cache hints, and moe_dispatch:
-the copy's cache hints).
+silu_and_mul and for moe_dispatch's split copy: docs/performance-notes.md).
 The knob sets loads and stores together: where streaming both pays, streaming either alone
 measures slower than plain accesses.
 
@@ -13,8 +12,8 @@ measures slower than plain accesses.
 policy (the createpolicy.fractional value of fraction 1.0, as CUTLASS's CacheHintSm90 spells
 it) and stores plainly, as Inductor's Triton kernel loads a row on its first pass. For the
 fused-add RMSNorm on calls that move many times the L2 it beats plain and streaming accesses
-and draws level with torch.compile's Inductor kernel (measured on the H200: BENCHMARKS.md,
-RMSNorm loads under L2 evict_last). A kernel offers it (cache_hints_param) only where it is
+and draws level with torch.compile's Inductor kernel (measured on the H200:
+docs/performance-notes.md, RMSNorm). A kernel offers it (cache_hints_param) only where it is
 measured.
 """
 

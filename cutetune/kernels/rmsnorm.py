@@ -24,7 +24,7 @@ address stays inside the row) and its contribution and store are dropped.
 The config's cache_hints (cache_hints.py) chooses plain or streaming (evict-first) accesses to x,
 residual and out, or loads of x and residual under L1 and L2 evict_last policies with plain
 stores (what draws the fused add on calls many times the L2 level with torch.compile's
-Inductor kernel on the H200: BENCHMARKS.md, RMSNorm loads under L2 evict_last); the weight,
+Inductor kernel on the H200: docs/performance-notes.md, RMSNorm); the weight,
 which every row reads again, always keeps plain loads. The tuner picks per shape; the
 heuristic default picks by the bytes the call moves against the L2 (default_cache_hints).
 
@@ -67,8 +67,7 @@ from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
 
 # Down to 64 so that per-head norms (head dims 64, 128, 256) can run on this kernel too, to
-# compare it with qk_norm on the same head tensors (BENCHMARKS.md, QK-norm against our regular
-# RMSNorm).
+# compare it with qk_norm on the same head tensors (docs/performance-notes.md, QK-norm).
 MIN_HIDDEN, MAX_HIDDEN = 64, 16384
 BLOCK_PER_ROW, WARP_PER_ROW = "block_per_row", "warp_per_row"
 # The narrowest access: one 32-bit word.
@@ -212,15 +211,15 @@ TARGET_VECTORS_PER_THREAD = 4
 # each thread loads and reduces, the sooner it ends. So such calls aim at about 2 vectors per
 # thread (the warps rounded to the nearest power of two) rather than the seed's 4: on the H200
 # the doubled warps are faster on nearly every decode-sized row of the preset widths, and at
-# hidden 5120, where doubling is slower, the rounding keeps the seed's warps (BENCHMARKS.md, the
-# RMSNorm default's block size).
+# hidden 5120, where doubling is slower, the rounding keeps the seed's warps
+# (docs/performance-notes.md, RMSNorm: default block size).
 DECODE_MAX_TOKENS = 128
 DECODE_VECTORS_PER_THREAD = 2
 
 
 # The heuristic default's cache hints, from the default point of every preset width (bf16,
-# plain and fused add) timed under each hint on the H200 (BENCHMARKS.md, the RMSNorm default's
-# hints):
+# plain and fused add) timed under each hint on the H200 (docs/performance-notes.md, RMSNorm:
+# cache hints):
 # - calls that move at most twice the L2: streaming is faster than plain accesses or level with
 #   them (at 1 and 8 tokens every hint is level);
 # - rows of 8 KiB or more in calls that move at least 8x the L2: evict_last_loads is faster than

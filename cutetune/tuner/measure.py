@@ -73,8 +73,7 @@ def with_fresh_outputs(tensors: Mapping[str, torch.Tensor], outputs: Sequence[st
     Ours is timed this way because every peer, torch itself and an engine allocate outputs per
     call: in a CUDA graph each replay of such a call writes the same pool block, which stays
     in L2, while an output kept with its input set is cold. Timing ours with kept outputs
-    favours every peer (measured on the H200: BENCHMARKS.md, every output allocated per
-    call)."""
+    favours every peer (measured on the H200: docs/performance-notes.md, Measuring)."""
     fresh = dict(tensors)
     for name in outputs:
         if name not in written_in_place:
@@ -129,8 +128,8 @@ def time_interleaved(launch_sets: Sequence[Sequence[Callable[[], None]]],
     """time_in_graph of each of `launch_sets`, but with every graph captured first and then
     replayed in `rounds` rounds, each replaying every graph in turn, so that a slow spell of
     the GPU falls on all of them alike. At decode sizes the same point reads slower at one
-    moment than at another on the H200, by more than candidates differ (BENCHMARKS.md, the
-    bench in interleaved rounds)."""
+    moment than at another on the H200, by more than candidates differ
+    (docs/performance-notes.md, Measuring)."""
     captured = [_capture(launches) for launches in launch_sets]
     per_call: list[list[float]] = [[] for _ in captured]
     for _ in range(rounds):

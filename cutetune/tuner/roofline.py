@@ -78,7 +78,7 @@ class Ceilings:
     def from_datasheet(cls, spec: DeviceSpec) -> Ceilings:
         # Before anything is measured: 90% of the datasheet bandwidth (about what a copy
         # kernel reaches on the H200), and the H200's launch floor and grid-barrier cost
-        # (BENCHMARKS.md, machine and run); measured values replace all three.
+        # (docs/performance-notes.md, Framework); measured values replace all three.
         return cls(spec.dram_gbps * 0.9, 0.55, 1.0, measured=False)
 
     @classmethod

@@ -27,9 +27,9 @@ from cutetune.tuner.verify import verify
 
 # A decode-sized point takes about a microsecond, and the GPU's state moves such a time from one
 # moment to the next at the same SM clock by more than such points differ (measured on the
-# H200: BENCHMARKS.md, QK-norm). Below this time each trial is timed between two timings of a
-# fixed reference point (the heuristic default) and corrected by the reference's drift since
-# its first timing, so trials taken at different moments of a search compare.
+# H200: docs/performance-notes.md, Measuring). Below this time each trial is timed between two
+# timings of a fixed reference point (the heuristic default) and corrected by the reference's
+# drift since its first timing, so trials taken at different moments of a search compare.
 DRIFT_CORRECTED_BELOW_US = 5.0
 
 
@@ -140,7 +140,7 @@ def drift_corrected(measured: Measurement, reference_now_us: float,
                     reference_first_us: float) -> Measurement:
     """The trial's time as if taken when the reference was first timed. Additive, because the
     state change looks like a fixed latency, not a rate: it moves a 1-token point and leaves
-    a longer 8-token point where it was (BENCHMARKS.md, QK-norm)."""
+    a longer 8-token point where it was (docs/performance-notes.md, Measuring)."""
     shift = reference_now_us - reference_first_us
     return dataclasses.replace(measured, median_us=measured.median_us - shift)
 
