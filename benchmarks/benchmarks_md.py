@@ -19,8 +19,6 @@ from pathlib import Path
 import pandas as pd
 from bench_tables import table as bench_table
 
-from cutetune.kernels.registry import kernel_names
-
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = ROOT / "benchmarks" / "targets.md"
@@ -81,12 +79,14 @@ def provenance(row: pd.Series) -> str:
             f"`{row['command']}`")
 
 
-def bench_section(rows: pd.DataFrame) -> str:
+def bench_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     frames = [pd.read_csv(RESULTS / f).assign(source=f) for f in rows["file"]]
     frame = pd.concat(frames)
     parts = ["## Kernels against the peers\n",
              "Sources: " + "; ".join(provenance(r) for _, r in rows.iterrows()) + ".\n"]
-    unbenched = sorted(set(kernel_names()) - set(frame["kernel"]))
+    tuned = {kernel for f in index.loc[index["kind"] == "tuned", "file"]
+             for kernel in read_summary(RESULTS / f)["kernel"]}
+    unbenched = sorted(tuned - set(frame["kernel"]))
     if unbenched:
         parts.append(f"No bench data is committed for {', '.join(unbenched)}: their tuned "
                      "times are in the next section.\n")
@@ -115,7 +115,7 @@ def read_summary(path: Path) -> pd.DataFrame:
     return frame
 
 
-def tuned_section(rows: pd.DataFrame) -> str:
+def tuned_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     parts = ["## Tuned winners of the shipped models\n",
              "The winners `cutetune/shipped_winners/` holds, from the tuning summaries: us per "
              "call (% roof), and the largest and smallest speedup over the default among the "
@@ -139,7 +139,7 @@ def tuned_section(rows: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def tune_walls_section(rows: pd.DataFrame) -> str:
+def tune_walls_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     parts = ["## Whole-model tuning time\n",
              "Wall time of the whole process (start to exit), with the defaults (every kernel "
              "the model uses, buckets 1..32768, 16 trials per bucket) into a fresh database "
@@ -158,7 +158,7 @@ def tune_walls_section(rows: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def warmup_section(rows: pd.DataFrame) -> str:
+def warmup_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     parts = ["## Warmup time\n",
              "`cutetune.warmup(model)` in a fresh process (torch imported, CUDA initialised), "
              "with a distinct winner at every bucket of every problem: cold (empty artifact "
@@ -173,7 +173,7 @@ def warmup_section(rows: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def host_overhead_section(rows: pd.DataFrame) -> str:
+def host_overhead_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     parts = ["## Host time per call\n",
              "At one token, after `cutetune.warmup(MODEL)`: a loop of 2000 public-op calls "
              "against 2000 bare calls of the compiled kernel the dispatcher serves, each after "
@@ -188,6 +188,8 @@ def host_overhead_section(rows: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
+# Each section is written from its kind's rows of the index; it gets the whole index too (the
+# peers' section names the kernels the tuned files hold but no bench file does).
 SECTIONS = {"bench": bench_section, "tuned": tuned_section, "tune_walls": tune_walls_section,
             "warmup": warmup_section, "host_overhead": host_overhead_section}
 
@@ -198,7 +200,7 @@ def benchmarks_md() -> str:
     for kind in KINDS:
         rows = index[index["kind"] == kind]
         if not rows.empty:
-            parts.append(SECTIONS[kind](rows))
+            parts.append(SECTIONS[kind](rows, index))
     parts.append(TARGETS.read_text())
     return "\n".join(part.rstrip("\n") + "\n" for part in parts)
 
