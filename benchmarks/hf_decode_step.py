@@ -5,7 +5,7 @@ cutetune.integrations.transformers, on one GPU.
     python3 benchmarks/hf_decode_step.py --layers 2 --out hf_decode_step.csv
 
 The model is the plain-torch stand-in of the GPU tests (tests/qwen3_moe_standin.py: transformers
-4.57's Qwen3-MoE computation under its class names), so the script runs where transformers is
+5.x's Qwen3-MoE computation under its class names), so the script runs where transformers is
 not installed. The stand-in has no KV cache: a decode step is a (batch, 1) forward whose
 attention sees the new token only, so it times the norms, projections, MoE layer and lm_head.
 

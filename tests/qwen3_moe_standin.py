@@ -1,9 +1,11 @@
-"""A Qwen3-MoE-shaped causal LM in plain torch, computed the way transformers 4.57's
-modeling_qwen3_moe computes it and with its class and attribute names, so that cutetune's
-transformers integration patches it where that release is not installed (the GPU machine has
-none or 5.x).
-`transformers_stub` stands in for the two things the integration reads from the package: its
-version and the registry of attention implementations (the stand-in attends eagerly)."""
+"""A Qwen3-MoE-shaped causal LM in plain torch, computed the way transformers 5.x's
+modeling_qwen3_moe computes it (the releases cutetune's forwards follow: TRANSFORMERS_VERSIONS)
+and with its class and attribute names, so that cutetune's transformers integration patches it
+where none of those releases is installed (the GPU machine may have none or another).
+The integration reads what the attention calls from the model's modeling module: here, this
+module, whose registry of attention implementations has none but eager (the stand-in attends
+eagerly). `transformers_stub` stands in for the one thing it reads from the package: its
+version."""
 
 from __future__ import annotations
 
@@ -55,27 +57,26 @@ class StandinConfig:
 
 
 def transformers_stub() -> dict[str, types.ModuleType]:
-    """sys.modules entries for a `transformers` that is the release the forwards follow."""
+    """sys.modules entries for a `transformers` that is the newest release the forwards
+    follow."""
+    from cutetune.integrations.transformers import FOLLOWED_RELEASES
+
     package = types.ModuleType("transformers")
-    package.__version__ = "4.57.1"
-    modeling_utils = types.ModuleType("transformers.modeling_utils")
-    modeling_utils.ALL_ATTENTION_FUNCTIONS = {}
-    package.modeling_utils = modeling_utils
-    return {"transformers": package, "transformers.modeling_utils": modeling_utils}
+    package.__version__ = "{}.{}.0".format(*FOLLOWED_RELEASES[-1])
+    return {"transformers": package}
 
 
 def transformers_or_stub(monkeypatch=None) -> None:
-    """The installed transformers where it is the release the forwards follow, else the stub
+    """The installed transformers where it is a release the forwards follow, else the stub
     (undone at the test's end when a pytest monkeypatch is given; for the process's life
-    otherwise). The GPU machine has none or another release (5.x)."""
-    from cutetune.integrations.transformers import TRANSFORMERS_VERSIONS
+    otherwise). The GPU machine may have none or another release."""
+    from cutetune.integrations.transformers import follows
 
     try:
         import transformers
     except ImportError:
         transformers = None
-    if transformers is not None and transformers.__version__.startswith(
-            TRANSFORMERS_VERSIONS + "."):
+    if transformers is not None and follows(transformers.__version__):
         return
     for name, module in transformers_stub().items():
         if monkeypatch is None:
@@ -98,50 +99,73 @@ class Qwen3MoeRMSNorm(nn.Module):
         return self.weight * hidden_states.to(input_dtype)
 
 
-class Qwen3MoeMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int):
+class Qwen3MoeExperts(nn.Module):
+    """Every expert's weights stacked: gate_up_proj (experts, 2 * intermediate, hidden) holds
+    [gate; up], down_proj (experts, hidden, intermediate)."""
+
+    def __init__(self, shape: StandinShape):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.num_experts = shape.num_experts
+        self.hidden_dim, self.intermediate_dim = shape.hidden_size, shape.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(self.num_experts, 2 * self.intermediate_dim, self.hidden_dim))
+        self.down_proj = nn.Parameter(
+            torch.empty(self.num_experts, self.hidden_dim, self.intermediate_dim))
         self.act_fn = nn.SiLU()
 
-    def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        final_hidden_states = torch.zeros_like(hidden_states)
+        expert_mask = functional.one_hot(top_k_index, num_classes=self.num_experts)
+        expert_mask = expert_mask.permute(2, 1, 0)
+        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+        for expert_idx in expert_hit:
+            expert_idx = expert_idx[0]
+            top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
+            current_state = hidden_states[token_idx]
+            gate, up = functional.linear(current_state,
+                                         self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
+            current_hidden_states = self.act_fn(gate) * up
+            current_hidden_states = functional.linear(current_hidden_states,
+                                                      self.down_proj[expert_idx])
+            current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos,
+                                                                          None]
+            final_hidden_states.index_add_(0, token_idx,
+                                           current_hidden_states.to(final_hidden_states.dtype))
+        return final_hidden_states
+
+
+class Qwen3MoeTopKRouter(nn.Module):
+    def __init__(self, shape: StandinShape):
+        super().__init__()
+        self.top_k, self.num_experts = shape.num_experts_per_tok, shape.num_experts
+        self.norm_topk_prob = True
+        self.hidden_dim = shape.hidden_size
+        self.weight = nn.Parameter(torch.zeros(self.num_experts, self.hidden_dim))
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = functional.linear(hidden_states, self.weight)
+        router_probs = functional.softmax(router_logits, dtype=torch.float, dim=-1)
+        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        router_top_value = router_top_value.to(router_logits.dtype)
+        return router_logits, router_top_value, router_indices
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
     def __init__(self, shape: StandinShape):
         super().__init__()
-        self.num_experts, self.top_k = shape.num_experts, shape.num_experts_per_tok
-        self.norm_topk_prob = True
-        self.gate = nn.Linear(shape.hidden_size, shape.num_experts, bias=False)
-        self.experts = nn.ModuleList([
-            Qwen3MoeMLP(shape.hidden_size, shape.moe_intermediate_size)
-            for _ in range(shape.num_experts)])
+        self.experts = Qwen3MoeExperts(shape)
+        self.gate = Qwen3MoeTopKRouter(shape)
 
     def forward(self, hidden_states):
         batch_size, sequence_length, hidden_dim = hidden_states.shape
-        hidden_states = hidden_states.view(-1, hidden_dim)
-        router_logits = self.gate(hidden_states)
-        routing_weights = functional.softmax(router_logits, dim=1, dtype=torch.float)
-        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
-        routing_weights = routing_weights.to(hidden_states.dtype)
-        final_hidden_states = torch.zeros((batch_size * sequence_length, hidden_dim),
-                                          dtype=hidden_states.dtype, device=hidden_states.device)
-        expert_mask = functional.one_hot(selected_experts,
-                                         num_classes=self.num_experts).permute(2, 1, 0)
-        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
-        for expert_idx in expert_hit:
-            expert_layer = self.experts[expert_idx]
-            idx, top_x = torch.where(expert_mask[expert_idx].squeeze(0))
-            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
-            current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx, None]
-            final_hidden_states.index_add_(0, top_x, current_hidden_states.to(hidden_states.dtype))
-        final_hidden_states = final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
-        return final_hidden_states, router_logits
+        hidden_states_reshaped = hidden_states.view(-1, hidden_dim)
+        _, routing_weights, selected_experts = self.gate(hidden_states_reshaped)
+        final_hidden_states = self.experts(hidden_states_reshaped, selected_experts,
+                                           routing_weights)
+        return final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
 
 
 def rotate_half(x):
@@ -149,7 +173,7 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
 
@@ -169,10 +193,21 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
     value_states = repeat_kv(value, module.num_key_value_groups)
     attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
     if attention_mask is not None:
-        attn_weights = attn_weights + attention_mask[:, :, :, : key_states.shape[-2]]
+        attn_weights = attn_weights + attention_mask
     attn_weights = functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
     attn_output = torch.matmul(attn_weights, value_states)
     return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+
+class AttentionInterface(dict):
+    """transformers' registry of attention implementations, by name; the stand-in registers
+    none, so every model attends with its modeling module's eager forward."""
+
+    def get_interface(self, attn_implementation: str, default):
+        return default if attn_implementation == "eager" else self[attn_implementation]
+
+
+ALL_ATTENTION_FUNCTIONS = AttentionInterface()
 
 
 class Qwen3MoeAttention(nn.Module):
@@ -200,7 +235,9 @@ class Qwen3MoeAttention(nn.Module):
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         cos, sin = position_embeddings
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-        attn_output, attn_weights = eager_attention_forward(
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward)
+        attn_output, attn_weights = attention_interface(
             self, query_states, key_states, value_states, attention_mask, dropout=0.0,
             scaling=self.scaling, sliding_window=self.sliding_window)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
@@ -226,8 +263,6 @@ class Qwen3MoeDecoderLayer(nn.Module):
         residual = hidden_states
         hidden_states = self.post_attention_layernorm(hidden_states)
         hidden_states = self.mlp(hidden_states)
-        if isinstance(hidden_states, tuple):
-            hidden_states, _ = hidden_states
         return residual + hidden_states
 
 

@@ -6,7 +6,7 @@ serve inference: the ops have no backward."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 from torch.nn import functional
@@ -16,10 +16,9 @@ from cutetune.ops.moe_dispatch import moe_dispatch
 from cutetune.ops.qk_norm import qk_norm
 from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
 
-# Names of the tensors the patch adds to a module (non-persistent buffers: they follow the
-# module across devices but stay out of its state_dict).
+# The name of the tensor the patch adds to a gated MLP (a non-persistent buffer: it follows
+# the module across devices but stays out of its state_dict).
 GATE_UP_WEIGHT = "cutetune_gate_up_weight"
-DOWN_WEIGHTS = "cutetune_down_weights"
 
 
 def rmsnorm_forward(norm: torch.nn.Module, hidden_states: torch.Tensor, *, eps: float,
@@ -49,42 +48,32 @@ def pre_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, 
     attn_out, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
     normed, summed = _add_and_norm(hidden_states, attn_out,
                                    layer.post_attention_layernorm.weight, eps, weight_bias)
-    mlp_out = layer.mlp(normed)
-    if isinstance(mlp_out, tuple):  # a MoE block returns its router logits too
-        mlp_out = mlp_out[0]
-    return summed + mlp_out
+    return summed + layer.mlp(normed)
 
 
-def sandwich_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor,
-                                position_embeddings_global: torch.Tensor,
-                                position_embeddings_local: torch.Tensor, *, eps: float,
-                                weight_bias: float, output_attentions: bool = False,
-                                **kwargs) -> tuple[torch.Tensor, ...]:
+def sandwich_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, *,
+                                eps: float, weight_bias: float, **kwargs) -> torch.Tensor:
     """A Gemma 3 decoder layer (norms before and after attention and MLP): the residual add
     after attention runs inside the pre-feedforward norm. `eps` and `weight_bias` are that
     norm's."""
-    position_embeddings = (position_embeddings_local if layer.self_attn.is_sliding
-                           else position_embeddings_global)
-    attn_out, attn_weights = layer.self_attn(
-        hidden_states=layer.input_layernorm(hidden_states),
-        position_embeddings=position_embeddings, output_attentions=output_attentions, **kwargs)
+    attn_out, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
     normed, summed = _add_and_norm(hidden_states, layer.post_attention_layernorm(attn_out),
                                    layer.pre_feedforward_layernorm.weight, eps, weight_bias)
-    out = summed + layer.post_feedforward_layernorm(layer.mlp(normed))
-    return (out, attn_weights) if output_attentions else (out,)
+    return summed + layer.post_feedforward_layernorm(layer.mlp(normed))
 
 
 def qk_norm_attention_forward(
         attn: torch.nn.Module, hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None, past_key_values=None,
-        cache_position: torch.Tensor | None = None, *, eps: float, weight_bias: float,
-        apply_rotary_pos_emb: Callable, eager_attention_forward: Callable,
-        attention_functions: Mapping[str, Callable], **kwargs):
+        attention_mask: torch.Tensor | None, cache=None, past_key_values=None, *, eps: float,
+        weight_bias: float, apply_rotary_pos_emb: Callable, eager_attention_forward: Callable,
+        attention_functions, **kwargs):
     """The attention of Qwen3, Qwen3-MoE and Gemma 3 with q and k normalised per head in one
-    launch, in place. The rest is theirs: `apply_rotary_pos_emb` and `eager_attention_forward`
-    come from the model's own modeling module, `attention_functions` is transformers'
-    registry of the other implementations."""
+    launch, in place. The rest is theirs: `apply_rotary_pos_emb`, `eager_attention_forward` and
+    `attention_functions` (transformers' registry of the other implementations) come from the
+    model's own modeling module. The KV cache arrives as `cache` from transformers 5.24 on,
+    as `past_key_values` before."""
+    cache = cache if cache is not None else past_key_values
     input_shape = hidden_states.shape[:-1]
     head_dim = attn.head_dim
     q = attn.q_proj(hidden_states)
@@ -98,13 +87,11 @@ def qk_norm_attention_forward(
     value_states = attn.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
     query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-    if past_key_values is not None:
-        cache_kwargs = {"sin": sin, "cos": cos, "cache_position": cache_position}
-        key_states, value_states = past_key_values.update(key_states, value_states,
-                                                          attn.layer_idx, cache_kwargs)
-    implementation = attn.config._attn_implementation
-    interface = (eager_attention_forward if implementation == "eager"
-                 else attention_functions[implementation])
+    if cache is not None:
+        key_states, value_states = cache.update(key_states, value_states, attn.layer_idx,
+                                                kwargs=kwargs)
+    interface = attention_functions.get_interface(attn.config._attn_implementation,
+                                                  eager_attention_forward)
     attn_output, attn_weights = interface(
         attn, query_states, key_states, value_states, attention_mask,
         dropout=attn.attention_dropout if attn.training else 0.0, scaling=attn.scaling,
@@ -124,24 +111,25 @@ def gated_mlp_forward(mlp: torch.nn.Module, x: torch.Tensor, *,
 
 
 def sparse_moe_forward(block: torch.nn.Module, hidden_states: torch.Tensor, *, pad: int,
-                       act_and_mul: Callable[[torch.Tensor], torch.Tensor]
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3-MoE's sparse block: the router as theirs, then moe_dispatch, each expert's two
-    GEMMs as grouped GEMMs over its padded segment (torch._grouped_mm), the fused activation,
-    and moe_combine's weighted sum (accumulated in fp32). Returns (out, router_logits)."""
-    batch, sequence, hidden = hidden_states.shape
-    x = hidden_states.reshape(-1, hidden)
-    router_logits = block.gate(x)
-    routing = functional.softmax(router_logits, dim=1, dtype=torch.float)
-    weights, experts = torch.topk(routing, block.top_k, dim=-1)
-    if block.norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    routed = moe_dispatch(x, experts.int(), block.num_experts, pad=pad)
+                       act_and_mul: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Qwen3-MoE's sparse block: its router called as the module it is (so that the model still
+    records the router logits), then moe_dispatch, the experts' two GEMMs as grouped GEMMs over
+    each expert's padded segment (torch._grouped_mm on the experts' own stacked weights:
+    gate_up_proj (experts, 2 * intermediate, hidden), whose output is [gate | up], and
+    down_proj (experts, hidden, intermediate)), the fused activation, and moe_combine's
+    weighted sum (accumulated in fp32)."""
+    shape = hidden_states.shape
+    x = hidden_states.reshape(-1, shape[-1])
+    router, experts = block.gate, block.experts
+    _, weights, chosen = router(x)
+    routed = moe_dispatch(x, chosen.int(), router.num_experts, pad=pad)
     # Each expert's segment ends at offsets[e + 1]; rows past the last are never read.
     ends = routed.offsets[1:]
-    gate_up = torch._grouped_mm(routed.dispatched, getattr(block, GATE_UP_WEIGHT).transpose(1, 2),
+    gate_up = torch._grouped_mm(routed.dispatched, experts.gate_up_proj.transpose(1, 2),
                                 offs=ends)
-    expert_out = torch._grouped_mm(act_and_mul(gate_up),
-                                   getattr(block, DOWN_WEIGHTS).transpose(1, 2), offs=ends)
-    out = moe_combine(expert_out, routed.row_of, weights, experts=block.num_experts, pad=pad)
-    return out.view(batch, sequence, hidden), router_logits
+    expert_out = torch._grouped_mm(act_and_mul(gate_up), experts.down_proj.transpose(1, 2),
+                                   offs=ends)
+    # The router rounds the weights to the model's dtype; combine reads them as fp32.
+    out = moe_combine(expert_out, routed.row_of, weights.float(), experts=router.num_experts,
+                      pad=pad)
+    return out.view(shape)

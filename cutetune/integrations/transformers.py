@@ -9,20 +9,22 @@ Families: Llama, Qwen3, Qwen3-MoE and Gemma 3 (text, or the text model inside th
 one). Per decoder layer: the RMSNorms (the residual add after attention fused into the next
 norm, Gemma's (1 + w) scale included), the per-head q/k norm in one launch, the gated MLP's
 activation (gate_proj and up_proj computed as one GEMM whose output is [gate | up]) and
-Qwen3-MoE's token shuffle (moe_dispatch and moe_combine around the experts' grouped GEMMs).
+Qwen3-MoE's token shuffle (moe_dispatch and moe_combine around grouped GEMMs on the experts'
+stacked weights).
 
 A module is replaced only where the op's own input checks accept its shape and dtype (a
 zero-token call at patch time: no kernel is looked up or launched for it); the others are left
 alone and listed with the op's reason. No module object is replaced: the patch binds forwards
-to the instances and adds non-persistent buffers (the fused gate/up weights, the stacked expert
-weights), whose slices the original Linear weights then view, so the weights are held once and
-the state_dict is unchanged. Patch after moving the model to its device and dtype. The ops have
+to the instances and adds a non-persistent buffer to each gated MLP (its fused gate/up weight),
+whose slices the original Linear weights then view, so the weights are held once and the
+state_dict is unchanged. Patch after moving the model to its device and dtype. The ops have
 no backward: the patched model is for inference.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,13 +61,24 @@ ACTIVATIONS: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
                           functools.partial(gelu_and_mul, approximate="tanh")),
 }
 _STATE = "_cutetune_patch"
-# The installed forwards follow these releases' modeling code (the decoder layers' and the
-# attentions' forwards, the MoE block's routing); another release may compute differently.
-TRANSFORMERS_VERSIONS = "4.57"
+# The installed forwards follow the modeling code of the transformers releases from the first
+# (major, minor) to the last, both included: the decoder layers' and the attentions' forwards,
+# the MoE block's router and stacked experts. Another release may compute differently.
+FOLLOWED_RELEASES = ((5, 17), (5, 24))
+TRANSFORMERS_VERSIONS = " to ".join(f"{major}.{minor}" for major, minor in FOLLOWED_RELEASES)
 
 
 class NotPatchableError(ValueError):
     pass
+
+
+def follows(version: str) -> bool:
+    """Whether `version` (transformers.__version__) is a release the forwards follow."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        return False
+    first, last = FOLLOWED_RELEASES
+    return first <= (int(match[1]), int(match[2])) <= last
 
 
 @dataclass(frozen=True)
@@ -90,13 +103,14 @@ def patch(model: torch.nn.Module, warmup: bool = True) -> PatchReport:
     cutetune's ops, and return the report of what was replaced and what was left alone (print
     it for a table). With warmup=True and the model on a GPU, `cutetune.warmup` first loads
     and compiles the kernels for the model's shapes (from its config). A family cutetune does
-    not know, or a transformers release other than the one the forwards follow, raises
-    NotPatchableError naming what it can patch, and changes nothing."""
+    not know, or a transformers release other than those the forwards follow
+    (TRANSFORMERS_VERSIONS), raises NotPatchableError naming what it can patch, and changes
+    nothing."""
     import transformers
 
-    if not transformers.__version__.startswith(TRANSFORMERS_VERSIONS + "."):
+    if not follows(transformers.__version__):
         raise NotPatchableError(
-            f"cutetune patches models of transformers {TRANSFORMERS_VERSIONS}.x, whose modeling "
+            f"cutetune patches models of transformers {TRANSFORMERS_VERSIONS}, whose modeling "
             f"code its forwards follow; this is transformers {transformers.__version__}")
     if _STATE in vars(model):
         raise NotPatchableError("the model is already patched by cutetune: unpatch it first")
@@ -133,9 +147,9 @@ def patch(model: torch.nn.Module, warmup: bool = True) -> PatchReport:
 
 
 def unpatch(model: torch.nn.Module) -> None:
-    """Restore the forwards `patch` replaced and drop the buffers it added. The fused gate/up
-    and expert weights' Parameters stay views of one tensor each: the same objects and values
-    as before the patch."""
+    """Restore the forwards `patch` replaced and drop the buffers it added. Each gated MLP's
+    gate and up Parameters stay views of one tensor: the same objects and values as before the
+    patch."""
     state = vars(model).get(_STATE)
     if state is None:
         raise NotPatchableError("the model is not patched by cutetune")
@@ -231,14 +245,13 @@ class _Planner:
             reason = f"q_norm's eps {eps} differs from k_norm's {_eps(k_norm)}"
         if not self._entry(name, "qk_norm", reason, "q_norm and k_norm in one launch"):
             return
+        # What the module's own forward calls, from its modeling module.
         modeling = sys.modules[type(attn).__module__]
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
         self.installs.append(_Install(attn, functools.partial(
             fw.qk_norm_attention_forward, attn, eps=eps, weight_bias=self.weight_bias,
             apply_rotary_pos_emb=modeling.apply_rotary_pos_emb,
             eager_attention_forward=modeling.eager_attention_forward,
-            attention_functions=ALL_ATTENTION_FUNCTIONS)))
+            attention_functions=modeling.ALL_ATTENTION_FUNCTIONS)))
         self.folded.update((id(q_norm), id(k_norm)))
 
     def _activation(self, intermediate: int, like: torch.nn.Module):
@@ -266,43 +279,29 @@ class _Planner:
                    (up.weight, fused[gate.out_features:]))))
 
     def _moe_block(self, name: str, block: torch.nn.Module) -> None:
-        experts = list(block.experts)
-        intermediate = experts[0].gate_proj.out_features
-        hidden = experts[0].gate_proj.in_features
+        router, experts = block.gate, block.experts
+        count, hidden, intermediate = (router.num_experts, experts.hidden_dim,
+                                       experts.intermediate_dim)
         op_name, op, reason = self._activation(intermediate, block)
         if not reason:
-            reason = next((r for e in experts
-                           if (r := _linear_refusal(e.gate_proj, e.up_proj, e.down_proj))), "")
+            reason = _experts_refusal(router, experts)
         if not reason:
             reason = _refusal(lambda: moe_dispatch(
                 self._empty(0, hidden, like=block),
-                self._empty(0, block.top_k, like=block, dtype=torch.int32), block.num_experts,
+                self._empty(0, router.top_k, like=block, dtype=torch.int32), count,
                 pad=DEFAULT_PAD))
         if not reason:
             reason = _refusal(lambda: moe_combine(
                 self._empty(0, hidden, like=block),
-                self._empty(0, block.top_k, like=block, dtype=torch.int32),
-                self._empty(0, block.top_k, like=block, dtype=torch.float32),
-                experts=block.num_experts, pad=DEFAULT_PAD))
+                self._empty(0, router.top_k, like=block, dtype=torch.int32),
+                self._empty(0, router.top_k, like=block, dtype=torch.float32),
+                experts=count, pad=DEFAULT_PAD))
         if not reason and not hasattr(torch, "_grouped_mm"):
             reason = f"torch {torch.__version__} has no torch._grouped_mm for the experts"
-        if not self._entry(name, f"moe_dispatch, {op_name}, moe_combine", reason,
-                           f"{block.num_experts} experts' GEMMs as grouped GEMMs"):
-            return
-        gate_up = torch.stack([torch.cat([e.gate_proj.weight.detach(), e.up_proj.weight.detach()])
-                               for e in experts])
-        down = torch.stack([e.down_proj.weight.detach() for e in experts])
-        views = []
-        for i, e in enumerate(experts):
-            views += [(e.gate_proj.weight, gate_up[i, :intermediate]),
-                      (e.up_proj.weight, gate_up[i, intermediate:]),
-                      (e.down_proj.weight, down[i])]
-        self.installs.append(_Install(
-            block, functools.partial(fw.sparse_moe_forward, block, pad=DEFAULT_PAD,
-                                     act_and_mul=op),
-            buffers=((fw.GATE_UP_WEIGHT, gate_up), (fw.DOWN_WEIGHTS, down)),
-            views=tuple(views)))
-        self.folded.update(id(e) for e in experts)
+        if self._entry(name, f"moe_dispatch, {op_name}, moe_combine", reason,
+                       f"{count} experts' GEMMs as grouped GEMMs"):
+            self.installs.append(_Install(block, functools.partial(
+                fw.sparse_moe_forward, block, pad=DEFAULT_PAD, act_and_mul=op)))
 
     def _norm(self, name: str, norm: torch.nn.Module) -> None:
         eps, hidden = _eps(norm), norm.weight.shape[0]
@@ -311,6 +310,22 @@ class _Planner:
         if self._entry(name, "rmsnorm", reason):
             self.installs.append(_Install(norm, functools.partial(
                 fw.rmsnorm_forward, norm, eps=eps, weight_bias=self.weight_bias)))
+
+
+def _experts_refusal(router: torch.nn.Module, experts: torch.nn.Module) -> str:
+    """'' when the experts' weights are what the grouped GEMMs read: every routed expert's
+    [gate; up] and down projections stacked, as Qwen3-MoE's own experts hold them (a model
+    sharded across devices by expert holds only its own experts)."""
+    count, hidden, intermediate = (router.num_experts, experts.hidden_dim,
+                                   experts.intermediate_dim)
+    want = {"gate_up_proj": (count, 2 * intermediate, hidden),
+            "down_proj": (count, hidden, intermediate)}
+    for weight, shape in want.items():
+        got = tuple(getattr(experts, weight).shape)
+        if got != shape:
+            return (f"the experts' {weight} is {got}, not {shape}: not every routed expert's "
+                    "weights are stacked here")
+    return ""
 
 
 def _linear_refusal(*linears: torch.nn.Module) -> str:

@@ -6,6 +6,8 @@ as one graph."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ VOCAB, TOKENS = 128, 7
 COMMON = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 # bf16: the patched model rounds in other places than transformers' modules do (a norm rounds
-# once, not twice; the MoE combine keeps the routing weights in fp32), a few bf16 ulps of the
+# once, not twice; the MoE combine sums the experts' outputs in fp32), a few bf16 ulps of the
 # logits (about 1 here) after two layers. fp32: the ops' CPU path is transformers' arithmetic.
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5),
              torch.bfloat16: dict(rtol=1.6e-2, atol=3e-2)}
@@ -116,11 +118,12 @@ def test_patched_logits_match_and_unpatch_restores_the_model(family, dtype, monk
     torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
     want = dict(EXPECTED_CALLS[family])
     if family == "qwen3_moe" and dtype == torch.float32:
-        # moe_dispatch moves bf16/fp16 only: the MoE blocks are left alone, and each of their
-        # experts that the router picks is served as a gated MLP instead.
-        del want["moe_dispatch"], want["moe_combine"]
-        assert calls.counts.pop("silu_and_mul") >= 2
-        del want["silu_and_mul"]
+        # moe_dispatch moves bf16/fp16 only: the MoE blocks (and so their experts' activation)
+        # are left alone, with its reason.
+        del want["moe_dispatch"], want["moe_combine"], want["silu_and_mul"]
+        left = {e.module: e.note for e in report.left_alone}
+        assert list(left) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+        assert "float32" in left["model.layers.0.mlp"], left
     assert calls.counts == want
     assert list(model.state_dict()) == list(state)
 
@@ -183,6 +186,55 @@ def test_a_hidden_size_the_norm_kernel_refuses_leaves_the_norms_and_layers_alone
     assert left["model.layers.0"] == reason and left["model.norm"] == reason
     assert {e.op for e in report.replaced} == {"silu_and_mul"}
     torch.testing.assert_close(logits(model), expected, **TOLERANCE[torch.float32])
+
+
+def test_experts_not_all_held_here_leave_the_moe_block_alone():
+    # As when the model is sharded by expert: layer 0's experts hold 4 of the router's 8.
+    model = build("qwen3_moe", torch.bfloat16)
+    experts = model.model.layers[0].mlp.experts
+    with torch.no_grad():
+        experts.gate_up_proj = torch.nn.Parameter(experts.gate_up_proj[:4].clone())
+    report = patch(model)
+    left = {e.module: e.note for e in report.left_alone}
+    assert left == {"model.layers.0.mlp": "the experts' gate_up_proj is (4, 128, 128), not "
+                                          "(8, 128, 128): not every routed expert's weights "
+                                          "are stacked here"}
+    assert ("model.layers.1.mlp", "moe_dispatch, silu_and_mul, moe_combine",
+            True) in _entries(report)
+
+
+def test_the_patched_moe_model_still_records_its_router_logits():
+    model = build("qwen3_moe", torch.bfloat16)
+    expected = logits_and_router(model)
+    patch(model)
+    got = logits_and_router(model)
+    assert len(got) == len(expected) == 2
+    for router_logits, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(router_logits, want, **TOLERANCE[torch.bfloat16])
+
+
+def logits_and_router(model) -> tuple[torch.Tensor, ...]:
+    ids = torch.randint(0, VOCAB, (2, TOKENS), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return model(ids, use_cache=False, output_router_logits=True).router_logits
+
+
+@pytest.mark.parametrize("version", ["4.57.1", "5.16.1", "5.25.0", "6.0.0"])
+def test_a_release_the_forwards_do_not_follow_is_one_error_naming_those_they_do(
+        version, monkeypatch):
+    model = build("llama", torch.float32)
+    # The package patch imports (transformers replaces its sys.modules entry as it loads).
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
+    with pytest.raises(NotPatchableError, match=rf"patches models of transformers 5\.17 to "
+                                                rf"5\.24, .*; this is transformers {version}"):
+        patch(model)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
+def test_the_followed_releases_are_5_17_to_5_24():
+    assert integration.TRANSFORMERS_VERSIONS == "5.17 to 5.24"
+    assert all(map(integration.follows, ["5.17.0", "5.20.2", "5.24.0", "5.24.1.dev0"]))
+    assert not any(map(integration.follows, ["5.16.1", "5.25.0", "4.57.6", "15.17.0", "dev"]))
 
 
 def test_an_unknown_family_is_one_error_and_nothing_changes():
