@@ -62,6 +62,10 @@ def build(family: str, dtype: torch.dtype, **overrides) -> torch.nn.Module:
         for name, parameter in model.named_parameters():
             if "norm" in name:
                 parameter.add_(0.5 * torch.randn_like(parameter))
+            # A random router is nearly uniform: each token's top-2 weights both near 0.5, so
+            # weights given to the wrong experts would not show. Sharpen it.
+            if name.endswith("mlp.gate.weight"):
+                parameter.mul_(20.0)
     return model
 
 
