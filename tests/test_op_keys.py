@@ -5,6 +5,8 @@ pass for CUDA ones, and the op stops at its lookup."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.qk_norm import QKNormProblem
 from cutetune.kernels.rmsnorm import RMSNormProblem
 from cutetune.ops import activation, moe_combine, moe_dispatch, qk_norm, rmsnorm
+from cutetune.spaces.problem import Problem
 
 
 class Looked(Exception):
@@ -71,7 +74,18 @@ def test_the_op_looks_up_its_problems_key(module, call, expected, monkeypatch):
 def test_a_key_names_every_static_field():
     with pytest.raises(TypeError, match="static fields are dtype, intermediate; got dtype"):
         SiluAndMulProblem.static_tuple_of(dtype="bfloat16")
+    with pytest.raises(TypeError, match="static fields are dtype, intermediate; got dtype, width"):
+        SiluAndMulProblem.static_tuple_of(dtype="bfloat16", width=1536)
     key = SiluAndMulProblem.static_tuple_of(intermediate=1536, dtype="bfloat16")
     assert key == ("bfloat16", 1536)
     assert SiluAndMulProblem.from_static_tuple(key, 9) == SiluAndMulProblem(
         num_tokens=9, dtype="bfloat16", intermediate=1536)
+
+
+def test_a_problem_of_one_static_field_has_a_one_field_key():
+    @dataclass(frozen=True, kw_only=True)
+    class WidthOnly(Problem):
+        width: int
+
+    key = WidthOnly.static_tuple_of(width=3)
+    assert key == (3,) == WidthOnly(num_tokens=1, width=3).static_tuple()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,14 @@ TOKENS_FIELD = "num_tokens"
 def _static_names(problem_type: type) -> tuple[str, ...]:
     """The static fields of a Problem type, in declaration order."""
     return tuple(f.name for f in dataclasses.fields(problem_type) if f.name != TOKENS_FIELD)
+
+
+@functools.cache
+def _static_getter(problem_type: type) -> tuple[tuple[str, ...], Callable[[dict], tuple]]:
+    """The static field names and a function that picks them, as a tuple, from a dict."""
+    names = _static_names(problem_type)
+    pick = operator.itemgetter(*names)
+    return names, pick if len(names) > 1 else (lambda static: (pick(static),))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,12 +58,16 @@ class Problem:
     def static_tuple_of(cls, **static: Any) -> tuple:
         """The hot-path key of the problem these static fields (every one, by name) describe,
         as `static_tuple` gives it, without building the problem: what a public op computes
-        on every call."""
-        names = _static_names(cls)
+        on every call (so it picks the fields with one prebuilt getter, not a loop)."""
+        names, pick = _static_getter(cls)
         if len(static) != len(names):
             raise TypeError(f"{cls.__name__}'s static fields are {', '.join(names)}; got "
                             f"{', '.join(static)}")
-        return tuple(static[name] for name in names)
+        try:
+            return pick(static)
+        except KeyError:
+            raise TypeError(f"{cls.__name__}'s static fields are {', '.join(names)}; got "
+                            f"{', '.join(static)}") from None
 
     @classmethod
     def from_static_tuple(cls, static: tuple, num_tokens: int) -> Problem:
