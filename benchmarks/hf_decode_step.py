@@ -1,22 +1,27 @@
 """A decode step and a prefill of a Qwen3-MoE-shaped model (Qwen3-30B-A3B's layers, 2 by
 default, random bf16 weights, a 4096-token vocabulary), unpatched against patched by
-cutetune.integrations.transformers, on one GPU.
+cutetune.integrations.transformers and against liger-kernel's patch, on one GPU.
 
     python3 benchmarks/hf_decode_step.py --layers 2 --out hf_decode_step.csv
 
-The model is the plain-torch stand-in of the GPU tests (tests/qwen3_moe_standin.py: transformers
-5.x's Qwen3-MoE computation under its class names), so the script runs where transformers is
-not installed. The stand-in has no KV cache: a decode step is a (batch, 1) forward whose
-attention sees the new token only, so it times the norms, projections, MoE layer and lm_head.
+The model is transformers' Qwen3MoeForCausalLM where the installed transformers is a release
+the integration follows (`--model transformers`), else the plain-torch stand-in of the GPU tests
+(tests/qwen3_moe_standin.py: that computation under transformers' class names; `--model
+standin`). A decode step is a (batch, 1) forward without a KV cache (the attention sees the
+new token only), so it times the norms, projections, MoE layer and lm_head.
 
 - decode, batch 1, 8, 64: unpatched eager; patched eager; patched replayed from a CUDA graph.
   The unpatched model cannot be captured: transformers' expert loop reads on the host which
-  experts were hit (nonzero).
+  experts were hit.
 - prefill, one sequence of 4096 tokens: unpatched and patched, eager.
+- with the transformers model, after unpatching: liger-kernel's
+  apply_liger_kernel_to_qwen3_moe (RoPE, RMSNorm, experts' SwiGLU; no loss kernels) on the
+  same model, eager, and from a CUDA graph where liger's forward can be captured (else the
+  note says why). liger patches transformers' modeling module for good: run it last.
 
 Each figure is the median (and interquartile range) of --repeats calls timed with CUDA events,
-after warm-up calls; the patched model's logits are compared with the unpatched model's. Prints
-a table; --out writes it as CSV.
+after warm-up calls; every patched model's logits are compared with the unpatched model's.
+Prints a table; --out writes it as CSV.
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from qwen3_moe_standin import (  # noqa: E402
     QWEN3_30B_A3B_LAYERS,
+    StandinShape,
     build_standin,
     transformers_or_stub,
 )
 
-from cutetune.integrations.transformers import patch, unpatch  # noqa: E402
+from cutetune.integrations.transformers import follows, patch, unpatch  # noqa: E402
 
 DECODE_BATCHES = (1, 8, 64)
 PREFILL_TOKENS = 4096
@@ -60,30 +66,99 @@ def time_us(call, repeats: int, warmup: int = 5) -> tuple[float, float]:
     return statistics.median(times), quartiles[2] - quartiles[0]
 
 
-def graphed(model, ids: torch.Tensor):
-    """A replay of `model(ids)` captured in a CUDA graph (after warm-up calls on the capture
+def graphed(forward, ids: torch.Tensor):
+    """A replay of `forward(ids)` captured in a CUDA graph (after warm-up calls on the capture
     stream, which moe_dispatch's per-stream scratch needs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
-            model(ids)
+            forward(ids)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        model(ids)
+        forward(ids)
     return graph.replay
+
+
+def installed_transformers_followed() -> bool:
+    try:
+        import transformers
+    except ImportError:
+        return False
+    return follows(transformers.__version__)
+
+
+def build_transformers_model(shape: StandinShape, device: str = "cuda"):
+    """transformers' Qwen3MoeForCausalLM of `shape`, random weights, bf16 on `device`; its
+    forward returns the logits."""
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads, head_dim=shape.head_dim,
+        num_experts=shape.num_experts, num_experts_per_tok=shape.num_experts_per_tok,
+        moe_intermediate_size=shape.moe_intermediate_size, intermediate_size=4 * shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers, rms_norm_eps=shape.rms_norm_eps,
+        norm_topk_prob=True)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16).eval()
+    return model, lambda ids: model(ids, use_cache=False).logits
+
+
+def timed_rows(variant: str, forward, inputs: dict, expected: dict, repeats: int,
+               graph: bool) -> list[tuple]:
+    """The rows of one variant: eager for every case (with its largest logit difference from
+    the unpatched model), and replayed from a CUDA graph for the decode cases when `graph`."""
+    rows = []
+    for name, ids in inputs.items():
+        diff = (forward(ids).float() - expected[name].float()).abs().max().item()
+        us, iqr = time_us(lambda ids=ids: forward(ids), repeats)
+        rows.append((name, f"{variant}, eager", us, iqr, f"max |logit diff| {diff:.3g}"))
+        if graph and name.startswith("decode"):
+            try:
+                replay = graphed(forward, ids)
+            except Exception as err:  # a patch whose forward syncs with the host
+                rows.append((name, f"{variant}, CUDA graph", float("nan"), float("nan"),
+                             f"not capturable: {str(err).splitlines()[0][:80]}"))
+                continue
+            us, iqr = time_us(replay, repeats)
+            rows.append((name, f"{variant}, CUDA graph", us, iqr, ""))
+    return rows
+
+
+def liger_rows(model, forward, inputs: dict, expected: dict, repeats: int) -> list[tuple]:
+    try:
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_moe
+    except ImportError as err:
+        print(f"liger-kernel: not measured ({err})")
+        return []
+    apply_liger_kernel_to_qwen3_moe(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False, model=model)
+    return timed_rows("liger", forward, inputs, expected, repeats, graph=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--model", choices=("auto", "transformers", "standin"), default="auto",
+                        help="auto: transformers' model where the installed release is one "
+                             "the integration follows, else the stand-in")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    transformers_or_stub()
+    kind = args.model
+    if kind == "auto":
+        kind = "transformers" if installed_transformers_followed() else "standin"
     shape = dataclasses.replace(QWEN3_30B_A3B_LAYERS, num_hidden_layers=args.layers)
-    model = build_standin(torch.bfloat16, "cuda", shape)
+    if kind == "transformers":
+        model, forward = build_transformers_model(shape)
+    else:
+        transformers_or_stub()
+        model = build_standin(torch.bfloat16, "cuda", shape)
+        forward = model
     generator = torch.Generator("cuda").manual_seed(0)
     inputs = {f"decode batch {b}": torch.randint(0, shape.vocab_size, (b, 1), device="cuda",
                                                  generator=generator)
@@ -92,26 +167,20 @@ def main() -> None:
         0, shape.vocab_size, (1, PREFILL_TOKENS), device="cuda", generator=generator)
     rows = []
     with torch.no_grad():
-        unpatched = {name: (time_us(lambda ids=ids: model(ids), args.repeats), model(ids))
-                     for name, ids in inputs.items()}
-        report = patch(model)
-        print(report)
+        expected = {name: forward(ids) for name, ids in inputs.items()}
         for name, ids in inputs.items():
-            (us, iqr), expected = unpatched[name]
-            patched_logits = model(ids)
-            diff = (patched_logits.float() - expected.float()).abs().max().item()
+            us, iqr = time_us(lambda ids=ids: forward(ids), args.repeats)
             rows.append((name, "unpatched, eager", us, iqr, ""))
-            us, iqr = time_us(lambda ids=ids: model(ids), args.repeats)
-            rows.append((name, "patched, eager", us, iqr, f"max |logit diff| {diff:.3g}"))
-            if name.startswith("decode"):
-                us, iqr = time_us(graphed(model, ids), args.repeats)
-                rows.append((name, "patched, CUDA graph", us, iqr, ""))
+        print(patch(model))
+        rows += timed_rows("cutetune", forward, inputs, expected, args.repeats, graph=True)
         unpatch(model)
+        if kind == "transformers":
+            rows += liger_rows(model, forward, inputs, expected, args.repeats)
     header = ("case", "model", "median us", "IQR us", "note")
-    print(f"{args.layers}-layer Qwen3-30B-A3B-shaped stand-in, bf16, "
+    print(f"{args.layers}-layer Qwen3-30B-A3B-shaped model ({kind}), bf16, "
           f"{torch.cuda.get_device_name()}")
     print(" | ".join(header))
-    for case, variant, us, iqr, note in rows:
+    for case, variant, us, iqr, note in sorted(rows, key=lambda row: list(inputs).index(row[0])):
         print(f"{case} | {variant} | {us:.1f} | {iqr:.1f} | {note}")
     if args.out:
         with args.out.open("w", newline="") as f:
