@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = ROOT / "benchmarks" / "targets.md"
 OUT = ROOT / "BENCHMARKS.md"
-KINDS = ("bench", "tuned", "tune_walls", "warmup", "host_overhead")
+KINDS = ("bench", "tuned", "tune_walls", "warmup", "host_overhead", "host_units")
 # The buckets the tuned tables show, decode to prefill.
 SHOWN_BUCKETS = (1, 8, 64, 512, 4096, 32768)
 
@@ -188,10 +188,23 @@ def host_overhead_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
+def host_units_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    parts = ["### The single host steps\n",
+             "Each timed like the ops (`op_host_overhead.py --units`): what one step an op may "
+             "take costs the host on its own.\n"]
+    for _, source in rows.iterrows():
+        frame = pd.read_csv(RESULTS / source["file"])
+        lines = ["| model | step | us |", "|---|---|---:|"]
+        lines += [f"| {r.model} | {r.step} | {r.us:.2f} |" for r in frame.itertuples()]
+        parts.append(f"Source: {provenance(source)}.\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
 # Each section is written from its kind's rows of the index; it gets the whole index too (the
 # peers' section names the kernels the tuned files hold but no bench file does).
 SECTIONS = {"bench": bench_section, "tuned": tuned_section, "tune_walls": tune_walls_section,
-            "warmup": warmup_section, "host_overhead": host_overhead_section}
+            "warmup": warmup_section, "host_overhead": host_overhead_section,
+            "host_units": host_units_section}
 
 
 def benchmarks_md() -> str:

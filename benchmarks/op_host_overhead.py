@@ -5,8 +5,10 @@ dispatcher's lookup, the compiled kernel) and a loop of 2000 bare calls of the c
 the dispatcher serves for that call (`kernel.launch(compiled, tensors)`, as the tuner times it),
 each after 200 warm-up calls and ended by one synchronize; the per-call difference is the op's
 cost. Each op's loop and its bare loop alternate over five rounds, and the medians are printed.
+With --units, the host cost of the single steps an op may take (an output allocation, a view,
+the current stream, the dispatcher's lookup, the torch.compile check) is timed the same way.
 
-    python3 benchmarks/op_host_overhead.py MODEL [--out overhead.csv]
+    python3 benchmarks/op_host_overhead.py MODEL [--out overhead.csv] [--units units.csv]
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--db", default=None, help="results database (default: the settings')")
     parser.add_argument("--out", default=None, help="CSV to write")
+    parser.add_argument("--units", default=None,
+                        help="also time the single host steps; CSV to write them to")
     args = parser.parse_args()
     dispatcher = cutetune.warmup(args.model, db_url=args.db)
     device = torch.device("cuda")
@@ -102,10 +106,37 @@ def main() -> None:
                 print(f"{op:18s} bare {row['bare_us']:6.2f} us  op {row['op_us']:6.2f} us  "
                       f"added {row['added_us']:5.2f} us  {row['problem']}", flush=True)
     if args.out:
-        with open(args.out, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out, rows)
+    if args.units:
+        write_csv(args.units, unit_costs(args.model, dispatcher, kernel, problem, tensors))
+
+
+def unit_costs(model: str, dispatcher, kernel, problem, tensors: dict) -> list[dict]:
+    """The host cost of each single step an op may take, on the last kernel's one-token
+    inputs (each a loop as above, medians over the rounds)."""
+    some = next(t for t in tensors.values() if t.dim() == 2)
+    static = problem.static_tuple()
+    steps = {
+        "torch.compiler.is_compiling()": torch.compiler.is_compiling,
+        "dispatcher lookup": lambda: dispatcher.lookup(kernel, static, 1),
+        "torch.empty of a one-token row": lambda: torch.empty_like(some),
+        "a view (t[:])": lambda: some[:],
+        "torch.cuda.current_stream().cuda_stream":
+            lambda: torch.cuda.current_stream().cuda_stream,
+    }
+    rows = []
+    for step, call in steps.items():
+        us = statistics.median(per_call_us(call) for _ in range(ROUNDS))
+        rows.append({"model": model, "step": step, "us": round(us, 3)})
+        print(f"{step:42s} {us:6.2f} us", flush=True)
+    return rows
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 if __name__ == "__main__":

@@ -53,3 +53,15 @@ def test_every_section_comes_from_its_data(generator):
     assert "| qwen3-8b | 60 | 112.95 s | 13.447 s | 16 |" in text
     assert "**40.46 us**" in text
     assert "555.04 (104.8%)" in text
+
+
+def test_the_host_steps_table_comes_from_a_listed_units_file(generator, results_copy):
+    (results_copy / "host-units-qwen3-8b-abc1234.csv").write_text(
+        "model,step,us\nqwen3-8b,a view (t[:]),2.9\n")
+    with (results_copy / "index.csv").open("a") as index:
+        index.write("host-units-qwen3-8b-abc1234.csv,host_units,abc1234,2026-12-02,one H200,"
+                    "python3 benchmarks/op_host_overhead.py qwen3-8b --units F\n")
+    text = generator.benchmarks_md()
+    assert "### The single host steps" in text
+    assert "| qwen3-8b | a view (t[:]) | 2.90 |" in text
+    assert text.index("## Host time per call") < text.index("### The single host steps")
