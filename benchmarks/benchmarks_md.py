@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -139,65 +140,69 @@ def tuned_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
-def tune_walls_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
-    parts = ["## Whole-model tuning time\n",
-             "Wall time of the whole process (start to exit), with the defaults (every kernel "
-             "the model uses, buckets 1..32768, 16 trials per bucket) into a fresh database "
-             "with a cold artifact cache (first run), then the same command again.\n"]
+def sourced_section(heading: str, intro: str, rows: pd.DataFrame,
+                    table: Callable[[Path], list[str]]) -> str:
+    """A section of one table per source file: the heading and the intro, then for each file
+    its provenance and the lines of its table (`table` reads them from the file)."""
+    parts = [f"{heading}\n", f"{intro}\n"]
     for _, source in rows.iterrows():
-        walls = {}
-        for line in (RESULTS / source["file"]).read_text().splitlines():
-            match = re.fullmatch(r"(\S+) (first|again) run: ([\d.]+) s wall", line.strip())
-            if match is None:
-                raise SystemExit(f"{source['file']}: unreadable line {line!r}")
-            walls.setdefault(match[1], {})[match[2]] = match[3]
-        lines = ["| model | first run | same command again |", "|---|---:|---:|"]
-        lines += [f"| {model} | {w['first']} s | {w['again']} s |"
-                  for model, w in sorted(walls.items())]
+        lines = table(RESULTS / source["file"])
         parts.append(f"Source: {provenance(source)}.\n\n" + "\n".join(lines) + "\n")
     return "\n".join(parts)
+
+
+def tune_walls_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    return sourced_section(
+        "## Whole-model tuning time",
+        "Wall time of the whole process (start to exit), with the defaults (every kernel the "
+        "model uses, buckets 1..32768, 16 trials per bucket) into a fresh database with a cold "
+        "artifact cache (first run), then the same command again.", rows, tune_walls_table)
+
+
+def tune_walls_table(path: Path) -> list[str]:
+    walls: dict[str, dict[str, str]] = {}
+    for line in path.read_text().splitlines():
+        match = re.fullmatch(r"(\S+) (first|again) run: ([\d.]+) s wall", line.strip())
+        if match is None:
+            raise SystemExit(f"{path.name}: unreadable line {line!r}")
+        walls.setdefault(match[1], {})[match[2]] = match[3]
+    return ["| model | first run | same command again |", "|---|---:|---:|",
+            *(f"| {model} | {w['first']} s | {w['again']} s |"
+              for model, w in sorted(walls.items()))]
 
 
 def warmup_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
-    parts = ["## Warmup time\n",
-             "`cutetune.warmup(model)` in a fresh process (torch imported, CUDA initialised), "
-             "with a distinct winner at every bucket of every problem: cold (empty artifact "
-             "cache, compiled in parallel processes) and warm (every point loaded).\n"]
-    for _, source in rows.iterrows():
-        frame = pd.read_csv(RESULTS / source["file"])
-        lines = ["| model | distinct points | cold | warm | CPU cores |",
-                 "|---|---:|---:|---:|---:|"]
-        lines += [f"| {r.model} | {r.points} | {r.cold_s} s | {r.warm_s} s | {r.cpus} |"
-                  for r in frame.itertuples()]
-        parts.append(f"Source: {provenance(source)}.\n\n" + "\n".join(lines) + "\n")
-    return "\n".join(parts)
+    return sourced_section(
+        "## Warmup time",
+        "`cutetune.warmup(model)` in a fresh process (torch imported, CUDA initialised), with "
+        "a distinct winner at every bucket of every problem: cold (empty artifact cache, "
+        "compiled in parallel processes) and warm (every point loaded).", rows,
+        lambda path: ["| model | distinct points | cold | warm | CPU cores |",
+                      "|---|---:|---:|---:|---:|",
+                      *(f"| {r.model} | {r.points} | {r.cold_s} s | {r.warm_s} s | {r.cpus} |"
+                        for r in pd.read_csv(path).itertuples())])
 
 
 def host_overhead_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
-    parts = ["## Host time per call\n",
-             "At one token, after `cutetune.warmup(MODEL)`: a loop of 2000 public-op calls "
-             "against 2000 bare calls of the compiled kernel the dispatcher serves, each after "
-             "200 warm-up calls and ended by one synchronize, alternating over 5 rounds "
-             "(medians); the difference is what the op adds.\n"]
-    for _, source in rows.iterrows():
-        frame = pd.read_csv(RESULTS / source["file"])
-        lines = ["| model | op | bare call | op | added |", "|---|---|---:|---:|---:|"]
-        lines += [f"| {r.model} | {r.op} | {r.bare_us:.2f} us | {r.op_us:.2f} us | "
-                  f"**{r.added_us:.2f} us** |" for r in frame.itertuples()]
-        parts.append(f"Source: {provenance(source)}.\n\n" + "\n".join(lines) + "\n")
-    return "\n".join(parts)
+    return sourced_section(
+        "## Host time per call",
+        "At one token, after `cutetune.warmup(MODEL)`: a loop of 2000 public-op calls against "
+        "2000 bare calls of the compiled kernel the dispatcher serves, each after 200 warm-up "
+        "calls and ended by one synchronize, alternating over 5 rounds (medians); the "
+        "difference is what the op adds.", rows,
+        lambda path: ["| model | op | bare call | op | added |", "|---|---|---:|---:|---:|",
+                      *(f"| {r.model} | {r.op} | {r.bare_us:.2f} us | {r.op_us:.2f} us | "
+                        f"**{r.added_us:.2f} us** |" for r in pd.read_csv(path).itertuples())])
 
 
 def host_units_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
-    parts = ["### The single host steps\n",
-             "Each timed like the ops (`op_host_overhead.py --units`): what one step an op may "
-             "take costs the host on its own.\n"]
-    for _, source in rows.iterrows():
-        frame = pd.read_csv(RESULTS / source["file"])
-        lines = ["| model | step | us |", "|---|---|---:|"]
-        lines += [f"| {r.model} | {r.step} | {r.us:.2f} |" for r in frame.itertuples()]
-        parts.append(f"Source: {provenance(source)}.\n\n" + "\n".join(lines) + "\n")
-    return "\n".join(parts)
+    return sourced_section(
+        "### The single host steps",
+        "Each timed like the ops (`op_host_overhead.py --units`): what one step an op may take "
+        "costs the host on its own.", rows,
+        lambda path: ["| model | step | us |", "|---|---|---:|",
+                      *(f"| {r.model} | {r.step} | {r.us:.2f} |"
+                        for r in pd.read_csv(path).itertuples())])
 
 
 # Each section is written from its kind's rows of the index; it gets the whole index too (the

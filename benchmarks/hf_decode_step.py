@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import statistics
 import sys
 from pathlib import Path
 
@@ -44,26 +43,20 @@ from qwen3_moe_standin import (  # noqa: E402
 )
 
 from cutetune.integrations.transformers import follows, patch, unpatch  # noqa: E402
+from cutetune.tuner.measure import summarise, time_events  # noqa: E402
 
 DECODE_BATCHES = (1, 8, 64)
 PREFILL_TOKENS = 4096
 
 
 def time_us(call, repeats: int, warmup: int = 5) -> tuple[float, float]:
-    """Median and interquartile range of `repeats` calls, in microseconds."""
+    """Median and interquartile range of `repeats` calls, in microseconds, each timed with
+    its own event pair after `warmup` calls (the tuner's event timing)."""
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    quartiles = statistics.quantiles(times, n=4)
-    return statistics.median(times), quartiles[2] - quartiles[0]
+    measured = summarise(time_events(call, repeats))
+    return measured.median_us, measured.iqr_us
 
 
 def graphed(forward, ids: torch.Tensor):

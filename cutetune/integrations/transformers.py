@@ -284,7 +284,7 @@ class _Planner:
                                        experts.intermediate_dim)
         op_name, op, reason = self._activation(intermediate, block)
         if not reason:
-            reason = _experts_refusal(router, experts)
+            reason = _experts_refusal(experts, count, hidden, intermediate)
         if not reason:
             reason = _refusal(lambda: moe_dispatch(
                 self._empty(0, hidden, like=block),
@@ -312,12 +312,11 @@ class _Planner:
                 fw.rmsnorm_forward, norm, eps=eps, weight_bias=self.weight_bias)))
 
 
-def _experts_refusal(router: torch.nn.Module, experts: torch.nn.Module) -> str:
-    """'' when the experts' weights are what the grouped GEMMs read: every routed expert's
-    [gate; up] and down projections stacked, as Qwen3-MoE's own experts hold them (a model
-    sharded across devices by expert holds only its own experts)."""
-    count, hidden, intermediate = (router.num_experts, experts.hidden_dim,
-                                   experts.intermediate_dim)
+def _experts_refusal(experts: torch.nn.Module, count: int, hidden: int,
+                     intermediate: int) -> str:
+    """'' when the experts' weights are what the grouped GEMMs read: every one of the router's
+    `count` experts' [gate; up] and down projections stacked, as Qwen3-MoE's own experts hold
+    them (a model sharded across devices by expert holds only its own experts)."""
     want = {"gate_up_proj": (count, 2 * intermediate, hidden),
             "down_proj": (count, hidden, intermediate)}
     for weight, shape in want.items():

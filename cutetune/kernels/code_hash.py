@@ -21,28 +21,34 @@ NOT_CODE = {KERNELS_DIR / "registry.py", Path(__file__).resolve()}
 
 def code_closure(path: Path) -> list[Path]:
     """The kernel's file and the modules its code comes from, sorted."""
-    path = path.resolve()
-    roots = {path.parent, KERNELS_DIR}
-    seen: set[Path] = set()
-    pending = [path]
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        for name in _imported_modules(ast.parse(current.read_text())):
-            found = _module_file(name, roots)
-            if found is not None and found not in NOT_CODE:
-                pending.append(found)
-    return sorted(seen)
+    return sorted(_closure_trees(path))
 
 
 def code_closure_hash(path: Path) -> str:
     digest = hashlib.sha256()
-    for module in code_closure(path):
+    for module, tree in sorted(_closure_trees(path).items()):
         digest.update(module.name.encode())
-        digest.update(_code_of(ast.parse(module.read_text())).encode())
+        digest.update(_code_of(tree).encode())
     return digest.hexdigest()[:16]
+
+
+def _closure_trees(path: Path) -> dict[Path, ast.Module]:
+    """Each file of the kernel's code closure with its syntax tree, each file read once."""
+    path = path.resolve()
+    # Each root folder with its package name, found once per closure.
+    roots = {root: _package_name(root) for root in (path.parent, KERNELS_DIR)}
+    trees: dict[Path, ast.Module] = {}
+    pending = [path]
+    while pending:
+        current = pending.pop()
+        if current in trees:
+            continue
+        trees[current] = ast.parse(current.read_text())
+        for name in _imported_modules(trees[current]):
+            found = _module_file(name, roots)
+            if found is not None and found not in NOT_CODE:
+                pending.append(found)
+    return trees
 
 
 def _code_of(tree: ast.Module) -> str:
@@ -82,14 +88,13 @@ def _imported_modules(tree: ast.Module) -> set[str]:
     return names
 
 
-def _module_file(name: str, roots: set[Path]) -> Path | None:
-    """The file of a module `name` that lies directly in one of `roots`; None for anything else
-    (other packages' modules, attributes, packages). Found from the name and the roots' package
-    names alone: looking a module up (importlib's find_spec) imports its parent packages, and a
-    peer's (liger_kernel.ops) pulls in transformers and torch._dynamo, seconds of a warmup that
-    needs none of them."""
-    for root in roots:
-        package = _package_name(root)
+def _module_file(name: str, roots: dict[Path, str]) -> Path | None:
+    """The file of a module `name` that lies directly in one of `roots` (folders, with their
+    package names); None for anything else (other packages' modules, attributes, packages).
+    Found from the name and the roots' package names alone: looking a module up (importlib's
+    find_spec) imports its parent packages, and a peer's (liger_kernel.ops) pulls in
+    transformers and torch._dynamo, seconds of a warmup that needs none of them."""
+    for root, package in roots.items():
         if package and not name.startswith(package + "."):
             continue
         rest = name[len(package) + 1:] if package else name

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
 
@@ -80,9 +80,7 @@ class ReportData:
         """The reported device's latest ceilings."""
         if self.device is None or self.devices.empty:
             return {}
-        row = self.devices[self.devices["gpu_name"] == self.device.gpu_name]
-        for name in ("compute_capability", "sm_count", "driver", "cuda", "torch", "cutlass_dsl"):
-            row = row[row[name] == getattr(self.device, name)]
+        row = self.devices[is_device(self.devices, self.device)]
         values = row.iloc[0].drop([f.name for f in fields(DeviceFingerprint)]).dropna()
         return {str(name): float(value) for name, value in values.items()}
 
@@ -154,6 +152,14 @@ def load_report_data(db_url: str, model: str, device: str | None = None,
             _latest(_of_model(bench_frame(db, fingerprint), problems)))
     finally:
         db.dispose()
+
+
+def is_device(devices: pd.DataFrame, fingerprint: DeviceFingerprint) -> pd.Series:
+    """Which rows of `devices` (a devices_frame) are `fingerprint`."""
+    rows = pd.Series(True, index=devices.index)
+    for name, value in asdict(fingerprint).items():
+        rows &= devices[name] == value
+    return rows
 
 
 def devices_named(devices: pd.DataFrame, wanted: str | None) -> list[DeviceFingerprint]:

@@ -5,13 +5,13 @@ section then shows its one-line `empty` note instead."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pandas as pd
 
 from cutetune.bench import COPY_NAME, DEFAULT_NAME, OURS, TUNED_NAME
 from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED
-from cutetune.report.data import ReportData, knob_columns
+from cutetune.report.data import ReportData, is_device, knob_columns
 from cutetune.tuner.plan import PRUNE_FACTOR
 
 # The trial counts after which the search table reads the best found so far.
@@ -31,10 +31,8 @@ def environment(data: ReportData) -> pd.DataFrame:
     devices = data.devices.copy()
     if devices.empty:
         return devices
-    reported = [data.device is not None and all(row[name] == value for name, value
-                                                  in asdict(data.device).items())
-                for row in devices.to_dict("records")]
-    return devices.assign(reported=reported)
+    return devices.assign(reported=False if data.device is None
+                          else is_device(devices, data.device))
 
 
 def coverage(data: ReportData) -> pd.DataFrame:

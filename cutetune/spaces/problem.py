@@ -60,14 +60,13 @@ class Problem:
         as `static_tuple` gives it, without building the problem: what a public op computes
         on every call (so it picks the fields with one prebuilt getter, not a loop)."""
         names, pick = _static_getter(cls)
-        if len(static) != len(names):
-            raise TypeError(f"{cls.__name__}'s static fields are {', '.join(names)}; got "
-                            f"{', '.join(static)}")
-        try:
-            return pick(static)
-        except KeyError:
-            raise TypeError(f"{cls.__name__}'s static fields are {', '.join(names)}; got "
-                            f"{', '.join(static)}") from None
+        if len(static) == len(names):
+            try:
+                return pick(static)
+            except KeyError:  # a name that is no static field
+                pass
+        raise TypeError(f"{cls.__name__}'s static fields are {', '.join(names)}; got "
+                        f"{', '.join(static)}")
 
     @classmethod
     def from_static_tuple(cls, static: tuple, num_tokens: int) -> Problem:
