@@ -11,6 +11,16 @@ Every point is loaded from the artifact cache where it is stored there, and othe
 and stored for the next start; at warmup, the points missing from the cache are compiled first
 in parallel processes (one per CPU at most), so that a cold start costs the slowest compiles,
 not their sum.
+
+The ops' fast path: once an op's checked path (its full input checks, then `lookup`) has
+served a CUDA call, the op remembers the row it was served under the signature that fixes its
+static problem (such as the kernel, the dtype and the row width: a few attribute reads), and
+later calls of that signature go from `fast_lookup` straight to the compiled launcher. The
+launcher checks its own arguments before it launches (TVM-FFI: each tensor's dtype, shape,
+strides, alignment and device against what the kernel was compiled for), so a call it accepts
+is one its kernel computes correctly; a call it refuses goes down the checked path, whose
+error names the fault. Calls served by the default, with no tokens or beyond the largest
+bucket always take the checked path, so `report()` counts them.
 """
 
 from __future__ import annotations
@@ -104,6 +114,9 @@ class Dispatcher:
         self._compiled: dict[tuple[str, str, str], Any] = {}
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
+        # By an op's input signature, the compiled kernel of each bucket (None where the bucket
+        # serves the default): what `fast_lookup` serves.
+        self._fast_rows: dict[tuple, tuple[Any, ...]] = {}
         self._default_calls: Counter[tuple[str, tuple, int]] = Counter()
         self._beyond_calls: Counter[tuple[str, tuple]] = Counter()
         self.stats: dict[str, WarmupStats] = {}
@@ -261,6 +274,25 @@ class Dispatcher:
         if num_tokens > MAX_BUCKET:  # served by the largest bucket, and said so in the report
             self._beyond_calls[key] += 1
         return compiled
+
+    def remember_fast(self, signature: tuple, kernel: KernelDef, static_tuple: tuple) -> None:
+        """Let `fast_lookup` serve calls of an op whose inputs have this `signature` (what
+        fixes the static problem, the kernel's name first) from the row of `static_tuple`,
+        which `lookup` has installed: an op calls this after its checked path served a CUDA
+        call."""
+        if signature not in self._fast_rows:
+            self._fast_rows[signature] = tuple(
+                None if is_default else compiled
+                for compiled, is_default in self._rows[(kernel.name, static_tuple)])
+
+    def fast_lookup(self, signature: tuple, num_tokens: int):
+        """The compiled kernel for a call whose inputs have this `signature`, or None where
+        the call must take the op's checked path: a signature not remembered, no tokens, more
+        than the largest bucket, or a bucket served by the default (`lookup` counts those)."""
+        row = self._fast_rows.get(signature)
+        if row is None or not 0 < num_tokens <= MAX_BUCKET:
+            return None
+        return row[(num_tokens - 1).bit_length()]
 
     # -- reporting ------------------------------------------------------------------------
 

@@ -9,8 +9,6 @@ from cutetune.kernels.activation import (
     GELU_FORMS,
     GELU_KERNEL,
     SILU_KERNEL,
-    GeluAndMulProblem,
-    SiluAndMulProblem,
 )
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.registry import KernelDef
@@ -73,17 +71,37 @@ def _check_rows(name: str, t: torch.Tensor, element_bytes: int) -> None:
         raise ValueError(f"{name} must start 16-byte aligned")
 
 
-def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None, tokens: int,
-                 intermediate: int, device: int, static: tuple) -> torch.Tensor:
+def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None,
+                 **static: str) -> torch.Tensor:
+    """The op's call: the dispatcher's fast path (cutetune.dispatch), whose signature is the
+    kernel, x's dtype and width and the `static` fields beyond dtype and intermediate; else
+    the checked path."""
+    try:
+        tokens, width = x.shape
+        signature = (kernel.name, x.dtype, width, *static.values())
+        compiled = current_dispatcher().fast_lookup(signature, tokens)
+    except (AttributeError, TypeError, ValueError):  # not a 2-d tensor, say: the checks name it
+        signature = compiled = None
+    if compiled is not None:
+        result = x.new_empty((tokens, width // 2)) if out is None else out
+        try:
+            compiled(x, result)
+            return result
+        except (TypeError, ValueError):  # refused by the launcher: the checks say why
+            pass
+    dtype, tokens, intermediate, device = _check_inputs(kernel.name, x, out)
     if out is None:
         out = x.new_empty((tokens, intermediate))
     if tokens == 0:
         return out
+    key = kernel.problem_type.static_tuple_of(dtype=dtype, intermediate=intermediate, **static)
     if device < 0:
-        write_reference(kernel, static, tokens, {"x": x}, {"out": out})
+        write_reference(kernel, key, tokens, {"x": x}, {"out": out})
         return out
-    compiled = current_dispatcher().lookup(kernel, static, tokens)
-    compiled(x, out)
+    dispatcher = current_dispatcher()
+    dispatcher.lookup(kernel, key, tokens)(x, out)
+    if signature is not None:
+        dispatcher.remember_fast(signature, kernel, key)
     return out
 
 
@@ -100,14 +118,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
         out = _new_out(x) if out is None else out
         _SILU_OP(x, out)
         return out
-    return _silu_and_mul(x, out)
-
-
-def _silu_and_mul(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    dtype, tokens, intermediate, device = _check_inputs("silu_and_mul", x, out)
-    return _act_and_mul(
-        SILU_KERNEL, x, out, tokens, intermediate, device,
-        SiluAndMulProblem.static_tuple_of(dtype=dtype, intermediate=intermediate))
+    return _act_and_mul(SILU_KERNEL, x, out)
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
@@ -121,15 +132,7 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
         out = _new_out(x) if out is None else out
         _GELU_OP(x, out, approximate)
         return out
-    return _gelu_and_mul(x, out, approximate)
-
-
-def _gelu_and_mul(x: torch.Tensor, out: torch.Tensor | None, approximate: str) -> torch.Tensor:
-    dtype, tokens, intermediate, device = _check_inputs("gelu_and_mul", x, out)
-    return _act_and_mul(
-        GELU_KERNEL, x, out, tokens, intermediate, device,
-        GeluAndMulProblem.static_tuple_of(dtype=dtype, intermediate=intermediate,
-                                          approximate=approximate))
+    return _act_and_mul(GELU_KERNEL, x, out, approximate=approximate)
 
 
 def _new_out(x: torch.Tensor) -> torch.Tensor:
@@ -137,11 +140,11 @@ def _new_out(x: torch.Tensor) -> torch.Tensor:
 
 
 def _silu_into(x: torch.Tensor, out: torch.Tensor) -> None:
-    _silu_and_mul(x, out)
+    _act_and_mul(SILU_KERNEL, x, out)
 
 
 def _gelu_into(x: torch.Tensor, out: torch.Tensor, approximate: str) -> None:
-    _gelu_and_mul(x, out, approximate)
+    _act_and_mul(GELU_KERNEL, x, out, approximate=approximate)
 
 
 _SILU_OP = torch.library.custom_op("cutetune::silu_and_mul", _silu_into, mutates_args=("out",))

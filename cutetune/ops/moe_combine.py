@@ -120,6 +120,25 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
 def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
                  out: torch.Tensor | None, experts: int | None, pad: int, expert_begin: int,
                  expert_end: int | None) -> torch.Tensor:
+    """The op's call: the dispatcher's fast path (cutetune.dispatch), else the checked path."""
+    try:
+        capacity, hidden = expert_out.shape
+        tokens, top_k = row_of.shape
+        signature = (KERNEL.name, expert_out.dtype, hidden, top_k, experts, pad, expert_begin,
+                     expert_end)
+        compiled = current_dispatcher().fast_lookup(signature, tokens)
+    except (AttributeError, TypeError, ValueError):  # not 2-d tensors, say: the checks name it
+        signature = compiled = None
+    # The launcher does not check that out's rows do not overlap: checked here, as is the
+    # capacity (no expert rows is the checked path's case).
+    if compiled is not None and capacity and (
+            out is None or tokens == 1 or out.stride(0) >= hidden):
+        result = expert_out.new_empty((tokens, hidden)) if out is None else out
+        try:
+            compiled(expert_out, row_of, topk_weights, result)
+            return result
+        except (TypeError, ValueError):  # refused by the launcher: the checks say why
+            pass
     device = _check_inputs(expert_out, row_of, topk_weights, out)
     tokens, top_k = row_of.shape
     capacity, hidden = expert_out.shape
@@ -141,8 +160,10 @@ def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: t
             "expert_out": expert_out, "row_of": row_of, "topk_weights": topk_weights},
             {"out": out})
         return out
-    compiled = current_dispatcher().lookup(KERNEL, static, tokens)
-    compiled(expert_out, row_of, topk_weights, out)
+    dispatcher = current_dispatcher()
+    dispatcher.lookup(KERNEL, static, tokens)(expert_out, row_of, topk_weights, out)
+    if signature is not None:
+        dispatcher.remember_fast(signature, KERNEL, static)
     return out
 
 

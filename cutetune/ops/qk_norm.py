@@ -80,6 +80,19 @@ def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: 
 
 def _qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
              eps: float, weight_bias: float) -> None:
+    """The op's call: the dispatcher's fast path (cutetune.dispatch), else the checked path."""
+    try:
+        tokens, q_heads, head_dim = q.shape
+        signature = (KERNEL.name, q.dtype, q_heads, head_dim, k.shape[1], eps, weight_bias)
+        compiled = current_dispatcher().fast_lookup(signature, tokens)
+    except (AttributeError, TypeError, ValueError):  # not a 3-d tensor, say: the checks name it
+        signature = compiled = None
+    if compiled is not None:
+        try:
+            compiled(q, k, q_weight, k_weight)
+            return
+        except (TypeError, ValueError):  # refused by the launcher: the checks say why
+            pass
     device = _check_inputs(q, k, q_weight, k_weight)
     tokens = q.shape[0]
     if tokens == 0:
@@ -91,8 +104,10 @@ def _qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight:
         write_reference(KERNEL, static, tokens, {
             "q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight}, {"q": q, "k": k})
         return
-    compiled = current_dispatcher().lookup(KERNEL, static, tokens)
-    compiled(q, k, q_weight, k_weight)
+    dispatcher = current_dispatcher()
+    dispatcher.lookup(KERNEL, static, tokens)(q, k, q_weight, k_weight)
+    if signature is not None:
+        dispatcher.remember_fast(signature, KERNEL, static)
 
 
 _QK_NORM_OP = torch.library.custom_op("cutetune::qk_norm", _qk_norm, mutates_args=("q", "k"))

@@ -102,6 +102,27 @@ def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.
 def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
          weight_bias: float, out_dtype: torch.dtype | None,
          out: torch.Tensor | None) -> torch.Tensor:
+    """The op's call: the dispatcher's fast path (cutetune.dispatch), else the checked path."""
+    try:
+        rows, hidden = x.shape
+        dtype = x.dtype
+        signature = (KERNEL.name, dtype, out_dtype or (dtype if out is None else out.dtype),
+                     hidden, eps, weight_bias, residual is not None)
+        compiled = current_dispatcher().fast_lookup(signature, rows)
+    except (AttributeError, TypeError, ValueError):  # not a 2-d tensor, say: the checks name it
+        signature = compiled = None
+    # The launcher does not check that the rows it writes do not overlap: with more than one
+    # row, the row strides are checked here.
+    if compiled is not None and (rows == 1 or min(
+            x.stride(0), (x if out is None else out).stride(0),
+            (x if residual is None else residual).stride(0)) >= hidden):
+        result = (torch.empty((rows, hidden), dtype=signature[2], device=x.device)
+                  if out is None else out)
+        try:
+            compiled(x, x if residual is None else residual, weight, result)
+            return result
+        except (TypeError, ValueError):  # refused by the launcher: the checks say why
+            pass
     out_dtype, device = _check_inputs(x, residual, weight, out, out_dtype)
     rows, hidden = x.shape
     if out is None:
@@ -117,9 +138,11 @@ def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, e
                         {"x": x, "residual": residual if fused else x, "weight": weight},
                         {"residual": residual, "out": out} if fused else {"out": out})
         return out
-    compiled = current_dispatcher().lookup(KERNEL, static, rows)
+    dispatcher = current_dispatcher()
     # The plain form ignores its residual argument: x fills it.
-    compiled(x, residual if fused else x, weight, out)
+    dispatcher.lookup(KERNEL, static, rows)(x, residual if fused else x, weight, out)
+    if signature is not None:
+        dispatcher.remember_fast(signature, KERNEL, static)
     return out
 
 
