@@ -82,8 +82,8 @@ class CompilePool:
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._order = itertools.count()
         # The processes see no GPU, and are told the target arch: CuTeDSL otherwise asks the
-        # driver for it at the first compile, which, with no GPU visible, took 82 s a process
-        # where 16 processes started together on the H200 host (0.8 s with CUTE_DSL_ARCH set).
+        # driver for it at the first compile, which, with no GPU visible, stalls each process
+        # for over a minute when many start together.
         self._processes = [
             SupervisedProcess(handler, (str(store.directory), store.arch, tuple(kernel_modules)),
                               {"CUDA_VISIBLE_DEVICES": "", "CUTE_DSL_ARCH": store.arch})

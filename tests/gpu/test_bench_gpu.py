@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from cutetune.bench import DEFAULT_NAME, TUNED_NAME, run_bench
 from cutetune.cli.main import cli
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
-from cutetune.results_db import Database
+from cutetune.results_db import Database, DeviceFingerprint, shipped_winners
 from cutetune.results_db.schema import BenchRow
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.measure import INTERLEAVED_ROUNDS
@@ -48,11 +48,21 @@ def test_bench_times_every_candidate_and_stores_the_rows(tmp_path, name):
     kernel = get_kernel(name)
     db = Database.open(f"sqlite:///{tmp_path / 'bench.db'}")
     seen = []
-    run = run_bench(kernel, [first_problem(kernel)], (TOKENS,), db, seen.append)
+    problem = first_problem(kernel)
+    run = run_bench(kernel, [problem], (TOKENS,), db, seen.append)
     assert len(seen) == 1 and run.copy_gbps > 1000 and run.empty_kernel_us > 0
     rows = {r.implementation: r for r in run.rows}
     assert {r.problem.num_tokens for r in run.rows} == {TOKENS}
-    assert rows[TUNED_NAME].median_us is None  # empty DB: nothing tuned
+    # An empty DB: only the winners shipped with cutetune (every bucket of a shipped model's
+    # problems) serve the tuned row.
+    shipped = {(w.kernel_name, w.static_key)
+               for w in shipped_winners(DeviceFingerprint.current())
+               if w.source_hash == kernel.source_hash()}
+    if (name, problem.static_key()) in shipped:
+        assert rows[TUNED_NAME].median_us > 0
+        assert rows[TUNED_NAME].note.endswith("(shipped with cutetune)")
+    else:
+        assert rows[TUNED_NAME].median_us is None
     for implementation in (DEFAULT_NAME, "torch eager", "torch.compile"):
         assert rows[implementation].median_us > 0
     # The peer libraries ship to the GPU machine: a peer may sit out only a problem whose

@@ -12,7 +12,7 @@ from fault_kernel import KERNEL, FaultConfig, FaultProblem
 
 from cutetune.spaces.space import config_to_json
 from cutetune.tuner.artifacts import ArtifactStore, clear_artifacts
-from cutetune.tuner.compile_pool import CompileHandler, CompilePool
+from cutetune.tuner.compile_pool import CompileHandler, CompilePool, CompileResult
 
 PROBLEM = FaultProblem(num_tokens=1)
 OK, OTHER = FaultConfig("ok", 1), FaultConfig("ok", 2)
@@ -25,6 +25,26 @@ class CrashOnSlow(CompileHandler):
         if request[2].behaviour == "slow":
             os.kill(os.getpid(), signal.SIGSEGV)
         return super().__call__(request)
+
+
+class ReportEnvironment(CompileHandler):
+    """Compiles nothing: answers with the process's GPU visibility and target arch (in the
+    one string a result carries)."""
+
+    def __call__(self, request):
+        return CompileResult(f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+                             f"{os.environ.get('CUTE_DSL_ARCH')}", 0.0)
+
+
+def test_compile_processes_see_no_gpu_and_are_told_the_stores_arch(tmp_path):
+    """Told the arch, CuTeDSL does not ask the driver for it (with no GPU visible, that stalled
+    each of 16 processes started together on the H200 host for over a minute)."""
+    pool = CompilePool(ArtifactStore(tmp_path, "sm_100a"), 1, ["fault_kernel"],
+                       handler="test_compile_pool:ReportEnvironment")
+    try:
+        assert pool.submit(KERNEL, PROBLEM, OK).result(120).failure == "'' sm_100a"
+    finally:
+        pool.close()
 
 
 def test_an_artifact_is_found_loaded_and_a_damaged_one_is_dropped(tmp_path):
