@@ -519,24 +519,28 @@ def cache_clear() -> None:
 @click.pass_obj
 def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: int) -> None:
     """Compile every point a warmup of the model would serve on DEVICE (its winners stored in
-    the DB, the defaults elsewhere) into the cache; runs on a machine without a GPU, for
-    shipping the cache to GPU hosts."""
+    the DB, then those shipped with cutetune, the defaults elsewhere) into the cache; runs on
+    a machine without a GPU, for shipping the cache to GPU hosts."""
     from cutetune.dispatch import Dispatcher
     from cutetune.kernels.registry import get_kernel, kernel_names
-    from cutetune.results_db import winners_with_devices
+    from cutetune.results_db import shipped_with_devices, winners_with_devices
     from cutetune.tuner.artifacts import ArtifactStore, arch_for
     from cutetune.tuner.roofline import DEVICE_SPECS
 
     spec = DEVICE_SPECS[device_name]
     db = obj.open_db()
     with obj.reading():
-        stored = [winner for device, winner in winners_with_devices(db)
-                  if _names_device(device.gpu_name, spec)
-                  and device.compute_capability == spec.compute_capability]
+        stored = winners_with_devices(db)
+
+    def for_the_device(pairs):
+        return [winner for device, winner in pairs if _names_device(device.gpu_name, spec)
+                and device.compute_capability == spec.compute_capability]
+
     store = ArtifactStore(_artifacts_dir(), arch_for(spec.compute_capability))
     if not store.writable():
         raise click.UsageError(f"the artifact cache {store.directory} cannot be written")
-    dispatcher = Dispatcher(spec, stored, store, compile_processes=jobs)
+    dispatcher = Dispatcher(spec, for_the_device(stored), store, compile_processes=jobs,
+                            shipped=for_the_device(shipped_with_devices()))
     work = [(kernel, problems) for kernel in map(get_kernel, kernel_names())
             if (problems := _model_problems(kernel, model, dtype, skip_if_absent=True))]
     start = time.perf_counter()

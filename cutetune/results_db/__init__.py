@@ -34,7 +34,7 @@ from cutetune.results_db.records import (
     Winner,
 )
 from cutetune.results_db.session import Database
-from cutetune.results_db.shipped import shipped_winners
+from cutetune.results_db.shipped import shipped_winners, shipped_with_devices
 
 __all__ = [
     "FORMATS",
@@ -53,6 +53,7 @@ __all__ = [
     "import_winners",
     "read_winners",
     "shipped_winners",
+    "shipped_with_devices",
     "latest_ceilings",
     "quarantined_points",
     "record_bench",

@@ -18,9 +18,15 @@ SHIPPED_DIR = "shipped_winners"
 def shipped_winners(here: DeviceFingerprint, directory: Path | None = None) -> list[Winner]:
     """The shipped winners this device may serve (the fingerprint policy), from every JSON file
     in `directory` (default: the package's)."""
+    return choose_to_serve(shipped_with_devices(directory), here)
+
+
+def shipped_with_devices(directory: Path | None = None
+                         ) -> list[tuple[DeviceFingerprint, Winner]]:
+    """Every shipped winner with the device it was measured on, from every JSON file in
+    `directory` (default: the package's)."""
     folder = directory or Path(str(resources.files("cutetune") / SHIPPED_DIR))
     if not folder.is_dir():
         return []
-    measured = [pair for path in sorted(folder.glob("*.json"))
-                for pair in read_winners(path.read_text(), "json")]
-    return choose_to_serve(measured, here)
+    return [pair for path in sorted(folder.glob("*.json"))
+            for pair in read_winners(path.read_text(), "json")]

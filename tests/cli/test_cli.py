@@ -23,10 +23,12 @@ from malformed_configs import MALFORMED
 
 from cutetune.cli.main import cli
 from cutetune.kernels import qk_norm as qk
+from cutetune.kernels.registry import get_kernel
 from cutetune.results_db import (
     Database,
     QuarantinedPoint,
     record_quarantine,
+    shipped_winners,
     winners,
     winners_with_devices,
 )
@@ -484,7 +486,7 @@ def test_gpt_oss_activation_is_refused_by_name(tmp_path, empty_db):
 def test_cache_build_fills_the_cache_for_a_model_then_ls_lists_and_clear_empties_it(
         stored_db, tmp_path, monkeypatch):
     """On a machine without a GPU: every point a warmup of Qwen3-8B would serve on the H200
-    (its stored qk_norm winners, the defaults elsewhere) compiled for sm_90a."""
+    (its stored qk_norm winners, the shipped ones elsewhere) compiled for sm_90a."""
     monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(tmp_path))
     built = invoke(stored_db, "cache", "build", "--model", "qwen3-8b", "--jobs", "2")
     assert built.exit_code == 0, built.output
@@ -494,6 +496,11 @@ def test_cache_build_fills_the_cache_for_a_model_then_ls_lists_and_clear_empties
     assert {row.split()[0] for row in rows} == {"qk_norm", "rmsnorm", "silu_and_mul"}
     stored_configs = {w.config_json for w in winners(Database.open(stored_db))}
     assert all(any(c in row for row in rows) for c in stored_configs)
+    rmsnorm_keys = {p.static_key() for p in get_kernel("rmsnorm").problems_for_model(
+        load_model("qwen3-8b"), "bfloat16")}
+    shipped_configs = {w.config_json for w in shipped_winners(FINGERPRINT)
+                       if w.kernel_name == "rmsnorm" and w.static_key in rmsnorm_keys}
+    assert shipped_configs and all(any(c in row for row in rows) for c in shipped_configs)
     again = invoke(stored_db, "cache", "build", "--model", "qwen3-8b", "--jobs", "2")
     assert f"{len(rows)} points for sm_90a: 0 compiled" in again.output
     cleared = CliRunner().invoke(cli, ["cache", "clear"])
