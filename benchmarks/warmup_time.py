@@ -7,7 +7,9 @@ tuned model could. Each warmup runs in a fresh process with torch already import
 initialised; the time is that of the `warmup` call alone. Each warmup's report lines (time per
 kernel, and the artifact cache's loaded / compiled counts with the seconds each took) are
 printed; with CUTETUNE_WARMUP_PROFILE=1 each child also prints the 30 costliest calls of its
-warmup (cProfile, cumulative) to stderr, shown here.
+warmup (cProfile, cumulative) to stderr, shown here. Beside them, the time `import
+cutlass.cute` takes in a fresh process with torch imported and CUDA initialised, which a warm
+warmup pays since the kernels' modules and the artifact loader import CuTeDSL.
 
     python3 benchmarks/warmup_time.py OUT.csv MODEL [MODEL ...]
 """
@@ -42,6 +44,21 @@ stats = dispatcher.stats.values()
 print(json.dumps({"seconds": seconds, "points": sum(s.points for s in stats),
                   "loaded": sum(s.loaded for s in stats), "report": dispatcher.report()}))
 """
+
+
+IMPORT_CHILD = """
+import time, torch
+torch.cuda.init()
+start = time.perf_counter()
+import cutlass.cute
+print(time.perf_counter() - start)
+"""
+
+
+def cutedsl_import_seconds() -> float:
+    done = subprocess.run([sys.executable, "-c", IMPORT_CHILD], capture_output=True, text=True,
+                          check=True)
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 def store_winners(model: str, db_url: str) -> int:
@@ -114,6 +131,8 @@ def print_report(heading: str, run: dict) -> None:
 
 def main(out: str, models: list[str], timeout_s: float = 300.0) -> None:
     rows = []
+    import_s = round(cutedsl_import_seconds(), 2)
+    print(f"import cutlass.cute: {import_s} s", file=sys.stderr, flush=True)
     for model in models:
         with tempfile.TemporaryDirectory() as scratch:
             db_url = f"sqlite:///{scratch}/winners.db"
@@ -125,7 +144,8 @@ def main(out: str, models: list[str], timeout_s: float = 300.0) -> None:
             print_report(f"{model}: warm {warm['seconds']:.3f} s", warm)
         rows.append({"model": model, "winners": winners, "points": cold["points"],
                      "cold_s": round(cold["seconds"], 2), "warm_s": round(warm["seconds"], 3),
-                     "warm_loaded": warm["loaded"], "cpus": os.cpu_count()})
+                     "warm_loaded": warm["loaded"], "cutedsl_import_s": import_s,
+                     "cpus": os.cpu_count()})
         print(rows[-1], flush=True)
     with open(out, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))

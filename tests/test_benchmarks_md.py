@@ -38,8 +38,8 @@ def test_a_data_file_the_index_does_not_list_is_refused(generator, results_copy)
 
 
 def test_a_listed_file_that_is_missing_is_refused(generator, results_copy):
-    (results_copy / "warmup-qwen3-8b-3a94d99.csv").unlink()
-    with pytest.raises(SystemExit, match="not there: warmup-qwen3-8b-3a94d99.csv"):
+    (results_copy / "warmup-2339b97.csv").unlink()
+    with pytest.raises(SystemExit, match="not there: warmup-2339b97.csv"):
         generator.benchmarks_md()
 
 
@@ -50,8 +50,8 @@ def test_every_section_comes_from_its_data(generator):
                     "## Warmup time", "## Host time per call", "## Targets missed"):
         assert heading in text
     # A number from each kind of file, as the file holds it.
-    assert "| qwen3-8b | 60 | 112.95 s | 13.447 s | 16 |" in text
-    assert "**40.46 us**" in text
+    assert "| qwen3-8b | 60 | 15.03 s | 4.089 s | 16 |" in text
+    assert "**24.63 us**" in text
     assert "555.04 (104.8%)" in text
 
 
@@ -65,3 +65,16 @@ def test_the_host_steps_table_comes_from_a_listed_units_file(generator, results_
     assert "### The single host steps" in text
     assert "| qwen3-8b | a view (t[:]) | 2.90 |" in text
     assert text.index("## Host time per call") < text.index("### The single host steps")
+
+
+def test_the_warmup_table_shows_the_cutedsl_import_where_measured(generator, results_copy):
+    (results_copy / "warmup-abc1234.csv").write_text(
+        "model,winners,points,cold_s,warm_s,warm_loaded,cutedsl_import_s,cpus\n"
+        "qwen3-8b,64,60,15.0,4.1,60,2.74,16\n")
+    with (results_copy / "index.csv").open("a") as index:
+        index.write("warmup-abc1234.csv,warmup,abc1234,2026-12-02,one H200,"
+                    "python3 benchmarks/warmup_time.py F qwen3-8b\n")
+    text = generator.benchmarks_md()
+    assert "| model | distinct points | cold | warm | CPU cores | CuTeDSL import |" in text
+    assert "| qwen3-8b | 60 | 15.0 s | 4.1 s | 16 | 2.74 s |" in text
+    assert "| qwen3-8b | 60 | 15.03 s | 4.089 s | 16 |\n" in text  # the file without it
