@@ -26,16 +26,6 @@ class DispatchResult:
     row_of: torch.Tensor
 
 
-@dataclass(frozen=True)
-class _Outputs(DispatchResult):
-    """What the kernel writes: the result and the error flag."""
-
-    error: torch.Tensor
-
-    def public(self) -> DispatchResult:
-        return DispatchResult(self.dispatched, self.counts, self.offsets, self.row_of)
-
-
 # One workspace per (device, stream, local experts): concurrent calls on different streams
 # must not share the barrier word or the counters.
 _WORKSPACES: dict[tuple[int, int, int], torch.Tensor] = {}
@@ -152,11 +142,11 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
         signature = compiled = None
     if compiled is not None:
         begin, end = (0, num_experts) if expert_range is None else expert_range
-        result = _allocate(x, tokens, hidden, top_k, end - begin, pad)
+        result, error = _allocate(x, tokens, hidden, top_k, end - begin, pad)
         try:
             compiled(x, topk_ids, result.row_of, result.dispatched, result.counts,
-                     result.offsets, result.error, _workspace(x.get_device(), end - begin))
-            return _validated(result, validate, num_experts)
+                     result.offsets, error, _workspace(x.get_device(), end - begin))
+            return _validated(result, error, validate, num_experts)
         except (TypeError, ValueError):  # refused by the launcher: the checks say why
             pass
     if not isinstance(zero_padding, bool):
@@ -164,44 +154,46 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
     dtype, begin, end, device = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
-    result = _allocate(x, tokens, hidden, top_k, end - begin, pad)
+    result, error = _allocate(x, tokens, hidden, top_k, end - begin, pad)
     if tokens == 0:
         result.counts.zero_()
         result.offsets.zero_()
-        return result.public()
+        return result
     static = MoEProblem.static_tuple_of(
         dtype=dtype, hidden=hidden, experts=num_experts, top_k=top_k, pad=pad,
         expert_begin=begin, expert_end=end, zero_padding=zero_padding)
     if device < 0:
         write_reference(KERNEL, static, tokens, {"x": x, "topk_ids": topk_ids}, {
             "dispatched": result.dispatched, "counts": result.counts,
-            "offsets": result.offsets, "row_of": result.row_of, "error": result.error})
+            "offsets": result.offsets, "row_of": result.row_of, "error": error})
     else:
         dispatcher = current_dispatcher()
         dispatcher.lookup(KERNEL, static, tokens)(
             x, topk_ids, result.row_of, result.dispatched, result.counts, result.offsets,
-            result.error, _workspace(device, end - begin))
+            error, _workspace(device, end - begin))
         if signature is not None:
             dispatcher.remember_fast(signature, KERNEL, static)
-    return _validated(result, validate, num_experts)
+    return _validated(result, error, validate, num_experts)
 
 
 def _allocate(x: torch.Tensor, tokens: int, hidden: int, top_k: int, local: int,
-              pad: int) -> _Outputs:
+              pad: int) -> tuple[DispatchResult, torch.Tensor]:
+    """The result's tensors, and the error flag the kernel raises."""
     # counts, offsets and the error flag in one allocation, cut by one call (three slices cost
     # the host nearly twice as much).
     small = torch.empty(2 * local + 2, dtype=torch.int32, device=x.device)
     counts, offsets, error = small.split_with_sizes((local, local + 1, 1))
-    return _Outputs(x.new_empty((dispatch_capacity(tokens, top_k, local, pad), hidden)),
-                    counts, offsets,
-                    torch.empty(tokens, top_k, dtype=torch.int32, device=x.device), error)
+    return DispatchResult(x.new_empty((dispatch_capacity(tokens, top_k, local, pad), hidden)),
+                          counts, offsets,
+                          torch.empty(tokens, top_k, dtype=torch.int32, device=x.device)), error
 
 
-def _validated(result: _Outputs, validate: bool, num_experts: int) -> DispatchResult:
-    if validate and int(result.error.item()):
+def _validated(result: DispatchResult, error: torch.Tensor, validate: bool,
+               num_experts: int) -> DispatchResult:
+    if validate and int(error.item()):
         raise ValueError(f"topk_ids holds expert ids outside [0, {num_experts}): those pairs "
                          "were skipped (row -1)")
-    return result.public()
+    return result
 
 
 def _dispatch_tensors(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
