@@ -2,9 +2,10 @@
 
 A kernel's binary depends on its module and on the helper modules it imports for code generation
 (cache_hints, moe_common, ...), so the hash covers all of them: the kernel's file and, followed
-through its imports (those inside functions too), every module that lives in the kernel's own
-folder or in cutetune/kernels/, but the registry and this module, which declare and hash kernels
-and generate no code. Each file is hashed from its syntax tree with comments and
+through its imports (those inside functions too: a kernel imports its device code only to
+compile), every module that lives in the kernel's own folder, in cutetune/kernels/ or in
+cutetune/kernels/device/, but the registry and this module, which declare and hash kernels and
+generate no code. Each file is hashed from its syntax tree with comments and
 docstrings left out: editing a comment keeps the winners, changing a helper's code drops those of
 every kernel that uses it.
 """
@@ -36,7 +37,8 @@ def _closure_trees(path: Path) -> dict[Path, ast.Module]:
     """Each file of the kernel's code closure with its syntax tree, each file read once."""
     path = path.resolve()
     # Each root folder with its package name, found once per closure.
-    roots = {root: _package_name(root) for root in (path.parent, KERNELS_DIR)}
+    roots = {root: _package_name(root)
+             for root in (path.parent, KERNELS_DIR, KERNELS_DIR / "device")}
     trees: dict[Path, ast.Module] = {}
     pending = [path]
     while pending:

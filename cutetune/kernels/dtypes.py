@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import cutlass
 import torch
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "float32": torch.float32,
-}
-CUTLASS_DTYPES = {
-    "bfloat16": cutlass.BFloat16,
-    "float16": cutlass.Float16,
-    "float32": cutlass.Float32,
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}

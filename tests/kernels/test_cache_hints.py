@@ -6,7 +6,7 @@ import cutlass
 import cutlass.cute as cute
 import pytest
 
-from cutetune.kernels import cache_hints
+from cutetune.kernels.device import cache_hints
 
 
 @cute.kernel

@@ -22,7 +22,7 @@ from cutetune.kernels.moe_dispatch.launcher import (
     resident_capacity,
 )
 from cutetune.kernels.moe_dispatch.space import SPACE, cost, default_config, default_routing_grid
-from cutetune.kernels.moe_dispatch.split_block_ranks import rank_code
+from cutetune.kernels.moe_dispatch.split_block_ranks_kernels import rank_code
 from cutetune.kernels.registry import get_kernel
 from cutetune.spaces.models import PRESETS
 from cutetune.spaces.space import EmptySpaceError, config_to_dict

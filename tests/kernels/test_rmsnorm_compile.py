@@ -17,7 +17,7 @@ import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 from covering_points import covering_configs
 
-from cutetune.kernels.cache_hints import L2_EVICT_LAST_POLICY
+from cutetune.kernels.device.cache_hints import L2_EVICT_LAST_POLICY
 from cutetune.kernels.rmsnorm import (
     BLOCK_PER_ROW,
     CACHE_HINTS,

@@ -11,8 +11,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from cutetune.kernels import cache_hints
 from cutetune.kernels.block_limits import WARP
+from cutetune.kernels.device import cache_hints
 from cutetune.kernels.moe_dispatch.common import (
     IDS_IN_FLIGHT,
     SMEM_FLAGS,
