@@ -13,6 +13,7 @@ every kernel that uses it.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -22,35 +23,45 @@ NOT_CODE = {KERNELS_DIR / "registry.py", Path(__file__).resolve()}
 
 def code_closure(path: Path) -> list[Path]:
     """The kernel's file and the modules its code comes from, sorted."""
-    return sorted(_closure_trees(path))
+    return sorted(_closure_codes(path))
 
 
 def code_closure_hash(path: Path) -> str:
     digest = hashlib.sha256()
-    for module, tree in sorted(_closure_trees(path).items()):
+    for module, code in sorted(_closure_codes(path).items()):
         digest.update(module.name.encode())
-        digest.update(_code_of(tree).encode())
+        digest.update(code.encode())
     return digest.hexdigest()[:16]
 
 
-def _closure_trees(path: Path) -> dict[Path, ast.Module]:
-    """Each file of the kernel's code closure with its syntax tree, each file read once."""
+def _closure_codes(path: Path) -> dict[Path, str]:
+    """Each file of the kernel's code closure with its code as hashed."""
     path = path.resolve()
     # Each root folder with its package name, found once per closure.
     roots = {root: _package_name(root)
              for root in (path.parent, KERNELS_DIR, KERNELS_DIR / "device")}
-    trees: dict[Path, ast.Module] = {}
+    codes: dict[Path, str] = {}
     pending = [path]
     while pending:
         current = pending.pop()
-        if current in trees:
+        if current in codes:
             continue
-        trees[current] = ast.parse(current.read_text())
-        for name in _imported_modules(trees[current]):
+        codes[current], imported = _file_code(current.read_text())
+        for name in imported:
             found = _module_file(name, roots)
             if found is not None and found not in NOT_CODE:
                 pending.append(found)
-    return trees
+    return codes
+
+
+@functools.lru_cache(maxsize=512)
+def _file_code(text: str) -> tuple[str, frozenset[str]]:
+    """A file's code as hashed and the modules it imports, worked out once per process and
+    text: the kernels of a model share most of their closures, and parsing is most of the
+    cost of a warmup from the artifact cache after the loads."""
+    tree = ast.parse(text)
+    imported = frozenset(_imported_modules(tree))
+    return _code_of(tree), imported
 
 
 def _code_of(tree: ast.Module) -> str:
