@@ -39,7 +39,7 @@ from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.models import ModelShape, load_model
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
+from cutetune.tuner.artifacts import ARTIFACTS_DIR, NO_COMPILER, ArtifactStore, arch_for, c_compiler
 
 log = logging.getLogger("cutetune.dispatch")
 
@@ -389,14 +389,18 @@ _unwritable_warned: set[str] = set()
 
 def artifact_store(cache_dir, fingerprint) -> ArtifactStore | None:
     """The artifact cache for this GPU's arch under `cache_dir`; None, after one warning per
-    directory, where it cannot be written (the points are then compiled in memory)."""
+    directory, where it cannot be written or no C compiler links its artifacts (the points
+    are then compiled in memory)."""
     store = ArtifactStore(cache_dir / ARTIFACTS_DIR, arch_for(fingerprint.compute_capability))
-    if store.writable():
+    if not store.writable():
+        why = f"the artifact cache {store.directory} cannot be written"
+    elif c_compiler() is None:
+        why = NO_COMPILER
+    else:
         return store
     if str(store.directory) not in _unwritable_warned:
         _unwritable_warned.add(str(store.directory))
-        log.warning("cutetune: the artifact cache %s cannot be written; compiling in memory",
-                    store.directory)
+        log.warning("cutetune: %s; compiling in memory", why)
     return None
 
 

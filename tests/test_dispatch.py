@@ -506,6 +506,18 @@ def test_an_unwritable_cache_is_warned_about_once_and_points_compile_in_memory(t
     assert store is not None and store.arch == "sm_90a"
 
 
+def test_without_a_c_compiler_the_cache_is_off_and_says_why(tmp_path, caplog, monkeypatch):
+    from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
+
+    from cutetune.dispatch import artifact_store
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with caplog.at_level(logging.WARNING, logger="cutetune.dispatch"):
+        assert artifact_store(tmp_path / "cache", H200_FINGERPRINT) is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "cutetune.dispatch"]
+    assert "no C compiler found" in warning and warning.endswith("compiling in memory")
+
+
 def test_shipped_winners_serve_where_the_users_database_has_none(qwen3_8b, qk_fake_compile):
     """The user's winner first, then the shipped one, then the nearest of either, then the
     default; the report says which served each bucket, and counts stale shipped winners."""

@@ -226,6 +226,7 @@ def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple
     if not torch.cuda.is_available():
         raise click.UsageError("cutetune tune needs a CUDA GPU and none is visible "
                                "(cutetune plan works without one)")
+    _require_c_compiler()
     db = obj.open_db(writable=True)
     buckets = sorted({bucket_of(n) for n in tokens})
     workers = Workers(load_settings().cache_dir, sorted({k.compile_function.__module__
@@ -539,6 +540,7 @@ def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: in
     store = ArtifactStore(_artifacts_dir(), arch_for(spec.compute_capability))
     if not store.writable():
         raise click.UsageError(f"the artifact cache {store.directory} cannot be written")
+    _require_c_compiler()
     dispatcher = Dispatcher(spec, for_the_device(stored), store, compile_processes=jobs,
                             shipped=for_the_device(shipped_with_devices()))
     work = [(kernel, problems) for kernel in map(get_kernel, kernel_names())
@@ -548,6 +550,14 @@ def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: in
     click.echo(f"{points} points for {store.arch}: {compiled} compiled ({jobs} processes), "
                f"{points - compiled} already stored, in {time.perf_counter() - start:.1f} s; "
                f"cache {store.directory}", err=True)
+
+
+def _require_c_compiler() -> None:
+    """Tuning and cache build store artifacts, which a C compiler links."""
+    from cutetune.tuner.artifacts import NO_COMPILER, c_compiler
+
+    if c_compiler() is None:
+        raise click.UsageError(NO_COMPILER)
 
 
 def _names_device(gpu_name: str, spec) -> bool:

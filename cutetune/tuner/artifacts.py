@@ -2,23 +2,34 @@
 
 Every point cutetune runs comes through here: the tuner's compile processes store what its GPU
 worker times, and the dispatcher and the bench load a stored point instead of compiling it
-again (`get`). An artifact is the object file CuTeDSL's `export_to_c` writes for one point,
-with a JSON manifest beside it saying which point it is (for `cutetune cache ls`). Its name is
-a digest of everything the binary depends on (kernel and its source, static problem, config,
-target arch, the CuTeDSL and TVM-FFI versions, the host platform) followed by a digest of its
-content: a file is written under a temporary name and renamed, so a reader never sees half a
-file and processes compiling the same point do not clash, and a file whose content does not
-match its name (truncated, or written by something else) is deleted and compiled again, never
-run.
+again (`get`). An artifact is a shared library: the object file CuTeDSL's `export_to_c` writes
+for one point, linked by the C compiler (`cc`, or $CC) against CuTeDSL's runtime library and
+tvm-ffi's, with a JSON manifest beside it saying which point it is (for `cutetune cache ls`).
+tvm-ffi loads it (`tvm_ffi.load_module`) without importing CuTeDSL, whose import costs seconds
+that a warmup from the cache would otherwise spend; the artifact names those libraries without
+a path, and the loading process loads them first, from where this installation has them (found
+by CuTeDSL once and recorded in the directory, RUNTIME_LIBRARIES).
+
+Its name is a digest of everything the binary depends on (kernel and its source, static
+problem, config, target arch, the CuTeDSL and TVM-FFI versions, the host platform) followed by
+a digest of its content: a file is written under a temporary name and renamed, so a reader
+never sees half a file and processes compiling the same point do not clash, and a file whose
+content does not match its name (truncated, or written by something else), or that does not
+load, is deleted and compiled again, never run.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import json
+import logging
 import os
 import platform
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,6 +40,8 @@ from typing import Any
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
+
+log = logging.getLogger("cutetune.artifacts")
 
 
 def arch_for(compute_capability: str) -> str:
@@ -87,7 +100,7 @@ class ArtifactStore:
 
     def find(self, kernel: KernelDef, problem: Problem, config: Any) -> Path | None:
         """The point's artifact if a sound one is stored; an unsound one is deleted."""
-        for path in self.directory.glob(f"{self.key(kernel, problem, config)}-*.o"):
+        for path in self.directory.glob(f"{self.key(kernel, problem, config)}-*.so"):
             if _digest(path.read_bytes())[:16] == _name_parts(path)[1]:
                 return path
             path.unlink(missing_ok=True)
@@ -99,7 +112,7 @@ class ArtifactStore:
         file's content when it is needed)."""
         if not self.directory.is_dir():
             return set()
-        return {_name_parts(path)[0] for path in self.directory.glob("*-*.o")}
+        return {_name_parts(path)[0] for path in self.directory.glob("*-*.so")}
 
     def compile(self, kernel: KernelDef, problem: Problem, config: Any) -> Path:
         """Compile the point in this process for `arch` and store its artifact. The arch is
@@ -124,6 +137,9 @@ class ArtifactStore:
                            config: Any) -> tuple[Path, Any]:
         start = time.perf_counter()
         key = self.key(kernel, problem, config)
+        compiler = c_compiler()
+        if compiler is None:
+            raise ArtifactError(NO_COMPILER)
         function = kernel.compile_function(problem, config, f"--gpu-arch {self.arch}")
         self.directory.mkdir(parents=True, exist_ok=True)
         manifest = {"kernel": kernel.name, "source_hash": kernel.source_hash(),
@@ -131,15 +147,13 @@ class ArtifactStore:
                     "config": config_to_json(config), "arch": self.arch,
                     "toolchain": _toolchain()}
         _write_atomically(self.directory / f"{key}.json", json.dumps(manifest).encode())
-        descriptor, temporary = tempfile.mkstemp(suffix=".o", dir=self.directory)
-        os.close(descriptor)
-        try:
-            function.export_to_c(temporary, function_name=_function_name(key),
+        with tempfile.TemporaryDirectory(dir=self.directory) as scratch:
+            exported, library = Path(scratch) / "point.o", Path(scratch) / "point.so"
+            function.export_to_c(str(exported), function_name=_function_name(key),
                                  export_only_tvm_ffi_symbols=True)
-            final = self.directory / f"{key}-{_digest(Path(temporary).read_bytes())[:16]}.o"
-            os.replace(temporary, final)
-        finally:
-            Path(temporary).unlink(missing_ok=True)
+            _link(compiler, exported, library, runtime_libraries(self.directory))
+            final = self.directory / f"{key}-{_digest(library.read_bytes())[:16]}.so"
+            os.replace(library, final)
         self.counts.compiled += 1
         self.counts.compile_s += time.perf_counter() - start
         return final, function
@@ -147,7 +161,7 @@ class ArtifactStore:
     def entries(self) -> list[dict[str, Any]]:
         """Every stored artifact's manifest, with its file and size; for `cutetune cache ls`."""
         found = []
-        for path in sorted(self.directory.glob("*-*.o")):
+        for path in sorted(self.directory.glob("*-*.so")):
             manifest_file = path.with_name(f"{_name_parts(path)[0]}.json")
             try:
                 manifest = json.loads(manifest_file.read_text())
@@ -158,15 +172,84 @@ class ArtifactStore:
 
     def load(self, kernel: KernelDef, problem: Problem, config: Any) -> Any | None:
         """The point's stored artifact loaded into this process, bound as `launch` takes it;
-        None where no sound artifact is stored."""
+        None where no sound artifact is stored (one that does not load is deleted)."""
         path = self.find(kernel, problem, config)
         if path is None:
             return None
-        import cutlass.cute as cute
+        import tvm_ffi
 
-        module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
-        function = getattr(module, _function_name(_name_parts(path)[0]))
+        _load_runtime_libraries(self.directory)
+        try:
+            function = tvm_ffi.load_module(str(path))[_function_name(_name_parts(path)[0])]
+        except (OSError, RuntimeError, AttributeError, KeyError) as err:
+            log.warning("cutetune: the artifact %s does not load (%s); compiling it again",
+                        path.name, str(err).splitlines()[0] if str(err) else type(err).__name__)
+            path.unlink(missing_ok=True)
+            self.counts.unsound += 1
+            return None
         return kernel.bound(problem, config, function)
+
+
+class ArtifactError(RuntimeError):
+    """An artifact cannot be made here (no C compiler to link it)."""
+
+
+NO_COMPILER = ("no C compiler found (cc, or the one $CC names) to link compiled points into "
+               "the artifact cache's shared libraries: install one (gcc, which Triton and "
+               "torch.compile need too)")
+
+
+def c_compiler() -> str | None:
+    """The C compiler that links artifacts: $CC, else cc; None where neither is found."""
+    return shutil.which(os.environ.get("CC") or "cc")
+
+
+def _link(compiler: str, exported: Path, library: Path, libraries: list[str]) -> None:
+    """Link the exported object into a shared library that needs `libraries` by file name
+    only (no path is recorded: the loading process loads them first, from its own
+    installation)."""
+    arguments = [compiler, "-shared", "-o", str(library), str(exported)]
+    for runtime in map(Path, libraries):
+        arguments += [f"-L{runtime.parent}", f"-l:{runtime.name}"]
+    done = subprocess.run(arguments, capture_output=True, text=True)
+    if done.returncode:
+        raise ArtifactError(f"linking an artifact with {compiler} failed: "
+                            f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+
+
+RUNTIME_LIBRARIES = "runtime-libraries.json"
+_loaded_runtime: dict[str, ctypes.CDLL] = {}
+
+
+def runtime_libraries(directory: Path) -> list[str]:
+    """The shared libraries every artifact needs (CuTeDSL's runtime, tvm-ffi's), as this
+    installation has them: read from the record in `directory` when it names this
+    installation (its Python prefix and toolchain) and the files are there, else found by
+    CuTeDSL, which costs its import, and recorded."""
+    record = directory / RUNTIME_LIBRARIES
+    here = {"prefix": sys.prefix, "toolchain": _toolchain()}
+    try:
+        stored = json.loads(record.read_text())
+        if all(stored.get(name) == value for name, value in here.items()) and all(
+                Path(library).is_file() for library in stored["libraries"]):
+            return stored["libraries"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    from cutlass.cute.runtime import find_runtime_libraries
+
+    libraries = [str(Path(library).resolve())
+                 for library in find_runtime_libraries(enable_tvm_ffi=True)]
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_atomically(record, json.dumps({**here, "libraries": libraries}).encode())
+    return libraries
+
+
+def _load_runtime_libraries(directory: Path) -> None:
+    """Load the artifacts' runtime libraries into this process, once: an artifact names them
+    by file name, which the dynamic loader then finds loaded."""
+    for library in runtime_libraries(directory):
+        if library not in _loaded_runtime:
+            _loaded_runtime[library] = ctypes.CDLL(library)
 
 
 ARTIFACTS_DIR = "artifacts"  # under the settings' cache dir; the key names the arch
@@ -175,7 +258,7 @@ ARTIFACTS_DIR = "artifacts"  # under the settings' cache dir; the key names the 
 def clear_artifacts(directory: Path) -> int:
     """Delete every artifact and manifest in `directory` (of every arch); the count of files."""
     removed = 0
-    for path in [*directory.glob("*-*.o"), *directory.glob("*.json")]:
+    for path in [*directory.glob("*-*.so"), *directory.glob("*.json")]:
         path.unlink(missing_ok=True)
         removed += 1
     return removed
@@ -192,7 +275,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 def _name_parts(path: Path) -> tuple[str, str]:
-    """An artifact file's (key, content digest), from its name `{key}-{digest}.o`."""
+    """An artifact file's (key, content digest), from its name `{key}-{digest}.so`."""
     key, content = path.stem.rsplit("-", 1)
     return key, content
 

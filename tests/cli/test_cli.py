@@ -504,7 +504,8 @@ def test_cache_build_fills_the_cache_for_a_model_then_ls_lists_and_clear_empties
     again = invoke(stored_db, "cache", "build", "--model", "qwen3-8b", "--jobs", "2")
     assert f"{len(rows)} points for sm_90a: 0 compiled" in again.output
     cleared = CliRunner().invoke(cli, ["cache", "clear"])
-    assert f"removed {2 * len(rows)} files" in cleared.output
+    # Each artifact and its manifest, and the record of the runtime libraries they need.
+    assert f"removed {2 * len(rows) + 1} files" in cleared.output
     assert "0 artifacts" in CliRunner().invoke(cli, ["cache", "ls"]).output
 
 
@@ -514,6 +515,13 @@ def test_cache_build_into_an_unwritable_directory_says_so(empty_db, tmp_path, mo
     monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(blocked))
     assert_clean_error(invoke(empty_db, "cache", "build", "--model", "qwen3-8b"),
                        "cannot be written")
+
+
+def test_cache_build_without_a_c_compiler_says_so(empty_db, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert_clean_error(invoke(empty_db, "cache", "build", "--model", "qwen3-8b"),
+                       "no C compiler found", "install one")
 
 
 # -- import -----------------------------------------------------------------------------------

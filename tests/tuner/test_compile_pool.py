@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from fault_kernel import KERNEL, FaultConfig, FaultProblem
 
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.artifacts import ArtifactStore, clear_artifacts
+from cutetune.tuner.artifacts import RUNTIME_LIBRARIES, ArtifactStore, _digest, clear_artifacts
 from cutetune.tuner.compile_pool import CompileHandler, CompilePool, CompileResult
 
 PROBLEM = FaultProblem(num_tokens=1)
@@ -51,7 +53,7 @@ def test_an_artifact_is_found_loaded_and_a_damaged_one_is_dropped(tmp_path):
     store = ArtifactStore(tmp_path, os.environ["CUTE_DSL_ARCH"])
     assert store.find(KERNEL, PROBLEM, OK) is None and store.load(KERNEL, PROBLEM, OK) is None
     path = store.compile(KERNEL, PROBLEM, OK)
-    assert path.name.startswith(store.key(KERNEL, PROBLEM, OK)) and path.suffix == ".o"
+    assert path.name.startswith(store.key(KERNEL, PROBLEM, OK)) and path.suffix == ".so"
     assert store.find(KERNEL, PROBLEM, OK) == path
     assert callable(store.load(KERNEL, PROBLEM, OK))
     assert store.key(KERNEL, PROBLEM, OTHER) != store.key(KERNEL, PROBLEM, OK)
@@ -59,8 +61,10 @@ def test_an_artifact_is_found_loaded_and_a_damaged_one_is_dropped(tmp_path):
     path.write_bytes(path.read_bytes()[:100])  # truncated, e.g. by a full disk
     assert store.find(KERNEL, PROBLEM, OK) is None and not path.exists()
     assert store.counts.unsound == 1
-    # No temporary file left behind either: only the point's manifest.
-    assert [p.suffix for p in tmp_path.iterdir()] == [".json"]
+    # No temporary file left behind either: only the point's manifest and the record of the
+    # runtime libraries.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{store.key(KERNEL, PROBLEM, OK)}.json", RUNTIME_LIBRARIES]
 
 
 def test_get_loads_a_stored_point_and_otherwise_compiles_and_stores_it(tmp_path):
@@ -74,7 +78,38 @@ def test_get_loads_a_stored_point_and_otherwise_compiles_and_stores_it(tmp_path)
     assert (entry["kernel"], entry["config"], entry["arch"]) == (
         KERNEL.name, config_to_json(OK), store.arch)
     assert entry["file"].startswith(store.key(KERNEL, PROBLEM, OK)) and entry["bytes"] > 0
-    assert clear_artifacts(tmp_path) == 2 and again.entries() == []
+    # The artifact, its manifest and the record of the runtime libraries.
+    assert clear_artifacts(tmp_path) == 3 and again.entries() == []
+
+
+def test_a_loaded_artifact_imports_no_cutedsl(tmp_path):
+    """A process loading stored points (a warm warmup) pays no CuTeDSL import: the artifact is
+    a shared library tvm-ffi loads, its runtime libraries found from the directory's record."""
+    ArtifactStore(tmp_path, os.environ["CUTE_DSL_ARCH"]).compile(KERNEL, PROBLEM, OK)
+    done = subprocess.run([sys.executable, "-c", f"""
+import sys
+from pathlib import Path
+from fault_kernel import KERNEL, FaultConfig, FaultProblem
+from cutetune.tuner.artifacts import ArtifactStore
+store = ArtifactStore(Path({str(tmp_path)!r}), {os.environ["CUTE_DSL_ARCH"]!r})
+loaded = store.load(KERNEL, FaultProblem(num_tokens=1), FaultConfig("ok", 1))
+print(callable(loaded), store.counts.unsound, [m for m in sys.modules if m.startswith("cutlass")])
+"""], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.stdout.strip().split(maxsplit=2) == ["True", "0", "[]"]
+
+
+def test_an_artifact_that_does_not_load_is_dropped_and_compiled_again(tmp_path):
+    store = ArtifactStore(tmp_path, os.environ["CUTE_DSL_ARCH"])
+    path = store.compile(KERNEL, PROBLEM, OK)
+    # Sound by its digest, but no library: what another platform's file would look like.
+    junk = b"not a shared library"
+    foreign = path.with_name(f"{store.key(KERNEL, PROBLEM, OK)}-{_digest(junk)[:16]}.so")
+    path.unlink()
+    foreign.write_bytes(junk)
+    assert callable(store.get(KERNEL, PROBLEM, OK))
+    assert (store.counts.unsound, store.counts.compiled) == (1, 2)
+    assert not foreign.exists()
 
 
 def test_an_unwritable_directory_is_reported(tmp_path):
