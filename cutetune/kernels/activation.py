@@ -43,6 +43,7 @@ from cutetune.kernels.dtypes import (
     widest_vector_bits,
 )
 from cutetune.kernels.registry import (
+    DeviceCompile,
     KernelDef,
     NotApplicableError,
     Peer,
@@ -203,15 +204,7 @@ def cost(problem: GatedProblem, config: ActivationConfig, device) -> Cost:
 
 
 # ---------------------------------------------------------------------------------------------
-# The compile (the kernel and its launcher are device/activation.py)
-
-
-def compile_kernel(problem: GatedProblem, config: ActivationConfig, options: str = ""):
-    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the
-    token count and both row strides are symbolic, so the result serves every call."""
-    from cutetune.kernels.device.activation import compile_kernel as compile_device
-
-    return compile_device(problem, config, options)
+# The launch (the kernel, its launcher and its compile are device/activation.py)
 
 
 def launch(compiled, tensors: Tensors) -> None:
@@ -332,7 +325,7 @@ def _kernel_def(name: str, description: str, problem_type: type[GatedProblem],
         problems_for_model=problems_for_model,
         default_config=default_config,
         cost=cost,
-        compile_function=compile_kernel,
+        compile_function=DeviceCompile("cutetune.kernels.device.activation"),
         launch=launch,
         make_inputs=make_inputs,
         reference=reference,

@@ -21,27 +21,28 @@ KERNELS_DIR = Path(__file__).resolve().parent
 NOT_CODE = {KERNELS_DIR / "registry.py", Path(__file__).resolve()}
 
 
-def code_closure(path: Path) -> list[Path]:
-    """The kernel's file and the modules its code comes from, sorted."""
-    return sorted(_closure_codes(path))
+def code_closure(*paths: Path) -> list[Path]:
+    """The kernel's files (its declaration, its device code) and the modules their code comes
+    from, sorted."""
+    return sorted(_closure_codes(*paths))
 
 
-def code_closure_hash(path: Path) -> str:
+def code_closure_hash(*paths: Path) -> str:
     digest = hashlib.sha256()
-    for module, code in sorted(_closure_codes(path).items()):
+    for module, code in sorted(_closure_codes(*paths).items()):
         digest.update(module.name.encode())
         digest.update(code.encode())
     return digest.hexdigest()[:16]
 
 
-def _closure_codes(path: Path) -> dict[Path, str]:
-    """Each file of the kernel's code closure with its code as hashed."""
-    path = path.resolve()
+def _closure_codes(*paths: Path) -> dict[Path, str]:
+    """Each file of the code closure of `paths` with its code as hashed."""
+    paths = tuple(path.resolve() for path in paths)
     # Each root folder with its package name, found once per closure.
-    roots = {root: _package_name(root)
-             for root in (path.parent, KERNELS_DIR, KERNELS_DIR / "device")}
+    roots = {root: _package_name(root) for root in (
+        *(path.parent for path in paths), KERNELS_DIR, KERNELS_DIR / "device")}
     codes: dict[Path, str] = {}
-    pending = [path]
+    pending = list(paths)
     while pending:
         current = pending.pop()
         if current in codes:

@@ -49,7 +49,14 @@ from cutetune.kernels.dtypes import (
     widest_vector_bits,
 )
 from cutetune.kernels.moe_common import MoEProblem
-from cutetune.kernels.registry import KernelDef, Peer, PeerUnavailable, Tensors, register
+from cutetune.kernels.registry import (
+    DeviceCompile,
+    KernelDef,
+    Peer,
+    PeerUnavailable,
+    Tensors,
+    register,
+)
 from cutetune.spaces.space import Constraint, Param, Space
 
 # The pairs of a token are unrolled at compile time (their loads, their multiply-adds): real
@@ -204,16 +211,7 @@ def cost(problem: MoEProblem, config: CombineConfig, device) -> Cost:
 
 
 # ---------------------------------------------------------------------------------------------
-# The compile (the kernel and its launcher are device/moe_combine.py)
-
-
-def compile_kernel(problem: MoEProblem, config: CombineConfig, options: str = ""):
-    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the
-    token count, the capacity and the row strides of expert_out and out are symbolic, so the
-    result serves every call of the static problem."""
-    from cutetune.kernels.device.moe_combine import compile_kernel as compile_device
-
-    return compile_device(problem, config, options)
+# The launch (the kernel, its launcher and its compile are device/moe_combine.py)
 
 
 def launch(compiled, tensors: Tensors) -> None:
@@ -272,7 +270,7 @@ KERNEL = register(KernelDef(
     problems_for_model=moe_common.problems_for_model,
     default_config=default_config,
     cost=cost,
-    compile_function=compile_kernel,
+    compile_function=DeviceCompile("cutetune.kernels.device.moe_combine"),
     launch=launch,
     make_inputs=make_inputs,
     reference=reference,

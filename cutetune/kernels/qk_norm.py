@@ -36,6 +36,7 @@ from cutetune.kernels.dtypes import (
     vector_elements,
 )
 from cutetune.kernels.registry import (
+    DeviceCompile,
     KernelDef,
     NotApplicableError,
     Peer,
@@ -171,15 +172,7 @@ def cost(problem: QKNormProblem, config: QKNormConfig, device) -> Cost:
 
 
 # ---------------------------------------------------------------------------------------------
-# The compile (the kernel and its launcher are device/qk_norm.py)
-
-
-def compile_kernel(problem: QKNormProblem, config: QKNormConfig, options: str = ""):
-    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the
-    token count and token strides are symbolic, so the result serves every call."""
-    from cutetune.kernels.device.qk_norm import compile_kernel as compile_device
-
-    return compile_device(problem, config, options)
+# The launch (the kernel, its launcher and its compile are device/qk_norm.py)
 
 
 def launch(compiled, tensors: Tensors) -> None:
@@ -282,7 +275,7 @@ KERNEL = register(KernelDef(
     problems_for_model=problems_for_model,
     default_config=default_config,
     cost=cost,
-    compile_function=compile_kernel,
+    compile_function=DeviceCompile("cutetune.kernels.device.qk_norm"),
     launch=launch,
     make_inputs=make_inputs,
     reference=reference,

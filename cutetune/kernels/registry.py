@@ -1,7 +1,8 @@
 """What a kernel declares, and the registry the framework reads it from.
 
-Adding a kernel means writing one module that builds a KernelDef and calls `register`; the
-tuner, the dispatcher and every CLI verb work from the KernelDef alone.
+Adding a kernel means writing one module that builds a KernelDef and calls `register`, and the
+device module (its CuTeDSL code) that the KernelDef's DeviceCompile names; the tuner, the
+dispatcher and every CLI verb work from the KernelDef alone.
 """
 
 from __future__ import annotations
@@ -54,6 +55,23 @@ class Peer:
 
 
 @dataclass(frozen=True)
+class DeviceCompile:
+    """A kernel's compile_function whose code lives in `module`, the kernel's device code
+    (which imports CuTeDSL): imported at the first compile, so that importing the kernel's
+    declaration imports none of it; the kernel's code hash covers that module too."""
+
+    module: str
+
+    def __call__(self, problem: Problem, config: Any, options: str = "") -> Any:
+        return importlib.import_module(self.module).compile_kernel(problem, config, options)
+
+    @property
+    def source_file(self) -> Path:
+        package_dir = Path(__file__).resolve().parents[1]
+        return package_dir.joinpath(*self.module.split(".")[1:]).with_suffix(".py")
+
+
+@dataclass(frozen=True)
 class KernelDef:
     """Everything the framework needs to plan, tune, verify, store and serve one kernel.
 
@@ -67,7 +85,8 @@ class KernelDef:
     compile_function:   (problem, config, options="") -> the TVM-FFI function `cute.compile`
                         returns, for the target set by CUTE_DSL_ARCH (sm_90a on a CPU
                         machine); one compile serves every token count. It is what the
-                        artifact store exports and loads back in another process
+                        artifact store exports and loads back in another process. A
+                        DeviceCompile names the module that holds it (imported when called)
     bind:               (problem, config, function) -> the callable `launch` takes, for
                         kernels whose launch path checks more than the function does
                         (moe_dispatch checks its cooperative grid); None: the function
@@ -79,8 +98,9 @@ class KernelDef:
     written_in_place:   the subset of `outputs` that are also inputs (cannot be poisoned)
     tolerance:          output dtype name -> (rtol, atol) for
                         |out - expected| <= atol + rtol |expected|
-    source_file:        the kernel's module; its code closure (code_hash.py) is hashed into
-                        the DB so winners of other code are not served
+    source_file:        the kernel's module; its code closure (code_hash.py), with that of
+                        its DeviceCompile's module, is hashed into the DB so winners of other
+                        code are not served
     peers:              other libraries' implementations for `cutetune bench` (torch eager
                         and torch.compile of the reference are added by the bench itself)
     check:              (outputs, expected, problem) -> None, raising
@@ -122,7 +142,8 @@ class KernelDef:
 
     @functools.cached_property
     def _source_hash(self) -> str:
-        return code_closure_hash(Path(self.source_file))
+        device = getattr(self.compile_function, "source_file", None)
+        return code_closure_hash(Path(self.source_file), *([device] if device else []))
 
     def source_hash(self) -> str:
         """Hash of the code the kernel's binaries come from (its module and the helpers it

@@ -55,7 +55,14 @@ from cutetune.kernels.dtypes import (
     FLOAT_TOLERANCE,
     TORCH_DTYPES,
 )
-from cutetune.kernels.registry import KernelDef, Peer, PeerUnavailable, Tensors, register
+from cutetune.kernels.registry import (
+    DeviceCompile,
+    KernelDef,
+    Peer,
+    PeerUnavailable,
+    Tensors,
+    register,
+)
 from cutetune.spaces.models import ModelShape
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
@@ -300,15 +307,7 @@ def cost(problem: RMSNormProblem, config: RMSNormConfig, device) -> Cost:
 
 
 # ---------------------------------------------------------------------------------------------
-# The compile (the kernel and its launcher are device/rmsnorm.py)
-
-
-def compile_kernel(problem: RMSNormProblem, config: RMSNormConfig, options: str = ""):
-    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the row
-    count and the row strides are symbolic, so the result serves every call."""
-    from cutetune.kernels.device.rmsnorm import compile_kernel as compile_device
-
-    return compile_device(problem, config, options)
+# The launch (the kernel, its launcher and its compile are device/rmsnorm.py)
 
 
 def launch(compiled, tensors: Tensors) -> None:
@@ -423,7 +422,7 @@ KERNEL = register(KernelDef(
     problems_for_model=problems_for_model,
     default_config=default_config,
     cost=cost,
-    compile_function=compile_kernel,
+    compile_function=DeviceCompile("cutetune.kernels.device.rmsnorm"),
     launch=launch,
     make_inputs=make_inputs,
     reference=reference,

@@ -10,6 +10,7 @@ import pytest
 
 from cutetune.kernels import activation, code_hash, moe_combine, qk_norm, rmsnorm
 from cutetune.kernels.code_hash import KERNELS_DIR, code_closure, code_closure_hash
+from cutetune.kernels.registry import KernelDef
 
 KERNEL = '''"""A kernel."""
 
@@ -89,10 +90,16 @@ SHARED_MODULES = {
 
 @pytest.mark.parametrize("kernel_module", SHARED_MODULES, ids=lambda m: m.__name__)
 def test_the_closure_holds_the_shared_building_blocks(kernel_module):
-    kernels = Path(kernel_module.__file__).parent
-    names = {p.relative_to(kernels).as_posix()
-             for p in code_closure(Path(kernel_module.__file__)) if p.is_relative_to(kernels)}
+    """The closure of the kernel's declaration and of the device module its DeviceCompile
+    names, as its source hash covers them."""
+    kernel = next(value for value in vars(kernel_module).values()
+                  if isinstance(value, KernelDef))
+    closure = code_closure(Path(kernel.source_file), kernel.compile_function.source_file)
+    names = {p.relative_to(KERNELS_DIR).as_posix() for p in closure
+             if p.is_relative_to(KERNELS_DIR)}
     assert SHARED_MODULES[kernel_module] <= names
+    assert kernel.source_hash() == code_closure_hash(Path(kernel.source_file),
+                                                     kernel.compile_function.source_file)
 
 
 def test_the_hashed_text_is_the_same_under_every_python_version():

@@ -17,6 +17,8 @@ import pytest
 
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels import rmsnorm as rms
+from cutetune.kernels.device import qk_norm as qk_device
+from cutetune.kernels.device import rmsnorm as rms_device
 
 
 def _cuda_bin() -> Path:
@@ -49,11 +51,11 @@ def rows(hidden: int, fused_add: bool) -> rms.RMSNormProblem:
 
 
 @pytest.mark.parametrize(("module", "problem", "config"), [
-    (qk, QWEN3_8B_QK, qk.QKNormConfig(64, 1, 8)),
-    (qk, QWEN3_8B_QK, qk.QKNormConfig(128, 2, 4)),
-    (rms, rows(4096, False), rms.RMSNormConfig("block_per_row", 128, 8)),
-    (rms, rows(4096, True), rms.RMSNormConfig("block_per_row", 64, 4)),
-    (rms, rows(1024, False), rms.RMSNormConfig("warp_per_row", 128, 4)),
+    (qk_device, QWEN3_8B_QK, qk.QKNormConfig(64, 1, 8)),
+    (qk_device, QWEN3_8B_QK, qk.QKNormConfig(128, 2, 4)),
+    (rms_device, rows(4096, False), rms.RMSNormConfig("block_per_row", 128, 8)),
+    (rms_device, rows(4096, True), rms.RMSNormConfig("block_per_row", 64, 4)),
+    (rms_device, rows(1024, False), rms.RMSNormConfig("warp_per_row", 128, 4)),
 ], ids=["qk-64b-1hpw", "qk-128b-2hpw", "rms-block", "rms-block-fused", "rms-warp"])
 def test_every_load_is_issued_before_the_first_shuffle(module, problem, config, tmp_path):
     code = sass(module, problem, config, tmp_path)

@@ -19,7 +19,8 @@ constraints and kernels, and each one compiled callable on one stream:
 
 common.py holds what the forms share on the host (limits, workspace layout, resource
 arithmetic), device.py their shared device code, space.py the space of all five, the default
-and the cost, launcher.py the launcher and the compile. The vector width of the copy is not a
+and the cost, launcher.py the launch path (its cooperative-grid check), compile.py the launcher
+and the compile, and each form's *_kernels.py its kernels. The vector width of the copy is not a
 knob: the problem forces it (common.vector_bits).
 
 The copy reads each token once and writes it to each of its K rows (a thread loads one vector
@@ -54,9 +55,9 @@ from cutetune.kernels.moe_common import (
     reference_dispatch,
 )
 from cutetune.kernels.moe_dispatch.common import workspace_words
-from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, compile_kernel, launch
+from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, launch
 from cutetune.kernels.moe_dispatch.space import SPACE, cost, default_config
-from cutetune.kernels.registry import KernelDef, Tensors, register
+from cutetune.kernels.registry import DeviceCompile, KernelDef, Tensors, register
 
 
 def new_workspace(problem: MoEProblem, device) -> torch.Tensor:
@@ -99,7 +100,7 @@ KERNEL = register(KernelDef(
     problems_for_model=problems_for_model,
     default_config=default_config,
     cost=cost,
-    compile_function=compile_kernel,
+    compile_function=DeviceCompile("cutetune.kernels.moe_dispatch.compile"),
     launch=launch,
     make_inputs=make_inputs,
     reference=reference,

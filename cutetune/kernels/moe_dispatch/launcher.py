@@ -87,14 +87,6 @@ class CompiledDispatch:
         self.fn(x, topk_ids, row_of, dispatched, counts, offsets, error, workspace)
 
 
-def compile_kernel(problem: MoEProblem, config: FormConfig, options: str = ""):
-    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the token
-    count (and the dispatched buffer's rows) are symbolic, so the result serves every call."""
-    from cutetune.kernels.moe_dispatch.compile import compile_kernel as compile_device
-
-    return compile_device(problem, config, options)
-
-
 def launch(compiled: CompiledDispatch, tensors: Tensors) -> None:
     compiled(tensors["x"], tensors["topk_ids"], tensors["row_of"], tensors["dispatched"],
              tensors["counts"], tensors["offsets"], tensors["error"], tensors["workspace"])
