@@ -12,10 +12,10 @@ and stored for the next start; at warmup, the points missing from the cache are 
 in parallel processes (one per CPU at most), so that a cold start costs the slowest compiles,
 not their sum.
 
-The ops' fast path: once an op's checked path (its full input checks, then `lookup`) has
-served a CUDA call, the op remembers the row it was served under the signature that fixes its
-static problem (such as the kernel, the dtype and the row width: a few attribute reads), and
-later calls of that signature go from `fast_lookup` straight to the compiled launcher. The
+The ops' fast path: an op's checked path (its full input checks, then `lookup`) passes the
+signature that fixes its static problem (such as the kernel, the dtype and the row width: a
+few attribute reads), and the dispatcher keeps the row it served under it, so later calls of
+that signature go from `fast_lookup` straight to the compiled launcher. The
 launcher checks its own arguments before it launches (TVM-FFI: each tensor's dtype, shape,
 strides, alignment and device against what the kernel was compiled for), so a call it accepts
 is one its kernel computes correctly; a call it refuses goes down the checked path, whose
@@ -114,8 +114,8 @@ class Dispatcher:
         self._compiled: dict[tuple[str, str, str], Any] = {}
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
-        # By an op's input signature, the compiled kernel of each bucket (None where the bucket
-        # serves the default): what `fast_lookup` serves.
+        # By an op's input signature (given to `lookup`), the compiled kernel of each bucket
+        # (None where the bucket serves the default): what `fast_lookup` serves.
         self._fast_rows: dict[tuple, tuple[Any, ...]] = {}
         self._default_calls: Counter[tuple[str, tuple, int]] = Counter()
         self._beyond_calls: Counter[tuple[str, tuple]] = Counter()
@@ -256,10 +256,13 @@ class Dispatcher:
 
     # -- serving (hot path) ---------------------------------------------------------------
 
-    def lookup(self, kernel: KernelDef, static_tuple: tuple, num_tokens: int):
+    def lookup(self, kernel: KernelDef, static_tuple: tuple, num_tokens: int,
+               signature: tuple | None = None):
         """The compiled kernel for a call of the problem whose `static_tuple` this is (the
         ops build it with `Problem.static_tuple_of`); the problem itself is built only on a
-        miss."""
+        miss. An op's checked path passes its inputs' `signature` (what fixes the static
+        problem, the kernel's name first), so that `fast_lookup` serves the later calls that
+        have it."""
         key = (kernel.name, static_tuple)
         row = self._rows.get(key)
         if row is None:
@@ -267,6 +270,9 @@ class Dispatcher:
             log.warning("cutetune: %s %s was not warmed up; serving the heuristic default "
                         "(run cutetune tune, then warmup)", kernel.name, problem.describe())
             row = self._install(kernel, problem, False, key)
+        if signature is not None and signature not in self._fast_rows:
+            self._fast_rows[signature] = tuple(None if is_default else compiled
+                                               for compiled, is_default in row)
         index = bucket_index(num_tokens)
         compiled, is_default = row[index]
         if is_default:
@@ -274,16 +280,6 @@ class Dispatcher:
         if num_tokens > MAX_BUCKET:  # served by the largest bucket, and said so in the report
             self._beyond_calls[key] += 1
         return compiled
-
-    def remember_fast(self, signature: tuple, kernel: KernelDef, static_tuple: tuple) -> None:
-        """Let `fast_lookup` serve calls of an op whose inputs have this `signature` (what
-        fixes the static problem, the kernel's name first) from the row of `static_tuple`,
-        which `lookup` has installed: an op calls this after its checked path served a CUDA
-        call."""
-        if signature not in self._fast_rows:
-            self._fast_rows[signature] = tuple(
-                None if is_default else compiled
-                for compiled, is_default in self._rows[(kernel.name, static_tuple)])
 
     def fast_lookup(self, signature: tuple, num_tokens: int):
         """The compiled kernel for a call whose inputs have this `signature`, or None where

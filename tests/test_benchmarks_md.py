@@ -55,12 +55,17 @@ def test_every_section_comes_from_its_data(generator):
     assert "555.04 (104.8%)" in text
 
 
+def add_listed_file(results: Path, name: str, kind: str, text: str, command: str) -> None:
+    """A data file in the results copy, and its row in the index."""
+    (results / name).write_text(text)
+    with (results / "index.csv").open("a") as index:
+        index.write(f"{name},{kind},abc1234,2026-12-02,one H200,{command}\n")
+
+
 def test_the_host_steps_table_comes_from_a_listed_units_file(generator, results_copy):
-    (results_copy / "host-units-qwen3-8b-abc1234.csv").write_text(
-        "model,step,us\nqwen3-8b,a view (t[:]),2.9\n")
-    with (results_copy / "index.csv").open("a") as index:
-        index.write("host-units-qwen3-8b-abc1234.csv,host_units,abc1234,2026-12-02,one H200,"
-                    "python3 benchmarks/op_host_overhead.py qwen3-8b --units F\n")
+    add_listed_file(results_copy, "host-units-qwen3-8b-abc1234.csv", "host_units",
+                    "model,step,us\nqwen3-8b,a view (t[:]),2.9\n",
+                    "python3 benchmarks/op_host_overhead.py qwen3-8b --units F")
     text = generator.benchmarks_md()
     assert "### The single host steps" in text
     assert "| qwen3-8b | a view (t[:]) | 2.90 |" in text
@@ -68,12 +73,10 @@ def test_the_host_steps_table_comes_from_a_listed_units_file(generator, results_
 
 
 def test_the_warmup_table_shows_the_cutedsl_import_where_measured(generator, results_copy):
-    (results_copy / "warmup-abc1234.csv").write_text(
-        "model,winners,points,cold_s,warm_s,warm_loaded,cutedsl_import_s,cpus\n"
-        "qwen3-8b,64,60,15.0,4.1,60,2.74,16\n")
-    with (results_copy / "index.csv").open("a") as index:
-        index.write("warmup-abc1234.csv,warmup,abc1234,2026-12-02,one H200,"
-                    "python3 benchmarks/warmup_time.py F qwen3-8b\n")
+    add_listed_file(results_copy, "warmup-abc1234.csv", "warmup",
+                    "model,winners,points,cold_s,warm_s,warm_loaded,cutedsl_import_s,cpus\n"
+                    "qwen3-8b,64,60,15.0,4.1,60,2.74,16\n",
+                    "python3 benchmarks/warmup_time.py F qwen3-8b")
     text = generator.benchmarks_md()
     assert "| model | distinct points | cold | warm | CPU cores | CuTeDSL import |" in text
     assert "| qwen3-8b | 60 | 15.0 s | 4.1 s | 16 | 2.74 s |" in text

@@ -150,9 +150,7 @@ def test_calls_served_by_the_default_take_the_checked_path_and_are_counted(serve
 
 
 def _qk_row(dispatcher, signature):
-    kernel, static = qk.KERNEL, ("bfloat16", 128, 32, 8, 1e-6, 0.0)
-    dispatcher.lookup(kernel, static, 1)
-    dispatcher.remember_fast(signature, kernel, static)
+    dispatcher.lookup(qk.KERNEL, ("bfloat16", 128, 32, 8, 1e-6, 0.0), 1, signature)
 
 
 def test_fast_lookup_serves_a_remembered_signature_within_the_buckets(served):

@@ -23,7 +23,7 @@ class Looked(Exception):
 
 
 class RecordingDispatcher:
-    def lookup(self, kernel, static_tuple, num_tokens):
+    def lookup(self, kernel, static_tuple, num_tokens, signature=None):
         raise Looked(kernel.problem_type.from_static_tuple(static_tuple, num_tokens),
                      static_tuple)
 

@@ -98,10 +98,7 @@ def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None,
     if device < 0:
         write_reference(kernel, key, tokens, {"x": x}, {"out": out})
         return out
-    dispatcher = current_dispatcher()
-    dispatcher.lookup(kernel, key, tokens)(x, out)
-    if signature is not None:
-        dispatcher.remember_fast(signature, kernel, key)
+    current_dispatcher().lookup(kernel, key, tokens, signature)(x, out)
     return out
 
 

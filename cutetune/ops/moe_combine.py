@@ -160,10 +160,8 @@ def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: t
             "expert_out": expert_out, "row_of": row_of, "topk_weights": topk_weights},
             {"out": out})
         return out
-    dispatcher = current_dispatcher()
-    dispatcher.lookup(KERNEL, static, tokens)(expert_out, row_of, topk_weights, out)
-    if signature is not None:
-        dispatcher.remember_fast(signature, KERNEL, static)
+    current_dispatcher().lookup(KERNEL, static, tokens, signature)(
+        expert_out, row_of, topk_weights, out)
     return out
 
 

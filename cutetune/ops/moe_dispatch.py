@@ -167,12 +167,9 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
             "dispatched": result.dispatched, "counts": result.counts,
             "offsets": result.offsets, "row_of": result.row_of, "error": error})
     else:
-        dispatcher = current_dispatcher()
-        dispatcher.lookup(KERNEL, static, tokens)(
+        current_dispatcher().lookup(KERNEL, static, tokens, signature)(
             x, topk_ids, result.row_of, result.dispatched, result.counts, result.offsets,
             error, _workspace(device, end - begin))
-        if signature is not None:
-            dispatcher.remember_fast(signature, KERNEL, static)
     return _validated(result, error, validate, num_experts)
 
 

@@ -104,10 +104,7 @@ def _qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight:
         write_reference(KERNEL, static, tokens, {
             "q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight}, {"q": q, "k": k})
         return
-    dispatcher = current_dispatcher()
-    dispatcher.lookup(KERNEL, static, tokens)(q, k, q_weight, k_weight)
-    if signature is not None:
-        dispatcher.remember_fast(signature, KERNEL, static)
+    current_dispatcher().lookup(KERNEL, static, tokens, signature)(q, k, q_weight, k_weight)
 
 
 _QK_NORM_OP = torch.library.custom_op("cutetune::qk_norm", _qk_norm, mutates_args=("q", "k"))

@@ -138,11 +138,9 @@ def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, e
                         {"x": x, "residual": residual if fused else x, "weight": weight},
                         {"residual": residual, "out": out} if fused else {"out": out})
         return out
-    dispatcher = current_dispatcher()
     # The plain form ignores its residual argument: x fills it.
-    dispatcher.lookup(KERNEL, static, rows)(x, residual if fused else x, weight, out)
-    if signature is not None:
-        dispatcher.remember_fast(signature, KERNEL, static)
+    current_dispatcher().lookup(KERNEL, static, rows, signature)(
+        x, residual if fused else x, weight, out)
     return out
 
 

@@ -213,12 +213,14 @@ def _link(compiler: str, exported: Path, library: Path, libraries: list[str]) ->
         arguments += [f"-L{runtime.parent}", f"-l:{runtime.name}"]
     done = subprocess.run(arguments, capture_output=True, text=True)
     if done.returncode:
+        said = (done.stderr or done.stdout).strip().splitlines()
         raise ArtifactError(f"linking an artifact with {compiler} failed: "
-                            f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+                            f"{said[-1] if said else f'exit status {done.returncode}'}")
 
 
 RUNTIME_LIBRARIES = "runtime-libraries.json"
-_loaded_runtime: dict[str, ctypes.CDLL] = {}
+# The runtime libraries this process has loaded (their handles kept, so they stay loaded).
+_loaded_runtime: list[ctypes.CDLL] = []
 
 
 def runtime_libraries(directory: Path) -> list[str]:
@@ -245,11 +247,11 @@ def runtime_libraries(directory: Path) -> list[str]:
 
 
 def _load_runtime_libraries(directory: Path) -> None:
-    """Load the artifacts' runtime libraries into this process, once: an artifact names them
-    by file name, which the dynamic loader then finds loaded."""
-    for library in runtime_libraries(directory):
-        if library not in _loaded_runtime:
-            _loaded_runtime[library] = ctypes.CDLL(library)
+    """Load the artifacts' runtime libraries into this process, once (not at every artifact a
+    warmup loads): an artifact names them by file name, which the dynamic loader then finds
+    loaded."""
+    if not _loaded_runtime:
+        _loaded_runtime.extend(map(ctypes.CDLL, runtime_libraries(directory)))
 
 
 ARTIFACTS_DIR = "artifacts"  # under the settings' cache dir; the key names the arch
