@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import types
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -313,3 +314,26 @@ def build_standin(dtype: torch.dtype, device, shape: StandinShape = TINY,
             else:
                 parameter.normal_(0.0, 0.02)
     return model.to(device=device, dtype=dtype).eval()
+
+
+@contextmanager
+def routing_pinned(model: nn.Module):
+    """While open, each MoE router returns what it returned at its first call (a forward calls
+    each once), so every later forward of the same tokens routes them as the first did. A
+    patched model rounds in other places than the unpatched one (a norm rounds once, not
+    twice), and a random model's router logits tie within that rounding for about one token in
+    fifty; a tie broken the other way sends the token to other experts and, through attention,
+    changes every later token. Pinned, a patched forward is compared with the unpatched one on
+    the same routing (the router is torch in both)."""
+    recorded: dict[nn.Module, tuple] = {}
+
+    def pin(router, _args, output):
+        return recorded.setdefault(router, output)
+
+    handles = [module.register_forward_hook(pin) for module in model.modules()
+               if type(module).__name__.endswith("TopKRouter")]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from qwen3_moe_standin import VOCAB, build_standin, transformers_or_stub
+from qwen3_moe_standin import VOCAB, build_standin, routing_pinned, transformers_or_stub
 
 import cutetune
 from cutetune import dispatch
@@ -44,14 +44,16 @@ def test_the_patched_standin_runs_warmed_up_kernels_eagerly_and_in_a_cuda_graph(
     model = build_standin(torch.bfloat16, "cuda")
     ids = _ids(tokens, 1)
     with torch.no_grad():
-        expected = model(ids)
-        report = patch(model)
-        assert report.left_alone == (), str(report)
-        assert report.warmup == "kernels for qwen3-moe-standin (bfloat16) loaded and compiled"
-        torch.testing.assert_close(model(ids), expected, **BF16)
+        with routing_pinned(model):
+            expected = model(ids)
+            report = patch(model)
+            assert report.left_alone == (), str(report)
+            assert report.warmup == "kernels for qwen3-moe-standin (bfloat16) loaded and compiled"
+            torch.testing.assert_close(model(ids), expected, **BF16)
 
         # Warm up on the capture stream (moe_dispatch keeps its scratch per stream), capture,
-        # then replay on new tokens written into the captured input.
+        # then replay on new tokens written into the captured input; the replay computes what
+        # the patched model computes eagerly.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -64,8 +66,9 @@ def test_the_patched_standin_runs_warmed_up_kernels_eagerly_and_in_a_cuda_graph(
         ids.copy_(new_ids)
         graph.replay()
         torch.cuda.synchronize()
-        unpatch(model)
         torch.testing.assert_close(captured, model(new_ids), **BF16)
+        unpatch(model)
+        assert torch.equal(model(_ids(tokens, 1)), expected)
     served = cutetune.current_dispatcher()
     used = {table.problem.__class__.__name__ for table in served.tables()}
     assert {"RMSNormProblem", "QKNormProblem", "SiluAndMulProblem", "MoEProblem"} <= used
@@ -97,7 +100,7 @@ def test_tiny_transformers_models_patched_on_the_gpu(family, fresh_dispatcher):
     torch.manual_seed(0)
     model = _tiny(family).to(device="cuda", dtype=torch.bfloat16).eval()
     ids = _ids(33, 3)
-    with torch.no_grad():
+    with torch.no_grad(), routing_pinned(model):
         expected = model(ids, use_cache=False).logits
         report = patch(model)
         assert report.left_alone == (), str(report)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from qwen3_moe_standin import VOCAB, build_standin, transformers_stub
+from qwen3_moe_standin import VOCAB, build_standin, routing_pinned, transformers_stub
 
 from cutetune.integrations.transformers import TRANSFORMERS_VERSIONS, follows, patch, unpatch
 
@@ -36,8 +36,8 @@ def test_the_standin_is_patched_whole_with_the_transformers_stub(monkeypatch):
     for name, module in transformers_stub().items():
         monkeypatch.setitem(sys.modules, name, module)
     model = build_standin(torch.bfloat16, "cpu")
-    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
+    ids = torch.randint(0, VOCAB, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), routing_pinned(model):
         expected = model(ids)
         report = patch(model)
         got = model(ids)
@@ -46,6 +46,21 @@ def test_the_standin_is_patched_whole_with_the_transformers_stub(monkeypatch):
     assert report.left_alone == ()
     assert {e.op for e in report.replaced} == {
         "rmsnorm", "fused_add_rmsnorm", "qk_norm", "moe_dispatch, silu_and_mul, moe_combine"}
-    assert got.shape == (1, 9, VOCAB)
+    assert got.shape == (1, 64, VOCAB)
     torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=3e-2)
     assert torch.equal(again, expected)
+
+
+def test_pinned_routing_keeps_a_rounding_tie_from_sending_tokens_elsewhere(monkeypatch):
+    """Unpinned, these 64 tokens of the stand-in meet router ties that the patched model's
+    rounding breaks the other way (two tokens of its second layer go to other experts)."""
+    for name, module in transformers_stub().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    model = build_standin(torch.bfloat16, "cpu")
+    ids = torch.randint(0, VOCAB, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(ids)
+        patch(model)
+        unpinned = model(ids)
+        unpatch(model)
+    assert not torch.allclose(unpinned, expected, rtol=1.6e-2, atol=3e-2)
