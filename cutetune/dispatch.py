@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cutetune.kernels.code_hash import CODE_HASHES, remember_in
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.models import ModelShape, load_model
@@ -431,11 +432,13 @@ def warmup(model: str | ModelShape, dtype: str = "bfloat16",
     shape = model if isinstance(model, ModelShape) else load_model(model)
     fingerprint = DeviceFingerprint.current()
     settings = load_settings()
+    store = artifact_store(settings.cache_dir, fingerprint)
+    if store is not None:
+        remember_in(store.directory / CODE_HASHES)
     db = Database.open(db_url or settings.db_url)
     try:
         dispatcher = Dispatcher(device_spec_for(fingerprint.gpu_name),
-                                winners_to_serve(db, fingerprint),
-                                artifact_store(settings.cache_dir, fingerprint),
+                                winners_to_serve(db, fingerprint), store,
                                 compile_processes=os.cpu_count() or 1,
                                 shipped=shipped_winners(fingerprint))
     finally:

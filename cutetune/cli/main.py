@@ -523,12 +523,14 @@ def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: in
     the DB, then those shipped with cutetune, the defaults elsewhere) into the cache; runs on
     a machine without a GPU, for shipping the cache to GPU hosts."""
     from cutetune.dispatch import Dispatcher
+    from cutetune.kernels.code_hash import CODE_HASHES, remember_in
     from cutetune.kernels.registry import get_kernel, kernel_names
     from cutetune.results_db import shipped_with_devices, winners_with_devices
     from cutetune.tuner.artifacts import ArtifactStore, arch_for
     from cutetune.tuner.roofline import DEVICE_SPECS
 
     spec = DEVICE_SPECS[device_name]
+    remember_in(_artifacts_dir() / CODE_HASHES)
     db = obj.open_db()
     with obj.reading():
         stored = winners_with_devices(db)

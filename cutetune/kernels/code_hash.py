@@ -8,6 +8,12 @@ cutetune/kernels/device/, but the registry and this module, which declare and ha
 generate no code. Each file is hashed from its syntax tree with comments and
 docstrings left out: editing a comment keeps the winners, changing a helper's code drops those of
 every kernel that uses it.
+
+Parsing a closure's files is most of a warm warmup's time after the loads, so a process may keep
+what it worked out in a file (`remember_in`): each file's imports by the hash of its text, and
+each closure's hash by the hashes of its files' texts. A later process reads the texts, hashes
+them and looks the rest up; the keys include this module's own text and the Python version, so
+a change of the hashing or of the parser is never served an old answer.
 """
 
 from __future__ import annotations
@@ -15,54 +21,127 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 KERNELS_DIR = Path(__file__).resolve().parent
+# The memo's file name in the artifact cache (cleared with it).
+CODE_HASHES = "code-hashes.json"
 NOT_CODE = {KERNELS_DIR / "registry.py", Path(__file__).resolve()}
 
 
 def code_closure(*paths: Path) -> list[Path]:
     """The kernel's files (its declaration, its device code) and the modules their code comes
     from, sorted."""
-    return sorted(_closure_codes(*paths))
+    return sorted(_closure_texts(*paths))
 
 
 def code_closure_hash(*paths: Path) -> str:
+    texts = _closure_texts(*paths)
+    key = _text_hash("".join(f"{module.name}:{_text_hash(text)};"
+                             for module, text in sorted(texts.items())))
+    known = _memo.closures.get(key)
+    if known is not None:
+        return known
     digest = hashlib.sha256()
-    for module, code in sorted(_closure_codes(*paths).items()):
+    for module, text in sorted(texts.items()):
         digest.update(module.name.encode())
-        digest.update(code.encode())
-    return digest.hexdigest()[:16]
+        digest.update(_file_code(text).encode())
+    _memo.closures[key] = digest.hexdigest()[:16]
+    _memo.save()
+    return _memo.closures[key]
 
 
-def _closure_codes(*paths: Path) -> dict[Path, str]:
-    """Each file of the code closure of `paths` with its code as hashed."""
+def remember_in(path: Path) -> None:
+    """Keep this process's worked-out imports and closure hashes in the file `path` (read now,
+    written as they grow); where it cannot be read, start empty, and where it cannot be
+    written, keep them in this process only."""
+    global _memo
+    _memo = _Memo.read(Path(path))
+
+
+def _closure_texts(*paths: Path) -> dict[Path, str]:
+    """Each file of the code closure of `paths` with its text."""
     paths = tuple(path.resolve() for path in paths)
     # Each root folder with its package name, found once per closure.
     roots = {root: _package_name(root) for root in (
         *(path.parent for path in paths), KERNELS_DIR, KERNELS_DIR / "device")}
-    codes: dict[Path, str] = {}
+    texts: dict[Path, str] = {}
     pending = list(paths)
     while pending:
         current = pending.pop()
-        if current in codes:
+        if current in texts:
             continue
-        codes[current], imported = _file_code(current.read_text())
-        for name in imported:
+        texts[current] = current.read_text()
+        for name in _imports(texts[current]):
             found = _module_file(name, roots)
             if found is not None and found not in NOT_CODE:
                 pending.append(found)
-    return codes
+    return texts
+
+
+def _imports(text: str) -> list[str]:
+    key = _text_hash(text)
+    known = _memo.imports.get(key)
+    if known is None:
+        known = _memo.imports[key] = sorted(_imported_modules(ast.parse(text)))
+        _memo.save()
+    return known
+
+
+def _text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# What a memo's answers depend on besides the texts: this module's code and the parser's.
+_MEMO_VERSION = _text_hash(f"{Path(__file__).read_text()}{sys.version_info[:2]}")
+
+
+class _Memo:
+    """The imports of file texts and the hashes of closures, by the hashes of texts."""
+
+    def __init__(self, path: Path | None = None, imports: dict | None = None,
+                 closures: dict | None = None):
+        self.path, self.imports, self.closures = path, imports or {}, closures or {}
+
+    @classmethod
+    def read(cls, path: Path) -> _Memo:
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return cls(path)
+        if not isinstance(stored, dict) or stored.get("version") != _MEMO_VERSION:
+            return cls(path)
+        return cls(path, stored.get("imports"), stored.get("closures"))
+
+    def save(self) -> None:
+        """Written whole through a rename, so a reader never sees half a file; where several
+        processes write, the last one's answers stay and the others' are worked out again."""
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False,
+                                             suffix=".tmp") as out:
+                json.dump({"version": _MEMO_VERSION, "imports": self.imports,
+                           "closures": self.closures}, out)
+            os.chmod(out.name, 0o644)  # as readable as the artifacts beside it
+            os.replace(out.name, self.path)
+        except OSError:
+            self.path = None
+
+
+_memo = _Memo()
 
 
 @functools.lru_cache(maxsize=512)
-def _file_code(text: str) -> tuple[str, frozenset[str]]:
-    """A file's code as hashed and the modules it imports, worked out once per process and
-    text: the kernels of a model share most of their closures, and parsing is most of the
-    cost of a warmup from the artifact cache after the loads."""
-    tree = ast.parse(text)
-    imported = frozenset(_imported_modules(tree))
-    return _code_of(tree), imported
+def _file_code(text: str) -> str:
+    """A file's code as hashed, worked out once per process and text: the kernels of a model
+    share most of their closures."""
+    return _code_of(ast.parse(text))
 
 
 def _code_of(tree: ast.Module) -> str:

@@ -112,3 +112,58 @@ def test_the_hashed_text_is_the_same_under_every_python_version():
         "annotation=Name(id='int', ctx=Load()))], defaults=[Constant(value=1)]), "
         "body=[Return(value=IfExp(test=Name(id='x', ctx=Load()), body=Name(id='x', "
         "ctx=Load()), orelse=Constant()))], returns=Constant())])")
+
+
+def _memo_in(path: Path, monkeypatch) -> None:
+    """remember_in(path), with the process's memo put back after the test."""
+    monkeypatch.setattr(code_hash, "_memo", code_hash._memo)
+    code_hash.remember_in(path)
+
+
+def test_a_remembered_closure_is_hashed_again_without_parsing(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write_package(tmp_path)
+    memo = tmp_path / "cache" / code_hash.CODE_HASHES
+    _memo_in(memo, monkeypatch)
+    first = code_closure_hash(path)
+    closure = code_closure(path)
+    assert memo.is_file()
+
+    _memo_in(memo, monkeypatch)  # as a later process does
+    monkeypatch.setattr(ast, "parse", lambda *a, **k: pytest.fail("parsed a remembered file"))
+    assert code_closure_hash(path) == first
+    assert code_closure(path) == closure
+
+
+def test_a_remembered_hash_is_never_served_for_changed_code(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    memo = tmp_path / code_hash.CODE_HASHES
+    _memo_in(memo, monkeypatch)
+    before = code_closure_hash(write_package(tmp_path))
+    _memo_in(memo, monkeypatch)
+    changed = code_closure_hash(write_package(tmp_path, helper=HELPER.replace("2 *", "3 *")))
+    code_hash.remember_in(tmp_path / "elsewhere.json")  # nothing remembered: worked out anew
+    assert changed == code_closure_hash(write_package(tmp_path, helper=HELPER.replace("2 *",
+                                                                                      "3 *")))
+    assert changed != before
+
+
+def test_a_memo_of_another_hashing_or_no_memo_at_all_is_worked_out_anew(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write_package(tmp_path)
+    expected = code_closure_hash(path)
+    memo = tmp_path / code_hash.CODE_HASHES
+    _memo_in(memo, monkeypatch)
+    code_closure_hash(path)
+    stored = memo.read_text()
+    memo.write_text(stored.replace(code_hash._MEMO_VERSION, "an older hashing").replace(
+        expected, "0" * 16))
+    _memo_in(memo, monkeypatch)
+    assert code_closure_hash(path) == expected
+    memo.write_text("{half a file")
+    _memo_in(memo, monkeypatch)
+    assert code_closure_hash(path) == expected
+    unwritable = tmp_path / "file" / code_hash.CODE_HASHES
+    (tmp_path / "file").write_text("a file where the memo's folder would be")
+    _memo_in(unwritable, monkeypatch)
+    assert code_closure_hash(path) == expected
