@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = ROOT / "benchmarks" / "targets.md"
 OUT = ROOT / "BENCHMARKS.md"
-KINDS = ("bench", "tuned", "tune_walls", "warmup", "host_overhead", "host_units")
+KINDS = ("bench", "tuned", "tune_walls", "warmup", "host_overhead", "host_units", "hf_step")
 # The buckets the tuned tables show, decode to prefill.
 SHOWN_BUCKETS = (1, 8, 64, 512, 4096, 32768)
 
@@ -81,8 +81,11 @@ def provenance(row: pd.Series) -> str:
 
 
 def bench_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    # Where files measure the same implementation on the same problem and tokens, the one
+    # listed last in the index (the newest) gives the current number.
     frames = [pd.read_csv(RESULTS / f).assign(source=f) for f in rows["file"]]
-    frame = pd.concat(frames)
+    frame = pd.concat(frames).drop_duplicates(
+        ["kernel", "problem", "tokens", "implementation"], keep="last")
     parts = ["## Kernels against the peers\n",
              "Sources: " + "; ".join(provenance(r) for _, r in rows.iterrows()) + ".\n"]
     tuned = {kernel for f in index.loc[index["kind"] == "tuned", "file"]
@@ -174,22 +177,45 @@ def tune_walls_table(path: Path) -> list[str]:
 def warmup_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     return sourced_section(
         "## Warmup time",
-        "`cutetune.warmup(model)` in a fresh process (torch imported, CUDA initialised), with "
-        "a distinct winner at every bucket of every problem: cold (empty artifact cache, "
-        "compiled in parallel processes) and warm (every point loaded); where measured, the "
-        "time `import cutlass.cute` takes in a fresh process, which a warm warmup includes.",
+        "`cutetune.warmup(model)` in a fresh process (torch imported, CUDA initialised, the "
+        "bytecode of what it imports compiled, as an installed package has it), with a "
+        "distinct winner at every bucket of every problem: cold (empty artifact cache, "
+        "compiled in parallel processes) and warm (every point loaded from the cache), and how "
+        "many CuTeDSL modules the warm warmup imported.",
         rows, warmup_table)
 
 
 def warmup_table(path: Path) -> list[str]:
-    table = pd.read_csv(path)
-    imports = "cutedsl_import_s" in table
-    return ["| model | distinct points | cold | warm | CPU cores |"
-            + (" CuTeDSL import |" if imports else ""),
-            "|---|---:|---:|---:|---:|" + ("---:|" if imports else ""),
-            *(f"| {r.model} | {r.points} | {r.cold_s} s | {r.warm_s} s | {r.cpus} |"
-              + (f" {r.cutedsl_import_s} s |" if imports else "")
-              for r in table.itertuples())]
+    return ["| model | distinct points | cold | warm | CuTeDSL modules (warm) | CPU cores |",
+            "|---|---:|---:|---:|---:|---:|",
+            *(f"| {r.model} | {r.points} | {r.cold_s} s | **{r.warm_s} s** | "
+              f"{r.warm_cutedsl_modules} | {r.cpus} |" for r in pd.read_csv(path).itertuples())]
+
+
+def hf_step_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    return sourced_section(
+        "## A Hugging Face model's step",
+        "A 2-layer Qwen3-30B-A3B-shaped `transformers` model (random bf16 weights, a "
+        "4096-token vocabulary), unpatched, patched by `cutetune.integrations.transformers."
+        "patch`, and patched by liger-kernel's `apply_liger_kernel_to_qwen3_moe`: a decode step "
+        "is a (batch, 1) forward without a KV cache, the prefill one sequence of 4096 tokens; "
+        "medians of 50 calls timed with CUDA events (us). The unpatched model cannot be "
+        "captured in a CUDA graph (transformers' expert loop reads on the host which experts "
+        "were hit); liger's patched model failed to capture too (CUDA: 'operation failed due "
+        "to a previous error during capture').",
+        rows, hf_step_table)
+
+
+def hf_step_table(path: Path) -> list[str]:
+    frame = pd.read_csv(path)
+    us = frame.pivot_table(index="case", columns="model", values="median us", sort=False)
+    variants = list(frame["model"].unique())
+    lines = ["| case | " + " | ".join(variants) + " |", "|---|" + "---:|" * len(variants)]
+    for case in us.index:
+        lines.append(f"| {case} | " + " | ".join(
+            f"{us.loc[case, v]:.0f}" if pd.notna(us.loc[case].get(v)) else "-"
+            for v in variants) + " |")
+    return lines
 
 
 def host_overhead_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
@@ -218,7 +244,7 @@ def host_units_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
 # peers' section names the kernels the tuned files hold but no bench file does).
 SECTIONS = {"bench": bench_section, "tuned": tuned_section, "tune_walls": tune_walls_section,
             "warmup": warmup_section, "host_overhead": host_overhead_section,
-            "host_units": host_units_section}
+            "host_units": host_units_section, "hf_step": hf_step_section}
 
 
 def benchmarks_md() -> str:

@@ -38,8 +38,8 @@ def test_a_data_file_the_index_does_not_list_is_refused(generator, results_copy)
 
 
 def test_a_listed_file_that_is_missing_is_refused(generator, results_copy):
-    (results_copy / "warmup-2339b97.csv").unlink()
-    with pytest.raises(SystemExit, match="not there: warmup-2339b97.csv"):
+    (results_copy / "warmup-cf6327a.csv").unlink()
+    with pytest.raises(SystemExit, match="not there: warmup-cf6327a.csv"):
         generator.benchmarks_md()
 
 
@@ -47,10 +47,12 @@ def test_every_section_comes_from_its_data(generator):
     text = generator.benchmarks_md()
     for heading in ("## Method", "## Kernels against the peers",
                     "## Tuned winners of the shipped models", "## Whole-model tuning time",
-                    "## Warmup time", "## Host time per call", "## Targets missed"):
+                    "## Warmup time", "## Host time per call", "## A Hugging Face model's step",
+                    "## Targets missed"):
         assert heading in text
     # A number from each kind of file, as the file holds it.
-    assert "| qwen3-8b | 60 | 15.03 s | 4.089 s | 16 |" in text
+    assert "| qwen3-8b | 60 | 11.47 s | **0.786 s** | 0 | 16 |" in text
+    assert "| prefill 4096 tokens | 8449 | 5326 | - | 8273 | - |" in text
     assert "**24.63 us**" in text
     assert "555.04 (104.8%)" in text
 
@@ -72,12 +74,24 @@ def test_the_host_steps_table_comes_from_a_listed_units_file(generator, results_
     assert text.index("## Host time per call") < text.index("### The single host steps")
 
 
-def test_the_warmup_table_shows_the_cutedsl_import_where_measured(generator, results_copy):
-    add_listed_file(results_copy, "warmup-abc1234.csv", "warmup",
-                    "model,winners,points,cold_s,warm_s,warm_loaded,cutedsl_import_s,cpus\n"
-                    "qwen3-8b,64,60,15.0,4.1,60,2.74,16\n",
-                    "python3 benchmarks/warmup_time.py F qwen3-8b")
+BENCH_HEAD = ("gpu,kernel,problem,tokens,implementation,us,iqr_us,gbps,pct_of_copy,copy_gbps,"
+              "empty_kernel_us,note\n")
+
+
+def bench_row(implementation: str, us: float) -> str:
+    return (f'H200,rmsnorm,"{{""hidden"": 7}}",4096,"{implementation}",{us},0.1,1000,50.0,4000,'
+            f'0.5,\n')
+
+
+def test_a_newer_bench_file_gives_the_current_number_of_what_both_measured(generator,
+                                                                          results_copy):
+    for name, us in (("bench-old.csv", 11.0), ("bench-new.csv", 22.0)):
+        add_listed_file(results_copy, name, "bench",
+                        BENCH_HEAD + bench_row("cutetune default", us)
+                        + bench_row("copy, same bytes", 5.0) + bench_row("torch eager", 44.0),
+                        "cutetune bench rmsnorm --model M --out F")
     text = generator.benchmarks_md()
-    assert "| model | distinct points | cold | warm | CPU cores | CuTeDSL import |" in text
-    assert "| qwen3-8b | 60 | 15.0 s | 4.1 s | 16 | 2.74 s |" in text
-    assert "| qwen3-8b | 60 | 15.03 s | 4.089 s | 16 |\n" in text  # the file without it
+    # The peers of the committed rmsnorm files have no row here: "-".
+    assert ("| hidden=7 | 4096 | - | 22.00 | 44.00 | - | - | - | 5.00 | 50.0% | 22.7% | 2.00x |"
+            in text)
+    assert "11.00" not in text
