@@ -202,19 +202,30 @@ def hf_step_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         "medians of 50 calls timed with CUDA events (us). The unpatched model cannot be "
         "captured in a CUDA graph (transformers' expert loop reads on the host which experts "
         "were hit); liger's patched model failed to capture too (CUDA: 'operation failed due "
-        "to a previous error during capture').",
+        "to a previous error during capture'). Where measured, the kernels' device time of one "
+        "eager forward (torch.profiler, summed), unpatched and patched by cutetune, and the "
+        "part of the patched one cutetune's kernels take.",
         rows, hf_step_table)
 
 
 def hf_step_table(path: Path) -> list[str]:
+    """A column per variant (us); where the file has the patched forward's kernel time, a last
+    column with the part cutetune's kernels take (hf_decode_step.py writes it as a note)."""
     frame = pd.read_csv(path)
     us = frame.pivot_table(index="case", columns="model", values="median us", sort=False)
     variants = list(frame["model"].unique())
-    lines = ["| case | " + " | ".join(variants) + " |", "|---|" + "---:|" * len(variants)]
+    notes = frame["note"].fillna("")
+    shares = dict(zip(frame.loc[notes.str.startswith("cutetune's kernels"), "case"],
+                      notes[notes.str.startswith("cutetune's kernels")].str.removeprefix(
+                          "cutetune's kernels "), strict=True))
+    extra = ["cutetune's kernels (share)"] if shares else []
+    lines = ["| case | " + " | ".join(variants + extra) + " |",
+             "|---|" + "---:|" * (len(variants) + len(extra))]
     for case in us.index:
+        cells = [f"{us.loc[case, v]:.0f}" if pd.notna(us.loc[case].get(v)) else "-"
+                 for v in variants]
         lines.append(f"| {case} | " + " | ".join(
-            f"{us.loc[case, v]:.0f}" if pd.notna(us.loc[case].get(v)) else "-"
-            for v in variants) + " |")
+            cells + ([shares.get(case, "-")] if shares else [])) + " |")
     return lines
 
 

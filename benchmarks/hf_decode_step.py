@@ -21,6 +21,9 @@ new token only), so it times the norms, projections, MoE layer and lm_head.
 
 Each figure is the median (and interquartile range) of --repeats calls timed with CUDA events,
 after warm-up calls; every patched model's logits are compared with the unpatched model's.
+Beside them, per case, the device time of one eager forward's kernels (torch.profiler's CUDA
+activity, summed), unpatched and patched by cutetune, with the part cutetune's own kernels take
+in the patched one: what the patch saves on the GPU and the share of the step left to it.
 Prints a table; --out writes it as CSV.
 """
 
@@ -101,6 +104,42 @@ def build_transformers_model(shape: StandinShape, device: str = "cuda"):
     return model, lambda ids: model(ids, use_cache=False).logits
 
 
+# CuTeDSL names every kernel it compiles so; in a model patched by cutetune, cutetune's are the
+# only CuTeDSL kernels.
+CUTEDSL_KERNEL_PREFIX = "kernel_cutlass"
+
+
+def kernel_time_us(forward, ids: torch.Tensor) -> tuple[float, float]:
+    """The device time of one forward's kernels and copies, and of cutetune's among them, in
+    microseconds (torch.profiler, after one unprofiled forward)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    forward(ids)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+        forward(ids)
+        torch.cuda.synchronize()
+    return device_time_split(profiled.events())
+
+
+def device_time_split(events) -> tuple[float, float]:
+    """Summed durations (us) of the device events, and of those that are CuTeDSL kernels."""
+    on_device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.time_range.elapsed_us() for e in on_device)
+    ours = sum(e.time_range.elapsed_us() for e in on_device
+               if e.name.startswith(CUTEDSL_KERNEL_PREFIX))
+    return total, ours
+
+
+def kernel_time_rows(variant: str, forward, inputs: dict) -> list[tuple]:
+    rows = []
+    for name, ids in inputs.items():
+        total, ours = kernel_time_us(forward, ids)
+        note = f"cutetune's kernels {ours:.1f} us ({100 * ours / total:.1f}%)" if ours else ""
+        rows.append((name, f"{variant}, kernels' device time", total, float("nan"), note))
+    return rows
+
+
 def timed_rows(variant: str, forward, inputs: dict, expected: dict, repeats: int,
                graph: bool) -> list[tuple]:
     """The rows of one variant: eager for every case (with its largest logit difference from
@@ -164,8 +203,10 @@ def main() -> None:
         for name, ids in inputs.items():
             us, iqr = time_us(lambda ids=ids: forward(ids), args.repeats)
             rows.append((name, "unpatched, eager", us, iqr, ""))
+        rows += kernel_time_rows("unpatched", forward, inputs)
         print(patch(model))
         rows += timed_rows("cutetune", forward, inputs, expected, args.repeats, graph=True)
+        rows += kernel_time_rows("cutetune", forward, inputs)
         unpatch(model)
         if kind == "transformers":
             rows += liger_rows(model, forward, inputs, expected, args.repeats)

@@ -95,3 +95,18 @@ def test_a_newer_bench_file_gives_the_current_number_of_what_both_measured(gener
     assert ("| hidden=7 | 4096 | - | 22.00 | 44.00 | - | - | - | 5.00 | 50.0% | 22.7% | 2.00x |"
             in text)
     assert "11.00" not in text
+
+
+def test_the_hf_step_table_shows_cutetunes_share_where_the_file_has_it(generator,
+                                                                       results_copy):
+    add_listed_file(results_copy, "hf-step-abc1234.csv", "hf_step",
+                    "case,model,median us,IQR us,note\n"
+                    "decode batch 1,\"unpatched, eager\",5000.0,10.0,\n"
+                    "decode batch 1,\"cutetune, CUDA graph\",370.0,2.0,\n"
+                    "decode batch 1,\"cutetune, kernels' device time\",360.0,,"
+                    "cutetune's kernels 21.0 us (5.8%)\n",
+                    "python3 benchmarks/hf_decode_step.py --layers 2 --out F")
+    text = generator.benchmarks_md()
+    assert ("| case | unpatched, eager | cutetune, CUDA graph | cutetune, kernels' device time "
+            "| cutetune's kernels (share) |") in text
+    assert "| decode batch 1 | 5000 | 370 | 360 | 21.0 us (5.8%) |" in text
