@@ -49,7 +49,7 @@ def code_closure_hash(*paths: Path) -> str:
     digest = hashlib.sha256()
     for module, text in sorted(texts.items()):
         digest.update(module.name.encode())
-        digest.update(_file_code(text).encode())
+        digest.update(_analysed(text)[0].encode())
     _memo.closures[key] = digest.hexdigest()[:16]
     _memo.save()
     return _memo.closures[key]
@@ -87,8 +87,7 @@ def _imports(text: str) -> list[str]:
     key = _text_hash(text)
     known = _memo.imports.get(key)
     if known is None:
-        known = _memo.imports[key] = sorted(_imported_modules(ast.parse(text)))
-        _memo.save()
+        known = _memo.imports[key] = _analysed(text)[1]
     return known
 
 
@@ -122,26 +121,32 @@ class _Memo:
         processes write, the last one's answers stay and the others' are worked out again."""
         if self.path is None:
             return
+        written = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False,
                                              suffix=".tmp") as out:
+                written = Path(out.name)
                 json.dump({"version": _MEMO_VERSION, "imports": self.imports,
                            "closures": self.closures}, out)
-            os.chmod(out.name, 0o644)  # as readable as the artifacts beside it
-            os.replace(out.name, self.path)
+            written.chmod(0o644)  # as readable as the artifacts beside it
+            os.replace(written, self.path)
         except OSError:
             self.path = None
+            if written is not None:
+                written.unlink(missing_ok=True)
 
 
 _memo = _Memo()
 
 
 @functools.lru_cache(maxsize=512)
-def _file_code(text: str) -> str:
-    """A file's code as hashed, worked out once per process and text: the kernels of a model
-    share most of their closures."""
-    return _code_of(ast.parse(text))
+def _analysed(text: str) -> tuple[str, list[str]]:
+    """A file's code as hashed and the modules it imports, from one parse, worked out once per
+    process and text: the kernels of a model share most of their closures."""
+    tree = ast.parse(text)
+    imported = sorted(_imported_modules(tree))
+    return _code_of(tree), imported
 
 
 def _code_of(tree: ast.Module) -> str:

@@ -115,8 +115,10 @@ def test_the_hashed_text_is_the_same_under_every_python_version():
 
 
 def _memo_in(path: Path, monkeypatch) -> None:
-    """remember_in(path), with the process's memo put back after the test."""
+    """remember_in(path) as a fresh process does it (nothing parsed yet), with the process's
+    memo put back after the test."""
     monkeypatch.setattr(code_hash, "_memo", code_hash._memo)
+    code_hash._analysed.cache_clear()
     code_hash.remember_in(path)
 
 
