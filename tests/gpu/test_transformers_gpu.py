@@ -22,11 +22,19 @@ pytestmark = pytest.mark.gpu
 BF16 = dict(rtol=1.6e-2, atol=3e-2)
 
 
+@pytest.fixture(scope="module")
+def shared_cache_dir(tmp_path_factory):
+    """One artifact cache for the module's warmups: the models share points (the stand-in's
+    two token counts all of them), and an artifact is keyed by everything its binary depends
+    on, so a point compiled by one warmup is loaded by the next."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture
-def fresh_dispatcher(tmp_path, monkeypatch):
-    """Warmup reads and writes a database and an artifact cache of this test's own; the
-    process-wide dispatcher it installs is dropped afterwards."""
-    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(tmp_path))
+def fresh_dispatcher(tmp_path, shared_cache_dir, monkeypatch):
+    """Warmup reads and writes a database of this test's own (the module's artifact cache);
+    the process-wide dispatcher it installs is dropped afterwards."""
+    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(shared_cache_dir))
     monkeypatch.setenv("CUTETUNE_DB", f"sqlite:///{tmp_path / 'cutetune.db'}")
     yield
     dispatch._current = None
