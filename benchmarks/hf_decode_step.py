@@ -20,7 +20,10 @@ new token only), so it times the norms, projections, MoE layer and lm_head.
   note says why). liger patches transformers' modeling module for good: run it last.
 
 Each figure is the median (and interquartile range) of --repeats calls timed with CUDA events,
-after warm-up calls; every patched model's logits are compared with the unpatched model's.
+after warm-up calls; every patched model's logits are compared with the unpatched model's on
+the unpatched forward's routing (tests/qwen3_moe_standin.py's routing_pinned: where a token's
+router logits tie within bf16 rounding, the patched model's other rounding would send it to
+other experts and change every later token).
 Beside them, per case, the device time of one eager forward's kernels (torch.profiler's CUDA
 activity, summed), unpatched and patched by cutetune, with the part cutetune's own kernels take
 in the patched one: what the patch saves on the GPU and the share of the step left to it.
@@ -42,6 +45,7 @@ from qwen3_moe_standin import (  # noqa: E402
     QWEN3_30B_A3B_LAYERS,
     StandinShape,
     build_standin,
+    routing_pinned,
     transformers_or_stub,
 )
 
@@ -140,13 +144,25 @@ def kernel_time_rows(variant: str, forward, inputs: dict) -> list[tuple]:
     return rows
 
 
-def timed_rows(variant: str, forward, inputs: dict, expected: dict, repeats: int,
+def unpatched_outputs(model, forward, inputs: dict) -> dict:
+    """Each input's logits from the unpatched model, with the routing its MoE routers chose."""
+    outputs = {}
+    for name, ids in inputs.items():
+        with routing_pinned(model) as routing:
+            outputs[name] = (forward(ids), routing)
+    return outputs
+
+
+def timed_rows(variant: str, model, forward, inputs: dict, unpatched: dict, repeats: int,
                graph: bool) -> list[tuple]:
     """The rows of one variant: eager for every case (with its largest logit difference from
-    the unpatched model), and replayed from a CUDA graph for the decode cases when `graph`."""
+    the unpatched model, on its routing), and replayed from a CUDA graph for the decode cases
+    when `graph`."""
     rows = []
     for name, ids in inputs.items():
-        diff = (forward(ids).float() - expected[name].float()).abs().max().item()
+        logits, routing = unpatched[name]
+        with routing_pinned(model, routing):
+            diff = (forward(ids).float() - logits.float()).abs().max().item()
         us, iqr = time_us(lambda ids=ids: forward(ids), repeats)
         rows.append((name, f"{variant}, eager", us, iqr, f"max |logit diff| {diff:.3g}"))
         if graph and name.startswith("decode"):
@@ -161,7 +177,7 @@ def timed_rows(variant: str, forward, inputs: dict, expected: dict, repeats: int
     return rows
 
 
-def liger_rows(model, forward, inputs: dict, expected: dict, repeats: int) -> list[tuple]:
+def liger_rows(model, forward, inputs: dict, unpatched: dict, repeats: int) -> list[tuple]:
     try:
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3_moe
     except ImportError as err:
@@ -169,7 +185,7 @@ def liger_rows(model, forward, inputs: dict, expected: dict, repeats: int) -> li
         return []
     apply_liger_kernel_to_qwen3_moe(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                     fused_linear_cross_entropy=False, model=model)
-    return timed_rows("liger", forward, inputs, expected, repeats, graph=True)
+    return timed_rows("liger", model, forward, inputs, unpatched, repeats, graph=True)
 
 
 def main() -> None:
@@ -199,17 +215,18 @@ def main() -> None:
         0, shape.vocab_size, (1, PREFILL_TOKENS), device="cuda", generator=generator)
     rows = []
     with torch.no_grad():
-        expected = {name: forward(ids) for name, ids in inputs.items()}
+        unpatched = unpatched_outputs(model, forward, inputs)
         for name, ids in inputs.items():
             us, iqr = time_us(lambda ids=ids: forward(ids), args.repeats)
             rows.append((name, "unpatched, eager", us, iqr, ""))
         rows += kernel_time_rows("unpatched", forward, inputs)
         print(patch(model))
-        rows += timed_rows("cutetune", forward, inputs, expected, args.repeats, graph=True)
+        rows += timed_rows("cutetune", model, forward, inputs, unpatched, args.repeats,
+                           graph=True)
         rows += kernel_time_rows("cutetune", forward, inputs)
         unpatch(model)
         if kind == "transformers":
-            rows += liger_rows(model, forward, inputs, expected, args.repeats)
+            rows += liger_rows(model, forward, inputs, unpatched, args.repeats)
     header = ("case", "model", "median us", "IQR us", "note")
     print(f"{args.layers}-layer Qwen3-30B-A3B-shaped model ({kind}), bf16, "
           f"{torch.cuda.get_device_name()}")

@@ -317,15 +317,16 @@ def build_standin(dtype: torch.dtype, device, shape: StandinShape = TINY,
 
 
 @contextmanager
-def routing_pinned(model: nn.Module):
+def routing_pinned(model: nn.Module, recorded: dict | None = None):
     """While open, each MoE router returns what it returned at its first call (a forward calls
-    each once), so every later forward of the same tokens routes them as the first did. A
+    each once), so every later forward of the same tokens routes them as the first did; given
+    `recorded` (what an earlier pinning yielded), the routers return that forward's answers. A
     patched model rounds in other places than the unpatched one (a norm rounds once, not
     twice), and a random model's router logits tie within that rounding for about one token in
     fifty; a tie broken the other way sends the token to other experts and, through attention,
     changes every later token. Pinned, a patched forward is compared with the unpatched one on
     the same routing (the router is torch in both)."""
-    recorded: dict[nn.Module, tuple] = {}
+    recorded = {} if recorded is None else recorded
 
     def pin(router, _args, output):
         return recorded.setdefault(router, output)
@@ -333,7 +334,7 @@ def routing_pinned(model: nn.Module):
     handles = [module.register_forward_hook(pin) for module in model.modules()
                if type(module).__name__.endswith("TopKRouter")]
     try:
-        yield
+        yield recorded
     finally:
         for handle in handles:
             handle.remove()

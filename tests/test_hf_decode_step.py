@@ -1,14 +1,18 @@
-"""benchmarks/hf_decode_step.py's kernel time on the CPU: which profiler events it sums, and
-which of them it counts as cutetune's."""
+"""benchmarks/hf_decode_step.py on the CPU: which profiler events its kernel time sums and
+which of them it counts as cutetune's, and the routing it compares logits on."""
 
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from qwen3_moe_standin import VOCAB, build_standin, transformers_stub
 from torch.autograd.profiler_util import FunctionEvent
+
+from cutetune.integrations.transformers import patch, unpatch
 
 BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -39,3 +43,25 @@ def test_the_device_time_sums_device_events_and_counts_cutedsl_kernels_as_cutetu
 def test_no_device_events_give_zero(hf_decode_step):
     assert hf_decode_step.device_time_split(
         [event("aten::add", 0, 5, torch.autograd.DeviceType.CPU)]) == (0, 0)
+
+
+def test_the_patched_logits_are_compared_on_the_unpatched_routing(hf_decode_step, monkeypatch):
+    """The stand-in's 64 tokens of seed 0 meet router ties (tests/integrations): compared on
+    the unpatched forward's routing, the patched logits are off by bf16 rounding only."""
+    for name, module in transformers_stub().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(hf_decode_step, "time_us", lambda call, repeats: (0.0, 0.0))
+    model = build_standin(torch.bfloat16, "cpu")
+    inputs = {"64 tokens": torch.randint(0, VOCAB, (1, 64),
+                                         generator=torch.Generator().manual_seed(0))}
+    with torch.no_grad():
+        unpatched = hf_decode_step.unpatched_outputs(model, model, inputs)
+        patch(model)
+        rows = hf_decode_step.timed_rows("cutetune", model, model, inputs, unpatched, 1,
+                                         graph=False)
+        unpinned = (model(inputs["64 tokens"]) - unpatched["64 tokens"][0]).abs().max().item()
+        unpatch(model)
+    (case, variant, _, _, note), = rows
+    pinned = float(note.removeprefix("max |logit diff| "))
+    assert (case, variant) == ("64 tokens", "cutetune, eager")
+    assert pinned < 0.05 < unpinned
