@@ -215,9 +215,9 @@ def hf_step_table(path: Path) -> list[str]:
     us = frame.pivot_table(index="case", columns="model", values="median us", sort=False)
     variants = list(frame["model"].unique())
     notes = frame["note"].fillna("")
-    shares = dict(zip(frame.loc[notes.str.startswith("cutetune's kernels"), "case"],
-                      notes[notes.str.startswith("cutetune's kernels")].str.removeprefix(
-                          "cutetune's kernels "), strict=True))
+    share = notes.str.startswith("cutetune's kernels ")
+    shares = dict(zip(frame.loc[share, "case"],
+                      notes[share].str.removeprefix("cutetune's kernels "), strict=True))
     extra = ["cutetune's kernels (share)"] if shares else []
     lines = ["| case | " + " | ".join(variants + extra) + " |",
              "|---|" + "---:|" * (len(variants) + len(extra))]

@@ -22,10 +22,10 @@ import ast
 import functools
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from cutetune.atomic_file import write_atomically
 
 KERNELS_DIR = Path(__file__).resolve().parent
 # The memo's file name in the artifact cache (cleared with it).
@@ -36,18 +36,18 @@ NOT_CODE = {KERNELS_DIR / "registry.py", Path(__file__).resolve()}
 def code_closure(*paths: Path) -> list[Path]:
     """The kernel's files (its declaration, its device code) and the modules their code comes
     from, sorted."""
-    return sorted(_closure_texts(*paths))
+    return sorted(_closure_files(*paths))
 
 
 def code_closure_hash(*paths: Path) -> str:
-    texts = _closure_texts(*paths)
-    key = _text_hash("".join(f"{module.name}:{_text_hash(text)};"
-                             for module, text in sorted(texts.items())))
+    files = sorted(_closure_files(*paths).items())
+    key = _text_hash("".join(f"{module.name}:{text_hash};"
+                             for module, (_, text_hash) in files))
     known = _memo.closures.get(key)
     if known is not None:
         return known
     digest = hashlib.sha256()
-    for module, text in sorted(texts.items()):
+    for module, (text, _) in files:
         digest.update(module.name.encode())
         digest.update(_analysed(text)[0].encode())
     _memo.closures[key] = digest.hexdigest()[:16]
@@ -63,31 +63,31 @@ def remember_in(path: Path) -> None:
     _memo = _Memo.read(Path(path))
 
 
-def _closure_texts(*paths: Path) -> dict[Path, str]:
-    """Each file of the code closure of `paths` with its text."""
+def _closure_files(*paths: Path) -> dict[Path, tuple[str, str]]:
+    """Each file of the code closure of `paths` with its text and the hash of its text."""
     paths = tuple(path.resolve() for path in paths)
     # Each root folder with its package name, found once per closure.
     roots = {root: _package_name(root) for root in (
         *(path.parent for path in paths), KERNELS_DIR, KERNELS_DIR / "device")}
-    texts: dict[Path, str] = {}
+    files: dict[Path, tuple[str, str]] = {}
     pending = list(paths)
     while pending:
         current = pending.pop()
-        if current in texts:
+        if current in files:
             continue
-        texts[current] = current.read_text()
-        for name in _imports(texts[current]):
+        text = current.read_text()
+        files[current] = text, _text_hash(text)
+        for name in _imports(*files[current]):
             found = _module_file(name, roots)
             if found is not None and found not in NOT_CODE:
                 pending.append(found)
-    return texts
+    return files
 
 
-def _imports(text: str) -> list[str]:
-    key = _text_hash(text)
-    known = _memo.imports.get(key)
+def _imports(text: str, text_hash: str) -> list[str]:
+    known = _memo.imports.get(text_hash)
     if known is None:
-        known = _memo.imports[key] = _analysed(text)[1]
+        known = _memo.imports[text_hash] = _analysed(text)[1]
     return known
 
 
@@ -117,24 +117,17 @@ class _Memo:
         return cls(path, stored.get("imports"), stored.get("closures"))
 
     def save(self) -> None:
-        """Written whole through a rename, so a reader never sees half a file; where several
-        processes write, the last one's answers stay and the others' are worked out again."""
+        """Written whole (atomic_file); where several processes write, the last one's answers
+        stay and the others' are worked out again."""
         if self.path is None:
             return
-        written = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False,
-                                             suffix=".tmp") as out:
-                written = Path(out.name)
-                json.dump({"version": _MEMO_VERSION, "imports": self.imports,
-                           "closures": self.closures}, out)
-            written.chmod(0o644)  # as readable as the artifacts beside it
-            os.replace(written, self.path)
+            write_atomically(self.path, json.dumps({
+                "version": _MEMO_VERSION, "imports": self.imports,
+                "closures": self.closures}).encode())
         except OSError:
             self.path = None
-            if written is not None:
-                written.unlink(missing_ok=True)
 
 
 _memo = _Memo()

@@ -37,6 +37,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from cutetune.atomic_file import write_atomically
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
@@ -146,7 +147,7 @@ class ArtifactStore:
                     "problem": problem.describe(), "static_key": problem.static_key(),
                     "config": config_to_json(config), "arch": self.arch,
                     "toolchain": _toolchain()}
-        _write_atomically(self.directory / f"{key}.json", json.dumps(manifest).encode())
+        write_atomically(self.directory / f"{key}.json", json.dumps(manifest).encode())
         with tempfile.TemporaryDirectory(dir=self.directory) as scratch:
             exported, library = Path(scratch) / "point.o", Path(scratch) / "point.so"
             function.export_to_c(str(exported), function_name=_function_name(key),
@@ -242,7 +243,7 @@ def runtime_libraries(directory: Path) -> list[str]:
     libraries = [str(Path(library).resolve())
                  for library in find_runtime_libraries(enable_tvm_ffi=True)]
     directory.mkdir(parents=True, exist_ok=True)
-    _write_atomically(record, json.dumps({**here, "libraries": libraries}).encode())
+    write_atomically(record, json.dumps({**here, "libraries": libraries}).encode())
     return libraries
 
 
@@ -264,16 +265,6 @@ def clear_artifacts(directory: Path) -> int:
         path.unlink(missing_ok=True)
         removed += 1
     return removed
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
-    finally:
-        Path(temporary).unlink(missing_ok=True)
 
 
 def _name_parts(path: Path) -> tuple[str, str]:
