@@ -15,10 +15,12 @@ PACKAGE = Path(cutetune.__file__).parent
 MAY_IMPORT = {
     "settings": set(),
     "version": set(),
+    # Files written whole, for the code-hash memo (kernels) and the artifacts (tuner).
+    "atomic_file": set(),
     "spaces": set(),
     "results_db": set(),
-    "kernels": {"spaces"},
-    "tuner": {"spaces", "kernels", "results_db"},
+    "kernels": {"spaces", "atomic_file"},
+    "tuner": {"spaces", "kernels", "results_db", "atomic_file"},
     "dispatch": {"spaces", "kernels", "tuner", "results_db", "settings"},
     "ops": {"spaces", "kernels", "dispatch"},
     "bench": {"spaces", "kernels", "tuner", "results_db", "dispatch"},
