@@ -322,8 +322,8 @@ def routing_pinned(model: nn.Module, recorded: dict | None = None):
     each once), so every later forward of the same tokens routes them as the first did; given
     `recorded` (what an earlier pinning yielded), the routers return that forward's answers. A
     patched model rounds in other places than the unpatched one (a norm rounds once, not
-    twice), and a random model's router logits tie within that rounding for about one token in
-    fifty; a tie broken the other way sends the token to other experts and, through attention,
+    twice), and a random model's router logits tie within that rounding for a few tokens of a
+    batch; a tie broken the other way sends the token to other experts and, through attention,
     changes every later token. Pinned, a patched forward is compared with the unpatched one on
     the same routing (the router is torch in both)."""
     recorded = {} if recorded is None else recorded
