@@ -282,15 +282,6 @@ class Dispatcher:
             self._beyond_calls[key] += 1
         return compiled
 
-    def fast_lookup(self, signature: tuple, num_tokens: int):
-        """The compiled kernel for a call whose inputs have this `signature`, or None where
-        the call must take the op's checked path: a signature not remembered, no tokens, more
-        than the largest bucket, or a bucket served by the default (`lookup` counts those)."""
-        row = self._fast_rows.get(signature)
-        if row is None or not 0 < num_tokens <= MAX_BUCKET:
-            return None
-        return row[(num_tokens - 1).bit_length()]
-
     # -- reporting ------------------------------------------------------------------------
 
     def cache_summary(self) -> str:
@@ -370,6 +361,19 @@ def _ranges(buckets: list[int]) -> str:
 # -- the process-wide dispatcher the public ops call through -------------------------------
 
 _current: Dispatcher | None = None
+
+
+def fast_lookup(signature: tuple, num_tokens: int):
+    """The current dispatcher's compiled kernel for a call whose inputs have this `signature`,
+    or None where the call must take the op's checked path: no dispatcher yet, a signature not
+    remembered, no tokens, more than the largest bucket, or a bucket served by the default
+    (`lookup` counts those). A module function, not a method: every op call makes it, and
+    fetching the dispatcher first would cost each a call more."""
+    dispatcher = _current
+    if dispatcher is None or not 0 < num_tokens <= MAX_BUCKET:
+        return None
+    row = dispatcher._fast_rows.get(signature)
+    return None if row is None else row[(num_tokens - 1).bit_length()]
 
 
 def current_dispatcher() -> Dispatcher:

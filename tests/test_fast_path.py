@@ -6,6 +6,7 @@ the launchers are stand-ins that record their calls (and refuse what TVM-FFI wou
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -125,6 +126,30 @@ def test_a_call_the_launcher_refuses_gets_the_checks_error(served):
     assert len(served.launcher.calls) == 1
 
 
+def test_moe_dispatch_into_given_buffers_allocates_nothing(served, monkeypatch):
+    x, topk_ids = bf16(3, 2048), ids(3)
+    out = moe_dispatch.moe_dispatch_buffers(x, topk_ids, 128)
+    allocated = []
+    allocate = moe_dispatch._allocate
+    monkeypatch.setattr(moe_dispatch, "_allocate",
+                        lambda *args: allocated.append(args) or allocate(*args))
+    for _ in range(3):
+        assert moe_dispatch.moe_dispatch(x, topk_ids, 128, out=out) is out
+    assert allocated == [] and len(served.launcher.calls) == 3
+    assert served.launcher.calls[-1][2:7] == (out.row_of, out.dispatched, out.counts,
+                                              out.offsets, out.error)
+
+
+def test_too_few_dispatched_rows_take_the_checked_path(served):
+    x, topk_ids = bf16(3, 2048), ids(3)
+    out = moe_dispatch.moe_dispatch_buffers(x, topk_ids, 128)
+    moe_dispatch.moe_dispatch(x, topk_ids, 128, out=out)
+    short = dataclasses.replace(out, dispatched=out.dispatched[:-1])
+    with pytest.raises(ValueError, match=r"out.dispatched must be \(rows, 2048\) with rows >= "):
+        moe_dispatch.moe_dispatch(x, topk_ids, 128, out=short)
+    assert len(served.launcher.calls) == 1
+
+
 def test_overlapping_written_rows_take_the_checked_path(served):
     x, weight = bf16(4, 4096), bf16(4096)
     rmsnorm.rmsnorm(x, weight, out=bf16(4, 4096))
@@ -156,10 +181,15 @@ def _qk_row(dispatcher, signature):
 def test_fast_lookup_serves_a_remembered_signature_within_the_buckets(served):
     signature = ("qk_norm", torch.bfloat16, 32, 128, 8, 1e-6, 0.0)
     dispatcher = served.dispatcher
-    assert dispatcher.fast_lookup(signature, 1) is None  # not remembered yet
+    assert dispatch.fast_lookup(signature, 1) is None  # not remembered yet
     _qk_row(dispatcher, signature)
-    assert dispatcher.fast_lookup(signature, 1) is served.launcher
-    assert dispatcher.fast_lookup(signature, MAX_BUCKET) is served.launcher
-    assert dispatcher.fast_lookup(signature, 0) is None
-    assert dispatcher.fast_lookup(signature, MAX_BUCKET + 1) is None
-    assert dispatcher.fast_lookup((*signature[:-1], 1.0), 1) is None
+    assert dispatch.fast_lookup(signature, 1) is served.launcher
+    assert dispatch.fast_lookup(signature, MAX_BUCKET) is served.launcher
+    assert dispatch.fast_lookup(signature, 0) is None
+    assert dispatch.fast_lookup(signature, MAX_BUCKET + 1) is None
+    assert dispatch.fast_lookup((*signature[:-1], 1.0), 1) is None
+
+
+def test_fast_lookup_before_any_dispatcher_sends_the_call_down_the_checked_path(monkeypatch):
+    monkeypatch.setattr(dispatch, "_current", None)
+    assert dispatch.fast_lookup(("qk_norm", torch.bfloat16, 32, 128, 8, 1e-6, 0.0), 1) is None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
+from cutetune.dispatch import current_dispatcher, fast_lookup
 from cutetune.kernels.activation import (
     GELU_FORMS,
     GELU_KERNEL,
@@ -79,7 +80,7 @@ def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None,
     try:
         tokens, width = x.shape
         signature = (kernel.name, x.dtype, width, *static.values())
-        compiled = current_dispatcher().fast_lookup(signature, tokens)
+        compiled = fast_lookup(signature, tokens)
     except (AttributeError, TypeError, ValueError):  # not a 2-d tensor, say: the checks name it
         signature = compiled = None
     if compiled is not None:
@@ -111,7 +112,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     `cutetune.warmup` loaded one, else the heuristic default. On CPU tensors the op computes
     with the kernel's fp32 reference instead (cutetune.ops.cpu). Under torch.compile the call
     is the custom op cutetune::silu_and_mul."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         out = _new_out(x) if out is None else out
         _SILU_OP(x, out)
         return out
@@ -125,7 +126,7 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
     torch.compile: the custom op cutetune::gelu_and_mul)."""
     if approximate not in GELU_FORMS:
         raise ValueError(f"approximate must be one of {GELU_FORMS}, got {approximate!r}")
-    if torch.compiler.is_compiling():
+    if is_compiling():
         out = _new_out(x) if out is None else out
         _GELU_OP(x, out, approximate)
         return out

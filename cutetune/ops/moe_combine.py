@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
+from cutetune.dispatch import current_dispatcher, fast_lookup
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_combine import KERNEL, MAX_TOP_K
 from cutetune.kernels.moe_common import DEFAULT_PAD, MOE_DTYPES, MoEProblem
@@ -107,7 +108,7 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
     loaded one, else the heuristic default. On CPU tensors the op computes with the kernel's
     fp32 reference instead (cutetune.ops.cpu). Under torch.compile the call is the custom op
     cutetune::moe_combine."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         if out is None:
             out = expert_out.new_empty((row_of.shape[0], expert_out.shape[1]))
         _COMBINE_OP(expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
@@ -126,7 +127,7 @@ def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: t
         tokens, top_k = row_of.shape
         signature = (KERNEL.name, expert_out.dtype, hidden, top_k, experts, pad, expert_begin,
                      expert_end)
-        compiled = current_dispatcher().fast_lookup(signature, tokens)
+        compiled = fast_lookup(signature, tokens)
     except (AttributeError, TypeError, ValueError):  # not 2-d tensors, say: the checks name it
         signature = compiled = None
     # The launcher does not check that out's rows do not overlap: checked here, as is the

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
+from cutetune.dispatch import current_dispatcher, fast_lookup
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormProblem
 from cutetune.ops.cpu import write_reference
@@ -71,7 +72,7 @@ def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: 
     device and token bucket when `cutetune.warmup` loaded one, else the heuristic default.
     On CPU tensors the op computes with the kernel's fp32 reference instead (cutetune.ops.cpu).
     Under torch.compile the call is the custom op cutetune::qk_norm (no graph break)."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         _QK_NORM_OP(q, k, q_weight, k_weight, float(eps), float(weight_bias))
     else:  # eager: straight to the kernel, without the custom op's dispatch
         _qk_norm(q, k, q_weight, k_weight, eps, weight_bias)
@@ -84,7 +85,7 @@ def _qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight:
     try:
         tokens, q_heads, head_dim = q.shape
         signature = (KERNEL.name, q.dtype, q_heads, head_dim, k.shape[1], eps, weight_bias)
-        compiled = current_dispatcher().fast_lookup(signature, tokens)
+        compiled = fast_lookup(signature, tokens)
     except (AttributeError, TypeError, ValueError):  # not a 3-d tensor, say: the checks name it
         signature = compiled = None
     if compiled is not None:

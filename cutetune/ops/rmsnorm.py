@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
+from cutetune.dispatch import current_dispatcher, fast_lookup
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.rmsnorm import KERNEL, MAX_HIDDEN, MIN_HIDDEN, MIN_VECTOR_BITS, RMSNormProblem
 from cutetune.ops.cpu import write_reference
@@ -108,7 +109,7 @@ def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, e
         dtype = x.dtype
         signature = (KERNEL.name, dtype, out_dtype or (dtype if out is None else out.dtype),
                      hidden, eps, weight_bias, residual is not None)
-        compiled = current_dispatcher().fast_lookup(signature, rows)
+        compiled = fast_lookup(signature, rows)
     except (AttributeError, TypeError, ValueError):  # not a 2-d tensor, say: the checks name it
         signature = compiled = None
     # The launcher does not check that the rows it writes do not overlap: with more than one
@@ -156,7 +157,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_bia
     default. On CPU tensors the op computes with the kernel's fp32 reference instead (same
     output dtype and in-place writes; cutetune.ops.cpu). Under torch.compile the call is the
     custom op cutetune::rmsnorm."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         return _compiled_run(x, None, weight, eps, weight_bias, out_dtype, out)
     return _run(x, None, weight, eps, weight_bias, out_dtype, out)
 
@@ -170,7 +171,7 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     Under torch.compile the call is the custom op cutetune::rmsnorm."""
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
-    if torch.compiler.is_compiling():
+    if is_compiling():
         return _compiled_run(x, residual, weight, eps, weight_bias, out_dtype, out), residual
     return _run(x, residual, weight, eps, weight_bias, out_dtype, out), residual
 
