@@ -14,9 +14,9 @@ import importlib
 from cutetune.dispatch import current_dispatcher, warmup
 from cutetune.version import __version__
 
-# The public ops and the modules that define them. Each is imported on first use (it imports its
-# kernel module, and CuTeDSL with it), then bound here, so a call costs no more than calling the
-# op's own function.
+# The public ops (and moe_dispatch's output buffers) and the modules that define them. Each is
+# imported on first use (it imports its kernel module, and CuTeDSL with it), then bound here, so
+# a call costs no more than calling the op's own function.
 _OPS = {
     "qk_norm": "cutetune.ops.qk_norm",
     "rmsnorm": "cutetune.ops.rmsnorm",
@@ -24,6 +24,7 @@ _OPS = {
     "silu_and_mul": "cutetune.ops.activation",
     "gelu_and_mul": "cutetune.ops.activation",
     "moe_dispatch": "cutetune.ops.moe_dispatch",
+    "moe_dispatch_buffers": "cutetune.ops.moe_dispatch",
     "moe_combine": "cutetune.ops.moe_combine",
 }
 

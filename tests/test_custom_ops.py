@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 import cutetune
+from cutetune.ops.moe_dispatch import DispatchResult
 
 T, H, HEADS, KV_HEADS, D, INTER, E, K = 6, 256, 4, 2, 64, 512, 8, 2
 
@@ -48,6 +49,29 @@ def test_a_decoder_block_traces_as_one_graph_of_cutetune_ops():
     dispatched = next(node for node in exported.graph.nodes
                       if "moe_dispatch" in str(node.target))
     assert tuple(dispatched.meta["val"][0].shape) == (capacity, H)
+
+
+class DispatchInto(torch.nn.Module):
+    def forward(self, x, topk_ids, dispatched, counts, offsets, row_of, error):
+        out = DispatchResult(dispatched, counts, offsets, row_of, error)
+        routed = cutetune.moe_dispatch(x, topk_ids, E, pad=16, out=out)
+        return routed.dispatched * 2
+
+
+def test_moe_dispatch_into_given_buffers_traces_as_the_mutating_custom_op():
+    x, topk_ids = torch.randn(T, H, dtype=torch.bfloat16), torch.randint(0, E, (T, K)).int()
+    buffers = vars(cutetune.moe_dispatch_buffers(x, topk_ids, E, pad=16))
+    exported = torch.export.export(DispatchInto(), (x, topk_ids, *buffers.values()))
+    names = {str(node.target) for node in exported.graph.nodes if node.op == "call_function"}
+    assert any("cutetune.moe_dispatch_into" in name for name in names), names
+    schema = torch.ops.cutetune.moe_dispatch_into.default._schema
+    written = {a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write}
+    assert written == set(buffers)
+    eager = {name: t.clone() for name, t in buffers.items()}
+    DispatchInto()(x, topk_ids, *eager.values())
+    exported.module()(x, topk_ids, *buffers.values())
+    for name in ("counts", "offsets", "row_of", "error"):
+        assert torch.equal(buffers[name], eager[name]), name
 
 
 def test_eager_calls_do_not_go_through_the_custom_op(monkeypatch):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
+from cutetune.dispatch import current_dispatcher, fast_lookup
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_common import MOE_DTYPES, MoEProblem, dispatch_capacity
 from cutetune.kernels.moe_dispatch import KERNEL
@@ -18,12 +19,25 @@ from cutetune.ops.cpu import write_reference
 class DispatchResult:
     """dispatched (capacity, hidden): each local expert's tokens in its padded segment;
     counts (L,) and offsets (L + 1,) int32; row_of (tokens, top_k) int32, -1 where a pair's
-    expert is not local (the combine step reads only row_of)."""
+    expert is not local (the combine step reads only row_of); error (1,) int32, nonzero where
+    an expert id was outside [0, num_experts)."""
 
     dispatched: torch.Tensor
     counts: torch.Tensor
     offsets: torch.Tensor
     row_of: torch.Tensor
+    error: torch.Tensor
+
+
+def moe_dispatch_buffers(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
+                         pad: int = 16,
+                         expert_range: tuple[int, int] | None = None) -> DispatchResult:
+    """The output buffers of `moe_dispatch` for inputs of x's and topk_ids' sizes, dtype and
+    device: allocate them once (for a CUDA graph's batch, say) and pass them as its `out`, so
+    that a call allocates nothing."""
+    _, begin, end, _ = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
+    tokens, hidden = x.shape
+    return _allocate(x, tokens, hidden, topk_ids.shape[1], end - begin, pad)
 
 
 # One workspace per (device, stream, local experts): concurrent calls on different streams
@@ -102,7 +116,8 @@ def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int
 
 def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int = 16,
                  expert_range: tuple[int, int] | None = None, validate: bool = False,
-                 zero_padding: bool = False) -> DispatchResult:
+                 zero_padding: bool = False, out: DispatchResult | None = None
+                 ) -> DispatchResult:
     """Route the (token, k) pairs of `topk_ids` (tokens, top_k) int32 to the local experts
     `expert_range` = [begin, end) of `num_experts` (all of them when None) and copy the rows
     of x (tokens, hidden) bf16/fp16 into each expert's segment, padded to a multiple of `pad`,
@@ -117,44 +132,60 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
     heuristic default. On CPU tensors the op computes with the kernel's torch reference
     instead (cutetune.ops.cpu; it zeros the padding rows).
 
+    The result's tensors are allocated on each call unless `out` gives them
+    (`moe_dispatch_buffers` allocates them for inputs of these sizes; `out.dispatched` may have
+    more rows than the capacity needs): allocation costs the host several microseconds a
+    tensor, more than the rest of the call.
+
     Scratch (the grid-barrier word, counters) is kept per device and stream; before capturing
     a CUDA graph, call the op once on the capture stream (the usual warm-up), so that its
     workspace is not allocated inside the capture. Under torch.compile the call is the custom
-    op cutetune::moe_dispatch."""
-    if torch.compiler.is_compiling():
+    op cutetune::moe_dispatch (cutetune::moe_dispatch_into with `out`)."""
+    if is_compiling():
         begin, end = (None, None) if expert_range is None else expert_range
-        return DispatchResult(*_DISPATCH_OP(x, topk_ids, num_experts, pad, begin, end, validate,
-                                            zero_padding))
-    return _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding)
+        if out is None:
+            return DispatchResult(*_DISPATCH_OP(x, topk_ids, num_experts, pad, begin, end,
+                                                validate, zero_padding))
+        _DISPATCH_INTO_OP(x, topk_ids, out.dispatched, out.counts, out.offsets, out.row_of,
+                          out.error, num_experts, pad, begin, end, validate, zero_padding)
+        return out
+    return _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding,
+                         out)
 
 
 def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
                   expert_range: tuple[int, int] | None, validate: bool,
-                  zero_padding: bool) -> DispatchResult:
+                  zero_padding: bool, out: DispatchResult | None) -> DispatchResult:
     """The op's call: the dispatcher's fast path (cutetune.dispatch), else the checked path."""
     try:
         tokens, hidden = x.shape
         top_k = topk_ids.shape[1]
         signature = (KERNEL.name, x.dtype, hidden, top_k, num_experts, pad, expert_range,
                      zero_padding)
-        compiled = current_dispatcher().fast_lookup(signature, tokens)
+        compiled = fast_lookup(signature, tokens)
     except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
         signature = compiled = None
     if compiled is not None:
         begin, end = (0, num_experts) if expert_range is None else expert_range
-        result, error = _allocate(x, tokens, hidden, top_k, end - begin, pad)
+        local = end - begin
+        result = _allocate(x, tokens, hidden, top_k, local, pad) if out is None else out
         try:
-            compiled(x, topk_ids, result.row_of, result.dispatched, result.counts,
-                     result.offsets, error, _workspace(x.get_device(), end - begin))
-            return _validated(result, error, validate, num_experts)
-        except (TypeError, ValueError):  # refused by the launcher: the checks say why
+            # The launcher checks every buffer but the dispatched rows, which it takes as given.
+            if result.dispatched.shape[0] >= tokens * top_k + local * (pad - 1):
+                compiled(x, topk_ids, result.row_of, result.dispatched, result.counts,
+                         result.offsets, result.error, _workspace(x.get_device(), local))
+                return _validated(result, validate, num_experts)
+        except (AttributeError, TypeError, ValueError):  # refused: the checks say why
             pass
     if not isinstance(zero_padding, bool):
         raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
     dtype, begin, end, device = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
-    result, error = _allocate(x, tokens, hidden, top_k, end - begin, pad)
+    if out is None:
+        result = _allocate(x, tokens, hidden, top_k, end - begin, pad)
+    else:
+        result = _checked_out(out, x, top_k, end - begin, pad)
     if tokens == 0:
         result.counts.zero_()
         result.offsets.zero_()
@@ -163,31 +194,65 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
         dtype=dtype, hidden=hidden, experts=num_experts, top_k=top_k, pad=pad,
         expert_begin=begin, expert_end=end, zero_padding=zero_padding)
     if device < 0:
+        capacity = dispatch_capacity(tokens, top_k, end - begin, pad)
         write_reference(KERNEL, static, tokens, {"x": x, "topk_ids": topk_ids}, {
-            "dispatched": result.dispatched, "counts": result.counts,
-            "offsets": result.offsets, "row_of": result.row_of, "error": error})
+            "dispatched": result.dispatched[:capacity], "counts": result.counts,
+            "offsets": result.offsets, "row_of": result.row_of, "error": result.error})
     else:
         current_dispatcher().lookup(KERNEL, static, tokens, signature)(
             x, topk_ids, result.row_of, result.dispatched, result.counts, result.offsets,
-            error, _workspace(device, end - begin))
-    return _validated(result, error, validate, num_experts)
+            result.error, _workspace(device, end - begin))
+    return _validated(result, validate, num_experts)
 
 
 def _allocate(x: torch.Tensor, tokens: int, hidden: int, top_k: int, local: int,
-              pad: int) -> tuple[DispatchResult, torch.Tensor]:
-    """The result's tensors, and the error flag the kernel raises."""
+              pad: int) -> DispatchResult:
     # counts, offsets and the error flag in one allocation, cut by one call (three slices cost
     # the host nearly twice as much).
     small = torch.empty(2 * local + 2, dtype=torch.int32, device=x.device)
     counts, offsets, error = small.split_with_sizes((local, local + 1, 1))
     return DispatchResult(x.new_empty((dispatch_capacity(tokens, top_k, local, pad), hidden)),
                           counts, offsets,
-                          torch.empty(tokens, top_k, dtype=torch.int32, device=x.device)), error
+                          torch.empty(tokens, top_k, dtype=torch.int32, device=x.device), error)
 
 
-def _validated(result: DispatchResult, error: torch.Tensor, validate: bool,
-               num_experts: int) -> DispatchResult:
-    if validate and int(error.item()):
+def _checked_out(out: DispatchResult, x: torch.Tensor, top_k: int, local: int,
+                 pad: int) -> DispatchResult:
+    """`out` where its buffers fit these inputs; else one clear error for the first that does
+    not."""
+    if not isinstance(out, DispatchResult):
+        raise TypeError(f"out must be a DispatchResult (moe_dispatch_buffers makes one), got "
+                        f"{type(out).__name__}")
+    tokens, hidden = x.shape
+    capacity = dispatch_capacity(tokens, top_k, local, pad)
+    wanted = {"dispatched": (x.dtype, None), "counts": (torch.int32, (local,)),
+              "offsets": (torch.int32, (local + 1,)), "row_of": (torch.int32, (tokens, top_k)),
+              "error": (torch.int32, (1,))}
+    for name, (dtype, shape) in wanted.items():
+        t = getattr(out, name)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"out.{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype is not dtype:
+            raise TypeError(f"out.{name} has dtype {t.dtype}: it must be {dtype}")
+        if t.device != x.device:
+            raise ValueError(f"out.{name} is on {t.device} but x is on {x.device}")
+        if shape is not None and tuple(t.shape) != shape:
+            raise ValueError(f"out.{name} must have shape {shape} for these inputs, got "
+                             f"{tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"out.{name} must be contiguous, got strides {t.stride()}")
+    rows = tuple(out.dispatched.shape)
+    if len(rows) != 2 or rows[1] != hidden or rows[0] < capacity:
+        raise ValueError(f"out.dispatched must be (rows, {hidden}) with rows >= {capacity} (the "
+                         f"capacity of {tokens} tokens x top_k {top_k} plus {local} experts' "
+                         f"padding), got shape {rows}")
+    if out.dispatched.data_ptr() % 16:
+        raise ValueError("out.dispatched must start 16-byte aligned")
+    return out
+
+
+def _validated(result: DispatchResult, validate: bool, num_experts: int) -> DispatchResult:
+    if validate and int(result.error.item()):
         raise ValueError(f"topk_ids holds expert ids outside [0, {num_experts}): those pairs "
                          "were skipped (row -1)")
     return result
@@ -196,12 +261,14 @@ def _validated(result: DispatchResult, error: torch.Tensor, validate: bool,
 def _dispatch_tensors(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
                       expert_begin: int | None, expert_end: int | None, validate: bool,
                       zero_padding: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                   torch.Tensor]:
+                                                   torch.Tensor, torch.Tensor]:
     expert_range = None if expert_begin is None else (expert_begin, expert_end)
-    result = _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding)
-    # A custom op's outputs may not alias one another: counts and offsets are views of one
-    # allocation in eager mode, so here they are copies.
-    return result.dispatched, result.counts.clone(), result.offsets.clone(), result.row_of
+    result = _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding,
+                           None)
+    # A custom op's outputs may not alias one another: counts, offsets and the error flag are
+    # views of one allocation in eager mode, so here they are copies.
+    return (result.dispatched, result.counts.clone(), result.offsets.clone(), result.row_of,
+            result.error.clone())
 
 
 def _dispatch_shapes(x, topk_ids, num_experts, pad, expert_begin, expert_end, validate,
@@ -212,9 +279,22 @@ def _dispatch_shapes(x, topk_ids, num_experts, pad, expert_begin, expert_end, va
     capacity = dispatch_capacity(tokens, top_k, local, pad)
     return (x.new_empty((capacity, x.shape[1])),
             topk_ids.new_empty((local,)), topk_ids.new_empty((local + 1,)),
-            topk_ids.new_empty((tokens, top_k)))
+            topk_ids.new_empty((tokens, top_k)), topk_ids.new_empty((1,)))
+
+
+def _dispatch_into(x: torch.Tensor, topk_ids: torch.Tensor, dispatched: torch.Tensor,
+                   counts: torch.Tensor, offsets: torch.Tensor, row_of: torch.Tensor,
+                   error: torch.Tensor, num_experts: int, pad: int, expert_begin: int | None,
+                   expert_end: int | None, validate: bool, zero_padding: bool) -> None:
+    expert_range = None if expert_begin is None else (expert_begin, expert_end)
+    _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding,
+                  DispatchResult(dispatched, counts, offsets, row_of, error))
 
 
 _DISPATCH_OP = torch.library.custom_op("cutetune::moe_dispatch", _dispatch_tensors,
                                        mutates_args=())
 _DISPATCH_OP.register_fake(_dispatch_shapes)
+_DISPATCH_INTO_OP = torch.library.custom_op(
+    "cutetune::moe_dispatch_into", _dispatch_into,
+    mutates_args=("dispatched", "counts", "offsets", "row_of", "error"))
+_DISPATCH_INTO_OP.register_fake(lambda *args: None)

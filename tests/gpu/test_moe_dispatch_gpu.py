@@ -27,7 +27,7 @@ from cutetune.kernels import moe_common as moe
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.moe_dispatch import common as mdc
 from cutetune.kernels.moe_dispatch import launcher as mdl
-from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch
+from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch, moe_dispatch_buffers
 from cutetune.tuner.roofline import device_spec_for
 from cutetune.tuner.verify import check_outputs, poison
 
@@ -86,11 +86,9 @@ def run_and_check(problem, config, tensors) -> None:
 
 
 def op_outputs(result: DispatchResult) -> dict:
-    """The op's result as check_dispatch reads outputs; the op returns no error flag (it raises
-    with validate=True), so these calls use valid ids and expect 0."""
+    """The op's result as check_dispatch reads outputs."""
     return {"dispatched": result.dispatched, "counts": result.counts,
-            "offsets": result.offsets, "row_of": result.row_of,
-            "error": torch.zeros(1, dtype=torch.int32, device=DEVICE)}
+            "offsets": result.offsets, "row_of": result.row_of, "error": result.error}
 
 
 def barrier_low_bits(workspace) -> int:
@@ -338,18 +336,21 @@ def test_graph_replays_twice_and_the_barrier_rearms(base, policy, tokens, blocks
     assert int(workspace[mdc.WS_EPOCH].item()) == epoch + (2 if atomic_exchange else 0)
 
 
-def test_public_op_in_a_cuda_graph():
+@pytest.mark.parametrize("into_buffers", [False, True], ids=["allocating", "into_buffers"])
+def test_public_op_in_a_cuda_graph(into_buffers):
     problem = QWEN.with_tokens(9)
     tensors = inputs(problem, seed=3)
     x, ids = tensors["x"], tensors["topk_ids"]
+    out = moe_dispatch_buffers(x, ids, QWEN.experts) if into_buffers else None
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        moe_dispatch(x, ids, QWEN.experts)  # compile and make this stream's workspace
+        moe_dispatch(x, ids, QWEN.experts, out=out)  # compile; make this stream's workspace
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        result = moe_dispatch(x, ids, QWEN.experts)
+        result = moe_dispatch(x, ids, QWEN.experts, out=out)
+    assert result is out or not into_buffers
     for replay in range(2):
         fresh = inputs(problem, seed=20 + replay)
         x.copy_(fresh["x"])
@@ -409,6 +410,14 @@ def test_public_op_matches_reference(tokens, pad, expert_range, dtype, zero_padd
     assert result.dispatched.dtype is dtype
     expected = moe.reference_dispatch(tensors["x"], tensors["topk_ids"], problem)
     moe.check_dispatch(op_outputs(result), expected, problem)
+    out = moe_dispatch_buffers(tensors["x"], tensors["topk_ids"], QWEN.experts, pad=pad,
+                               expert_range=expert_range)
+    for name in md.KERNEL.outputs:
+        poison(getattr(out, name))
+    assert moe_dispatch(tensors["x"], tensors["topk_ids"], QWEN.experts, pad=pad,
+                        expert_range=expert_range, validate=True, zero_padding=zero_padding,
+                        out=out) is out
+    moe.check_dispatch(op_outputs(out), expected, problem)
 
 
 def test_public_op_with_no_tokens():

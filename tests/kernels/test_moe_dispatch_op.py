@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cutetune.kernels.moe_dispatch.common import MAX_LOCAL_EXPERTS
-from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch
+from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch, moe_dispatch_buffers
 
 
 def inputs(tokens=3, hidden=64, k=2, dtype=torch.bfloat16):
@@ -35,12 +35,60 @@ def test_valid_cpu_inputs_are_dispatched_with_the_reference():
         moe_dispatch(x.to("meta"), ids.to("meta"), 8)
 
 
-def test_result_is_a_frozen_record_of_the_four_outputs():
+def test_result_is_a_frozen_record_of_the_five_outputs():
     fields = DispatchResult.__dataclass_fields__
-    assert list(fields) == ["dispatched", "counts", "offsets", "row_of"]
-    result = DispatchResult(*[torch.zeros(1)] * 4)
+    assert list(fields) == ["dispatched", "counts", "offsets", "row_of", "error"]
+    result = DispatchResult(*[torch.zeros(1)] * 5)
     with pytest.raises(AttributeError):
         result.counts = None
+
+
+def test_out_buffers_are_written_and_returned():
+    x, ids = inputs()
+    allocated = moe_dispatch(x, ids, 8, pad=4, expert_range=(2, 6))
+    out = moe_dispatch_buffers(x, ids, 8, pad=4, expert_range=(2, 6))
+    assert moe_dispatch(x, ids, 8, pad=4, expert_range=(2, 6), out=out) is out
+    for name in ("dispatched", "counts", "offsets", "row_of", "error"):
+        assert torch.equal(getattr(out, name), getattr(allocated, name)), name
+
+
+def test_out_may_hold_more_dispatched_rows_than_the_capacity():
+    x, ids = inputs()
+    out = moe_dispatch_buffers(x, ids, 8, pad=4)
+    larger = DispatchResult(torch.zeros(out.dispatched.shape[0] + 5, 64, dtype=torch.bfloat16),
+                            out.counts, out.offsets, out.row_of, out.error)
+    result = moe_dispatch(x, ids, 8, pad=4, out=larger)
+    assert result is larger
+    assert torch.equal(result.dispatched[:out.dispatched.shape[0]],
+                       moe_dispatch(x, ids, 8, pad=4).dispatched)
+
+
+def _out_with(**changed):
+    x, ids = inputs()
+    fields = vars(moe_dispatch_buffers(x, ids, 8, pad=4))
+    return DispatchResult(**{**fields, **changed})
+
+
+@pytest.mark.parametrize(("out", "error", "message"), [
+    ((1, 2), TypeError, "out must be a DispatchResult"),
+    (_out_with(counts=[0] * 8), TypeError, "out.counts must be a torch.Tensor, got list"),
+    (_out_with(row_of=torch.zeros(3, 2)), TypeError,
+     "out.row_of has dtype torch.float32: it must be torch.int32"),
+    (_out_with(offsets=torch.zeros(8, dtype=torch.int32)), ValueError,
+     r"out.offsets must have shape \(9,\) for these inputs, got \(8,\)"),
+    (_out_with(dispatched=torch.zeros(3 * 2 + 8 * 3 - 1, 64, dtype=torch.bfloat16)), ValueError,
+     r"out.dispatched must be \(rows, 64\) with rows >= 30"),
+    (_out_with(dispatched=torch.zeros(30, 64, dtype=torch.float16)), TypeError,
+     "out.dispatched has dtype torch.float16: it must be torch.bfloat16"),
+    (_out_with(dispatched=torch.zeros(64, 30, dtype=torch.bfloat16).t()), ValueError,
+     "out.dispatched must be contiguous"),
+    (_out_with(error=torch.zeros(1, dtype=torch.int32, device="meta")), ValueError,
+     "out.error is on meta but x is on cpu"),
+])
+def test_bad_out_buffers_are_one_clear_error(out, error, message):
+    x, ids = inputs()
+    with pytest.raises(error, match=message):
+        moe_dispatch(x, ids, 8, pad=4, out=out)
 
 
 X, IDS = inputs()
