@@ -233,9 +233,11 @@ def host_overhead_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     return sourced_section(
         "## Host time per call",
         "At one token, after `cutetune.warmup(MODEL)`: a loop of 2000 public-op calls against "
-        "2000 bare calls of the compiled kernel the dispatcher serves, each after 200 warm-up "
-        "calls and ended by one synchronize, alternating over 5 rounds (medians); the "
-        "difference is what the op adds.", rows,
+        "2000 bare calls of the compiled kernel the dispatcher serves (its arguments given "
+        "positionally), each after 200 warm-up calls and ended by one synchronize, alternating "
+        "over 5 rounds (medians); the difference is what the op adds. moe_dispatch is timed "
+        "allocating its outputs and writing into buffers given as `out` (where the file has "
+        "that row).", rows,
         lambda path: ["| model | op | bare call | op | added |", "|---|---|---:|---:|---:|",
                       *(f"| {r.model} | {r.op} | {r.bare_us:.2f} us | {r.op_us:.2f} us | "
                         f"**{r.added_us:.2f} us** |" for r in pd.read_csv(path).itertuples())])

@@ -2,11 +2,12 @@
 call"): after `cutetune.warmup(MODEL)`, for each kernel the model uses, at one token (a decode
 step, where host time matters), a loop of 2000 calls of the public op (input checks, the
 dispatcher's lookup, the compiled kernel) and a loop of 2000 bare calls of the compiled kernel
-the dispatcher serves for that call (`kernel.launch(compiled, tensors)`, as the tuner times it),
-each after 200 warm-up calls and ended by one synchronize; the per-call difference is the op's
-cost. Each op's loop and its bare loop alternate over five rounds, and the medians are printed.
-With --units, the host cost of the single steps an op may take (an output allocation, a view,
-the current stream, the dispatcher's lookup, the torch.compile check) is timed the same way.
+the dispatcher serves for that call, given its arguments positionally (those `kernel.launch`
+passes it, read from the tensors once beforehand), each after 200 warm-up calls and ended by
+one synchronize; the per-call difference is the op's cost. Each op's loop and its bare loop
+alternate over five rounds, and the medians are printed. With --units, the host cost of the
+single steps an op may take (an output allocation, a view, the current stream, the
+dispatcher's lookup, the torch.compile check) is timed the same way.
 
     python3 benchmarks/op_host_overhead.py MODEL [--out overhead.csv] [--units units.csv]
 """
@@ -24,6 +25,7 @@ import torch
 
 import cutetune
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
+from cutetune.ops.moe_dispatch import DispatchResult
 from cutetune.spaces.models import load_model
 
 CALLS, WARMUP_CALLS, ROUNDS = 2000, 200, 5
@@ -53,11 +55,21 @@ def op_calls(tensors: dict, problem) -> dict[str, Callable[[], object]]:
             t["expert_out"], t["row_of"], t["topk_weights"], t["out"], experts=problem.experts,
             pad=problem.pad, expert_begin=problem.expert_begin, expert_end=problem.expert_end)}
     if name == "MoEProblem":
-        return {"moe_dispatch": lambda: cutetune.moe_dispatch(
+        buffers = DispatchResult(t["dispatched"], t["counts"], t["offsets"], t["row_of"],
+                                 t["error"])
+        return {f"moe_dispatch{suffix}": lambda out=out: cutetune.moe_dispatch(
             t["x"], t["topk_ids"], problem.experts, pad=problem.pad,
             expert_range=(problem.expert_begin, problem.expert_end),
-            zero_padding=problem.zero_padding)}
+            zero_padding=problem.zero_padding, out=out)
+            for suffix, out in (("", None), (" into buffers", buffers))}
     raise ValueError(f"no public op call written for {name}")
+
+
+def launch_arguments(kernel, tensors: dict) -> tuple:
+    """The positional arguments `kernel.launch` gives the compiled kernel for these tensors."""
+    passed = []
+    kernel.launch(lambda *arguments: passed.extend(arguments), tensors)
+    return tuple(passed)
 
 
 def per_call_us(call: Callable[[], object]) -> float:
@@ -92,7 +104,7 @@ def main() -> None:
             problem = static.with_tokens(1)
             tensors = kernel.make_inputs(problem, device, torch.Generator(device).manual_seed(0))
             compiled = dispatcher.lookup(kernel, problem.static_tuple(), 1)
-            bare_call = functools.partial(kernel.launch, compiled, tensors)
+            bare_call = functools.partial(compiled, *launch_arguments(kernel, tensors))
             for op, call in op_calls(tensors, problem).items():
                 bare, public = [], []
                 for _ in range(ROUNDS):
