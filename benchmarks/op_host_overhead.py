@@ -5,9 +5,12 @@ dispatcher's lookup, the compiled kernel) and a loop of 2000 bare calls of the c
 the dispatcher serves for that call, given its arguments positionally (those `kernel.launch`
 passes it, read from the tensors once beforehand), each after 200 warm-up calls and ended by
 one synchronize; the per-call difference is the op's cost. Each op's loop and its bare loop
-alternate over five rounds, and the medians are printed. With --units, the host cost of the
-single steps an op may take (an output allocation, a view, the current stream, the
-dispatcher's lookup, the torch.compile check) is timed the same way.
+alternate over five rounds, and the medians are printed. Then the same two loops with the
+compiled kernel replaced by a function that does nothing (in the dispatcher's fast rows and in
+the bare call): what the op's own Python costs this host when no launch runs between its
+calls. With --units, the host cost of the single steps an op may take (an output allocation,
+a view, the current stream, the dispatcher's lookup, the torch.compile check) is timed the
+same way.
 
     python3 benchmarks/op_host_overhead.py MODEL [--out overhead.csv] [--units units.csv]
 """
@@ -15,6 +18,7 @@ dispatcher's lookup, the torch.compile check) is timed the same way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
 import statistics
@@ -72,6 +76,23 @@ def launch_arguments(kernel, tensors: dict) -> tuple:
     return tuple(passed)
 
 
+def do_nothing(*arguments) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def launches_stubbed(dispatcher):
+    """The dispatcher's fast rows serving `do_nothing` for every compiled kernel meanwhile."""
+    rows = dict(dispatcher._fast_rows)
+    dispatcher._fast_rows.update({signature: tuple(None if compiled is None else do_nothing
+                                                   for compiled in row)
+                                  for signature, row in rows.items()})
+    try:
+        yield
+    finally:
+        dispatcher._fast_rows.update(rows)
+
+
 def per_call_us(call: Callable[[], object]) -> float:
     for _ in range(WARMUP_CALLS):
         call()
@@ -114,9 +135,14 @@ def main() -> None:
                        "bare_us": round(statistics.median(bare), 3),
                        "op_us": round(statistics.median(public), 3)}
                 row["added_us"] = round(row["op_us"] - row["bare_us"], 3)
+                with launches_stubbed(dispatcher):
+                    nothing = functools.partial(do_nothing, *launch_arguments(kernel, tensors))
+                    row["added_unlaunched_us"] = round(statistics.median(
+                        per_call_us(call) - per_call_us(nothing) for _ in range(ROUNDS)), 3)
                 rows.append(row)
                 print(f"{op:18s} bare {row['bare_us']:6.2f} us  op {row['op_us']:6.2f} us  "
-                      f"added {row['added_us']:5.2f} us  {row['problem']}", flush=True)
+                      f"added {row['added_us']:5.2f} us  (no launch: "
+                      f"{row['added_unlaunched_us']:5.2f} us)  {row['problem']}", flush=True)
     if args.out:
         write_csv(args.out, rows)
     if args.units:
@@ -135,12 +161,16 @@ def unit_costs(model: str, dispatcher, kernel, problem, tensors: dict) -> list[d
         "a view (t[:])": lambda: some[:],
         "torch.cuda.current_stream().cuda_stream":
             lambda: torch.cuda.current_stream().cuda_stream,
+        "the raw current stream (torch._C._cuda_getCurrentRawStream)":
+            lambda: torch._C._cuda_getCurrentRawStream(0),
+        "t.get_device()": some.get_device,
+        "t.shape": lambda: some.shape,
     }
     rows = []
     for step, call in steps.items():
         us = statistics.median(per_call_us(call) for _ in range(ROUNDS))
         rows.append({"model": model, "step": step, "us": round(us, 3)})
-        print(f"{step:42s} {us:6.2f} us", flush=True)
+        print(f"{step:60s} {us:6.2f} us", flush=True)
     return rows
 
 

@@ -111,3 +111,16 @@ def test_the_hf_step_table_shows_cutetunes_share_where_the_file_has_it(generator
     assert ("| case | unpatched, eager | cutetune, CUDA graph | cutetune, kernels' device time "
             "| cutetune's kernels (share) |") in text
     assert "| decode batch 1 | 5000 | 370 | 360 | 21.0 us (5.8%) |" in text
+
+
+def test_the_host_time_table_shows_the_unlaunched_cost_where_the_file_has_it(generator,
+                                                                             results_copy):
+    add_listed_file(results_copy, "host-overhead-qwen3-8b-abc1234.csv", "host_overhead",
+                    "model,op,problem,bare_us,op_us,added_us,added_unlaunched_us\n"
+                    "qwen3-8b,rmsnorm,P,6.0,7.9,1.9,0.75\n",
+                    "python3 benchmarks/op_host_overhead.py qwen3-8b --out F")
+    text = generator.benchmarks_md()
+    assert "| model | op | bare call | op | added | added, no launch |" in text
+    assert "| qwen3-8b | rmsnorm | 6.00 us | 7.90 us | **1.90 us** | 0.75 us |" in text
+    # The committed file, without that column, keeps its five.
+    assert "| qwen3-30b-a3b | rmsnorm | 6.42 us | 8.54 us | **2.13 us** |\n" in text
