@@ -189,6 +189,7 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
     if tokens == 0:
         result.counts.zero_()
         result.offsets.zero_()
+        result.error.zero_()
         return result
     static = MoEProblem.static_tuple_of(
         dtype=dtype, hidden=hidden, experts=num_experts, top_k=top_k, pad=pad,

@@ -63,6 +63,16 @@ def test_out_may_hold_more_dispatched_rows_than_the_capacity():
                        moe_dispatch(x, ids, 8, pad=4).dispatched)
 
 
+def test_no_tokens_into_used_buffers_clears_counts_offsets_and_the_error_flag():
+    x, ids = inputs(tokens=0)
+    out = moe_dispatch_buffers(x, ids, 8, pad=4)
+    for t in (out.counts, out.offsets, out.error):
+        t.fill_(7)
+    moe_dispatch(x, ids, 8, pad=4, out=out)
+    assert out.counts.tolist() == [0] * 8 and out.offsets.tolist() == [0] * 9
+    assert out.error.tolist() == [0]
+
+
 def _out_with(**changed):
     x, ids = inputs()
     fields = vars(moe_dispatch_buffers(x, ids, 8, pad=4))
