@@ -125,7 +125,8 @@ def main() -> None:
             problem = static.with_tokens(1)
             tensors = kernel.make_inputs(problem, device, torch.Generator(device).manual_seed(0))
             compiled = dispatcher.lookup(kernel, problem.static_tuple(), 1)
-            bare_call = functools.partial(compiled, *launch_arguments(kernel, tensors))
+            arguments = launch_arguments(kernel, tensors)
+            bare_call = functools.partial(compiled, *arguments)
             for op, call in op_calls(tensors, problem).items():
                 bare, public = [], []
                 for _ in range(ROUNDS):
@@ -136,7 +137,7 @@ def main() -> None:
                        "op_us": round(statistics.median(public), 3)}
                 row["added_us"] = round(row["op_us"] - row["bare_us"], 3)
                 with launches_stubbed(dispatcher):
-                    nothing = functools.partial(do_nothing, *launch_arguments(kernel, tensors))
+                    nothing = functools.partial(do_nothing, *arguments)
                     row["added_unlaunched_us"] = round(statistics.median(
                         per_call_us(call) - per_call_us(nothing) for _ in range(ROUNDS)), 3)
                 rows.append(row)

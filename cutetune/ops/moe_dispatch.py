@@ -170,8 +170,10 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
         local = end - begin
         result = _allocate(x, tokens, hidden, top_k, local, pad) if out is None else out
         try:
-            # The launcher checks every buffer but the dispatched rows, which it takes as given.
-            if result.dispatched.shape[0] >= tokens * top_k + local * (pad - 1):
+            # The launcher checks every buffer but the dispatched rows, which it takes as
+            # enough: allocated ones are, given ones are checked here.
+            if out is None or (out.dispatched.shape[0]
+                               >= dispatch_capacity(tokens, top_k, local, pad)):
                 compiled(x, topk_ids, result.row_of, result.dispatched, result.counts,
                          result.offsets, result.error, _workspace(x.get_device(), local))
                 return _validated(result, validate, num_experts)
