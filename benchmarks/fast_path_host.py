@@ -1,9 +1,10 @@
-"""The host time of each public op's fast path where no GPU is: the dispatcher made to serve a
-function that does nothing for every signature the ops build, then, per op, a loop of the
-public op on CPU tensors shaped like a one-token qwen3-30b-a3b decode step against a loop of
-that function called directly (min of 7 rounds of 100000 calls each). What the op's own Python
-costs this machine, to set beside the H200 host's (op_host_overhead.py, its no-launch column);
-a shape read is timed alike.
+"""The host time of each public op's fast path where no GPU is: a dispatcher made to serve the
+fast path's C++ function that does nothing (fast_path.do_nothing) at every bucket, with CPU
+tensors taken for CUDA ones, so that each op's first call tells its route; then, per op, a
+loop of the public op on CPU tensors shaped like a one-token qwen3-30b-a3b decode step against
+a loop of that function called directly with the kernel's arguments (min of 7 rounds of 100000
+calls each). What the op's own Python and its route cost this machine, to set beside the H200
+host's (op_host_overhead.py, its no-launch column); a shape read is timed alike.
 
     python3 benchmarks/fast_path_host.py
 """
@@ -16,14 +17,11 @@ from collections.abc import Callable
 import torch
 
 import cutetune
-from cutetune import dispatch
+from cutetune import dispatch, fast_path
+from cutetune.dispatch import Dispatcher
 from cutetune.spaces.buckets import BUCKETS
 
 CALLS, ROUNDS = 100_000, 7
-
-
-def do_nothing(*arguments) -> None:
-    return None
 
 
 def per_call_us(call: Callable[[], object]) -> float:
@@ -61,37 +59,48 @@ def op_calls() -> dict[str, tuple[Callable[[], object], tuple]]:
     }
 
 
-def main() -> None:
-    served = dispatch.Dispatcher(None)
-    dispatch._current = served
-    calls = op_calls()
-    # One call of each op through a table that remembers the signatures it is asked for, then
-    # a plain table serving do_nothing under each of them at every bucket.
-    served._fast_rows = asked = Remembering()
-    for call, _ in calls.values():
+def serve(stand_in) -> None:
+    """Make the current dispatcher one that serves `stand_in` at every bucket of every static
+    problem, CPU tensors taken for CUDA ones."""
+
+    def install(self, kernel, problem, warmed_up, key):
+        self._rows[key] = tuple((stand_in, False) for _ in BUCKETS)
+        return self._rows[key]
+
+    Dispatcher._install = install
+    torch.Tensor.get_device = lambda self: 0
+    dispatch.set_current(Dispatcher(None))
+
+
+def routed(call: Callable[[], object]) -> bool:
+    """Whether a route launched the kernel in `call` (each route's call wrapped meanwhile)."""
+    launched = []
+    calls = {route: route.call for route in fast_path._ROUTES.values()}
+    for route, route_call in calls.items():
+        route.call = lambda *arguments, c=route_call: (r := c(*arguments),
+                                                        launched.append(r))[0]
+    try:
         call()
-    if len(asked.signatures) != len(calls):
-        raise SystemExit(f"{len(asked.signatures)} signatures asked for by {len(calls)} ops: an "
-                         "op no longer takes the fast path this script times")
-    served._fast_rows = dict.fromkeys(asked.signatures, tuple(do_nothing for _ in BUCKETS))
+    finally:
+        for route, route_call in calls.items():
+            route.call = route_call
+    return True in launched
+
+
+def main() -> None:
+    nothing = fast_path.do_nothing()
+    serve(nothing)
+    calls = op_calls()
+    for op, (call, _) in calls.items():
+        call()  # the checked path, which tells the op's route
+        if not routed(call):
+            raise SystemExit(f"{op} does not take the fast path this script times")
     print(f"{'op':18s} added over the bare call")
     for op, (call, arguments) in calls.items():
-        added = per_call_us(call) - per_call_us(lambda a=arguments: do_nothing(*a))
+        added = per_call_us(call) - per_call_us(lambda a=arguments: nothing(*a))
         print(f"{op:18s} {added:.3f} us", flush=True)
     t = torch.zeros(1, 2048)
     print(f"{'t.shape':18s} {per_call_us(lambda: t.shape):.3f} us")
-
-
-class Remembering(dict):
-    """A fast-rows table that serves do_nothing for any signature and remembers it."""
-
-    def __init__(self):
-        super().__init__()
-        self.signatures: list[tuple] = []
-
-    def get(self, signature, default=None):
-        self.signatures.append(signature)
-        return tuple(do_nothing for _ in BUCKETS)
 
 
 if __name__ == "__main__":

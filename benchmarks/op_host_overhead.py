@@ -1,16 +1,16 @@
 """The host time each public op adds over the bare compiled call (BENCHMARKS.md, "Host time per
 call"): after `cutetune.warmup(MODEL)`, for each kernel the model uses, at one token (a decode
-step, where host time matters), a loop of 2000 calls of the public op (input checks, the
-dispatcher's lookup, the compiled kernel) and a loop of 2000 bare calls of the compiled kernel
+step, where host time matters), a loop of 2000 calls of the public op (its route to the
+compiled kernel, cutetune.fast_path) and a loop of 2000 bare calls of the compiled kernel
 the dispatcher serves for that call, given its arguments positionally (those `kernel.launch`
 passes it, read from the tensors once beforehand), each after 200 warm-up calls and ended by
 one synchronize; the per-call difference is the op's cost. Each op's loop and its bare loop
-alternate over five rounds, and the medians are printed. Then the same two loops with the
-compiled kernel replaced by a function that does nothing (in the dispatcher's fast rows and in
-the bare call): what the op's own Python costs this host when no launch runs between its
-calls. With --units, the host cost of the single steps an op may take (an output allocation,
-a view, the current stream, the dispatcher's lookup, the torch.compile check) is timed the
-same way.
+alternate over 15 rounds, and the medians are printed. Then the same two loops with the
+compiled kernel replaced by the fast path's C++ function that does nothing (in the kernels the
+dispatcher serves, so in the routes, and in the bare call): what the op's own Python and its
+route cost this host when no launch runs between its calls. With --units, the host cost of
+the single steps an op may take (an output allocation, a view, the current stream, the
+dispatcher's lookup, the torch.compile check) is timed the same way.
 
     python3 benchmarks/op_host_overhead.py MODEL [--out overhead.csv] [--units units.csv]
 """
@@ -28,11 +28,12 @@ from collections.abc import Callable
 import torch
 
 import cutetune
+from cutetune import fast_path
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.ops.moe_dispatch import DispatchResult
 from cutetune.spaces.models import load_model
 
-CALLS, WARMUP_CALLS, ROUNDS = 2000, 200, 5
+CALLS, WARMUP_CALLS, ROUNDS = 2000, 200, 15
 
 
 def op_calls(tensors: dict, problem) -> dict[str, Callable[[], object]]:
@@ -76,21 +77,24 @@ def launch_arguments(kernel, tensors: dict) -> tuple:
     return tuple(passed)
 
 
-def do_nothing(*arguments) -> None:
-    return None
-
-
 @contextlib.contextmanager
-def launches_stubbed(dispatcher):
-    """The dispatcher's fast rows serving `do_nothing` for every compiled kernel meanwhile."""
-    rows = dict(dispatcher._fast_rows)
-    dispatcher._fast_rows.update({signature: tuple(None if compiled is None else do_nothing
-                                                   for compiled in row)
-                                  for signature, row in rows.items()})
+def launches_stubbed(dispatcher, stub):
+    """Every tuned kernel the dispatcher serves replaced by `stub` meanwhile (bound as the
+    kernel's launch takes it), the routes made to forget theirs: each op's next call takes the
+    checked path, which tells its route the stubbed row."""
+    rows = dict(dispatcher._rows)
+    for key, row in rows.items():
+        kernel, table = get_kernel(key[0]), dispatcher._tables[key]
+        dispatcher._rows[key] = tuple(
+            (served if default else kernel.bound(table.problem.with_tokens(entry.bucket),
+                                                 entry.config, stub), default)
+            for (served, default), entry in zip(row, table.entries, strict=True))
+    fast_path.forget_all()
     try:
         yield
     finally:
-        dispatcher._fast_rows.update(rows)
+        dispatcher._rows.update(rows)
+        fast_path.forget_all()
 
 
 def per_call_us(call: Callable[[], object]) -> float:
@@ -113,6 +117,7 @@ def main() -> None:
                         help="also time the single host steps; CSV to write them to")
     args = parser.parse_args()
     dispatcher = cutetune.warmup(args.model, db_url=args.db)
+    do_nothing = fast_path.do_nothing()
     device = torch.device("cuda")
     rows = []
     for name in kernel_names():
@@ -136,7 +141,7 @@ def main() -> None:
                        "bare_us": round(statistics.median(bare), 3),
                        "op_us": round(statistics.median(public), 3)}
                 row["added_us"] = round(row["op_us"] - row["bare_us"], 3)
-                with launches_stubbed(dispatcher):
+                with launches_stubbed(dispatcher, do_nothing):
                     nothing = functools.partial(do_nothing, *arguments)
                     row["added_unlaunched_us"] = round(statistics.median(
                         per_call_us(call) - per_call_us(nothing) for _ in range(ROUNDS)), 3)

@@ -12,15 +12,14 @@ and stored for the next start; at warmup, the points missing from the cache are 
 in parallel processes (one per CPU at most), so that a cold start costs the slowest compiles,
 not their sum.
 
-The ops' fast path: an op's checked path (its full input checks, then `lookup`) passes the
-signature that fixes its static problem (such as the kernel, the dtype and the row width: a
-few attribute reads), and the dispatcher keeps the row it served under it, so later calls of
-that signature go from `fast_lookup` straight to the compiled launcher. The
-launcher checks its own arguments before it launches (TVM-FFI: each tensor's dtype, shape,
-strides, alignment and device against what the kernel was compiled for), so a call it accepts
-is one its kernel computes correctly; a call it refuses goes down the checked path, whose
-error names the fault. Calls served by the default, with no tokens or beyond the largest
-bucket always take the checked path, so `report()` counts them.
+The ops' fast path (cutetune.fast_path): an op's checked path (its full input checks, then
+`lookup`) passes its route and the call's arguments, and the dispatcher gives the route the row
+it served, so that later calls with the same key go from the route straight to the compiled
+kernel. The kernel checks its own arguments before it launches (TVM-FFI: each tensor's dtype,
+shape, strides, alignment and device against what it was compiled for), so a call it accepts is
+one it computes correctly; a call it refuses goes down the checked path, whose error names the
+fault. Calls served by the default, with no tokens or beyond the largest bucket always take the
+checked path, so `report()` counts them.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cutetune.fast_path import Route, forget_all, load_library
 from cutetune.kernels.code_hash import CODE_HASHES, remember_in
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
@@ -115,9 +115,6 @@ class Dispatcher:
         self._compiled: dict[tuple[str, str, str], Any] = {}
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
-        # By an op's input signature (given to `lookup`), the compiled kernel of each bucket
-        # (None where the bucket serves the default): what `fast_lookup` serves.
-        self._fast_rows: dict[tuple, tuple[Any, ...]] = {}
         self._default_calls: Counter[tuple[str, tuple, int]] = Counter()
         self._beyond_calls: Counter[tuple[str, tuple]] = Counter()
         self.stats: dict[str, WarmupStats] = {}
@@ -258,12 +255,12 @@ class Dispatcher:
     # -- serving (hot path) ---------------------------------------------------------------
 
     def lookup(self, kernel: KernelDef, static_tuple: tuple, num_tokens: int,
-               signature: tuple | None = None):
+               route: Route | None = None, arguments: Sequence[Any] = ()):
         """The compiled kernel for a call of the problem whose `static_tuple` this is (the
         ops build it with `Problem.static_tuple_of`); the problem itself is built only on a
-        miss. An op's checked path passes its inputs' `signature` (what fixes the static
-        problem, the kernel's name first), so that `fast_lookup` serves the later calls that
-        have it."""
+        miss. An op's checked path passes its `route` and the call's `arguments` (those of
+        its route, on a CUDA device): where a tuned kernel serves the call, the route is
+        given the row, and serves the later calls with the same key."""
         key = (kernel.name, static_tuple)
         row = self._rows.get(key)
         if row is None:
@@ -271,15 +268,17 @@ class Dispatcher:
             log.warning("cutetune: %s %s was not warmed up; serving the heuristic default "
                         "(run cutetune tune, then warmup)", kernel.name, problem.describe())
             row = self._install(kernel, problem, False, key)
-        if signature is not None and signature not in self._fast_rows:
-            self._fast_rows[signature] = tuple(None if is_default else compiled
-                                               for compiled, is_default in row)
         index = bucket_index(num_tokens)
         compiled, is_default = row[index]
         if is_default:
             self._default_calls[(kernel.name, static_tuple, BUCKETS[index])] += 1
         if num_tokens > MAX_BUCKET:  # served by the largest bucket, and said so in the report
             self._beyond_calls[key] += 1
+        elif route is not None and not is_default:  # the route serves such calls once told
+            route.remember(arguments, tuple(None if default else served
+                                            for served, default in row),
+                           kernel.problem_type.from_static_tuple(static_tuple, num_tokens),
+                           arguments[0].get_device())
         return compiled
 
     # -- reporting ------------------------------------------------------------------------
@@ -363,26 +362,20 @@ def _ranges(buckets: list[int]) -> str:
 _current: Dispatcher | None = None
 
 
-def fast_lookup(signature: tuple, num_tokens: int):
-    """The current dispatcher's compiled kernel for a call whose inputs have this `signature`,
-    or None where the call must take the op's checked path: no dispatcher yet, a signature not
-    remembered, no tokens, more than the largest bucket, or a bucket served by the default
-    (`lookup` counts those). A module function, not a method: every op call makes it, and
-    fetching the dispatcher first would cost each a call more."""
-    dispatcher = _current
-    if dispatcher is None or not 0 < num_tokens <= MAX_BUCKET:
-        return None
-    row = dispatcher._fast_rows.get(signature)
-    return None if row is None else row[(num_tokens - 1).bit_length()]
-
-
 def current_dispatcher() -> Dispatcher:
     """The dispatcher set by `warmup`; before any warmup, one that serves defaults (and, where
     no GPU is visible, one that serves nothing and says so)."""
-    global _current
     if _current is None:
-        _current = Dispatcher(_current_device_spec())
+        set_current(Dispatcher(_current_device_spec()))
     return _current
+
+
+def set_current(dispatcher: Dispatcher | None) -> None:
+    """Make `dispatcher` the one the ops call through (None: a default one at the next call);
+    the ops' fast path forgets what the previous one served."""
+    global _current
+    forget_all()
+    _current = dispatcher
 
 
 _unwritable_warned: set[str] = set()
@@ -422,7 +415,6 @@ def warmup(model: str | ModelShape, dtype: str = "bfloat16",
     result the dispatcher that `cutetune.qk_norm` and the other ops call through. `model` is
     a preset name, the path of a Hugging Face config.json, or a ModelShape (e.g.
     `cutetune.spaces.models.model_from_hf_config` of a loaded model's config)."""
-    global _current
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
     from cutetune.results_db import (
         Database,
@@ -458,5 +450,6 @@ def warmup(model: str | ModelShape, dtype: str = "bfloat16",
     if not work:
         raise ValueError(f"no kernel of cutetune applies to model {shape.name}")
     dispatcher.warmup_all(work)
-    _current = dispatcher
+    load_library()  # the fast path's, built here where absent: the first call does not wait
+    set_current(dispatcher)
     return dispatcher

@@ -1,8 +1,10 @@
-"""The ops' fast path (cutetune.dispatch): after an op's checked path has served a CUDA call,
-calls with the same input signature skip the op's checks and go straight to the launcher the
-dispatcher serves; a call the launcher refuses, one whose written rows overlap, and one served
-by the default take the checked path. Checked on the CPU: the tensors pass for CUDA ones, and
-the launchers are stand-ins that record their calls (and refuse what TVM-FFI would)."""
+"""The ops' fast path (cutetune.fast_path): after an op's checked path has served a CUDA call,
+calls with the same key skip the op's checks and go from the op's route (C++) straight to the
+kernel the dispatcher serves; a call the kernel refuses, one whose written rows overlap, one
+with too few dispatched rows, one whose key differs and one served by the default take the
+checked path. Checked on the CPU: the tensors pass for CUDA ones, and the kernels are
+stand-ins (Python, called through TVM-FFI) that record their calls and refuse what TVM-FFI
+would."""
 
 from __future__ import annotations
 
@@ -11,28 +13,32 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+import tvm_ffi
 
-from cutetune import dispatch
+from cutetune import dispatch, fast_path
 from cutetune.dispatch import Dispatcher
-from cutetune.kernels import qk_norm as qk
+from cutetune.fast_call import Constant, Dim, DType, FastCall, Value
+from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, CooperativeGridError
+from cutetune.kernels.qk_norm import KERNEL as QK_KERNEL
+from cutetune.kernels.rmsnorm import KERNEL as RMSNORM_KERNEL
 from cutetune.ops import activation, moe_combine, moe_dispatch, qk_norm, rmsnorm
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
 
 
 class Launcher:
-    """A compiled kernel's stand-in: records the tensors of each call; refuses, with the
-    error type TVM-FFI raises, the calls whose tensors do not share the first one's dtype
-    (int32 and fp32 tensors aside, as the MoE kernels take them)."""
+    """A compiled kernel's stand-in: records the data pointers of each call's tensors;
+    refuses, with the error type TVM-FFI raises, the calls whose tensors do not share the
+    first one's dtype (int32 and fp32 tensors aside, as the MoE kernels take them)."""
 
     def __init__(self):
         self.calls = []
 
     def __call__(self, *tensors):
-        rows = [t for t in tensors if isinstance(t, torch.Tensor)
-                and t.dtype not in (torch.int32, torch.float32)]
+        views = [torch.from_dlpack(t) for t in tensors if t is not None]
+        rows = [t for t in views if t.dtype not in (torch.int32, torch.float32)]
         if any(t.dtype is not rows[0].dtype for t in rows):
             raise ValueError("Mismatched Tensor on argument #1, expected dtype=bfloat16")
-        self.calls.append(tensors)
+        self.calls.append(tuple(t.data_ptr() for t in views))
 
 
 @dataclass
@@ -47,17 +53,22 @@ def served(monkeypatch) -> Served:
     """The current dispatcher, serving one Launcher at every bucket of every static problem
     (the default at the buckets in `default_buckets`), with CPU tensors taken for CUDA ones."""
     served = Served(Launcher(), Dispatcher(None))
+    kernel = tvm_ffi.convert(served.launcher)
 
-    def install(self, kernel, problem, warmed_up, key):
-        row = tuple((served.launcher, bucket in served.default_buckets) for bucket in BUCKETS)
+    def install(self, kernel_def, problem, warmed_up, key):
+        row = tuple((kernel, bucket in served.default_buckets) for bucket in BUCKETS)
         self._rows[key] = row
         return row
 
     monkeypatch.setattr(Dispatcher, "_install", install)
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(moe_dispatch, "_workspace", lambda device, local: None)
-    monkeypatch.setattr(dispatch, "_current", served.dispatcher)
-    return served
+    # The stand-in is no CompiledDispatch: the route calls it as it is.
+    monkeypatch.setattr(moe_dispatch._ROUTE, "fast_call", dataclasses.replace(
+        moe_dispatch._ROUTE.fast_call, launch_function=None))
+    dispatch.set_current(served.dispatcher)
+    yield served
+    dispatch.set_current(None)
 
 
 def bf16(*shape):
@@ -98,7 +109,7 @@ def counting_checks(monkeypatch, module) -> list:
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_later_calls_of_a_signature_skip_the_checks(op, served, monkeypatch):
+def test_later_calls_with_a_key_skip_the_checks(op, served, monkeypatch):
     module, call = OPS[op]
     checked = counting_checks(monkeypatch, module)
     call(3)
@@ -112,13 +123,35 @@ def test_later_calls_of_a_signature_skip_the_checks(op, served, monkeypatch):
 def test_a_new_dispatcher_starts_from_the_checked_path(op, served, monkeypatch):
     module, call = OPS[op]
     call(2)
-    monkeypatch.setattr(dispatch, "_current", Dispatcher(None))
+    dispatch.set_current(Dispatcher(None))
     checked = counting_checks(monkeypatch, module)
     call(2)
     assert len(checked) == 1
 
 
-def test_a_call_the_launcher_refuses_gets_the_checks_error(served):
+def test_each_field_of_the_key_sends_a_changed_call_down_the_checked_path(served,
+                                                                          monkeypatch):
+    q, k, w = bf16(2, 32, 128), bf16(2, 8, 128), bf16(128)
+    qk_norm.qk_norm(q, k, w, w)
+    checked = counting_checks(monkeypatch, qk_norm)
+    changed = [
+        (q, k, w, w, 1e-5, 0.0),  # eps
+        (q, k, w, w, 1e-6, 1.0),  # weight_bias
+        (q, k, w, w, 1e-6, 0),  # the same value as an int: another key
+        (bf16(2, 16, 128), k, w, w, 1e-6, 0.0),  # q_heads
+        (q, bf16(2, 4, 128), w, w, 1e-6, 0.0),  # kv_heads
+        (bf16(2, 32, 64), bf16(2, 8, 64), bf16(64), bf16(64), 1e-6, 0.0),  # head_dim
+        tuple(t.half() if isinstance(t, torch.Tensor) else t
+              for t in (q, k, w, w, 1e-6, 0.0)),  # dtype
+    ]
+    for arguments in changed:
+        assert qk_norm._ROUTE.call(*arguments) is False
+        qk_norm.qk_norm(*arguments)
+    assert len(checked) == len(changed)
+    assert qk_norm._ROUTE.call(q, k, w, w, 1e-6, 0.0) is True
+
+
+def test_a_call_the_kernel_refuses_gets_the_checks_error(served):
     x = bf16(4, 3072)
     activation.silu_and_mul(x, out=bf16(4, 1536))
     with pytest.raises(TypeError, match="out has dtype torch.float16 but x has torch.bfloat16"):
@@ -136,18 +169,21 @@ def test_moe_dispatch_into_given_buffers_allocates_nothing(served, monkeypatch):
     for _ in range(3):
         assert moe_dispatch.moe_dispatch(x, topk_ids, 128, out=out) is out
     assert allocated == [] and len(served.launcher.calls) == 3
-    assert served.launcher.calls[-1][2:7] == (out.row_of, out.dispatched, out.counts,
-                                              out.offsets, out.error)
+    assert served.launcher.calls[-1][2:7] == tuple(
+        t.data_ptr() for t in (out.row_of, out.dispatched, out.counts, out.offsets, out.error))
 
 
 def test_too_few_dispatched_rows_take_the_checked_path(served):
     x, topk_ids = bf16(3, 2048), ids(3)
     out = moe_dispatch.moe_dispatch_buffers(x, topk_ids, 128)
     moe_dispatch.moe_dispatch(x, topk_ids, 128, out=out)
+    more = moe_dispatch.moe_dispatch_buffers(x, topk_ids, 128)
+    more = dataclasses.replace(more, dispatched=bf16(out.dispatched.shape[0] + 5, 2048))
+    moe_dispatch.moe_dispatch(x, topk_ids, 128, out=more)  # more rows than needed: served
     short = dataclasses.replace(out, dispatched=out.dispatched[:-1])
     with pytest.raises(ValueError, match=r"out.dispatched must be \(rows, 2048\) with rows >= "):
         moe_dispatch.moe_dispatch(x, topk_ids, 128, out=short)
-    assert len(served.launcher.calls) == 1
+    assert len(served.launcher.calls) == 2
 
 
 def test_overlapping_written_rows_take_the_checked_path(served):
@@ -164,32 +200,96 @@ def test_overlapping_written_rows_take_the_checked_path(served):
     assert len(served.launcher.calls) == 2
 
 
+def test_no_expert_rows_take_the_checked_path(served):
+    row_of, weights = ids(2), torch.zeros(2, 8)
+    moe_combine.moe_combine(bf16(64, 2048), row_of, weights, experts=128)
+    out = moe_combine.moe_combine(bf16(0, 2048), row_of, weights, experts=128)
+    assert len(served.launcher.calls) == 1 and out.shape == (2, 2048)
+
+
+def test_an_out_dtype_other_than_outs_takes_the_checked_path(served):
+    x, weight = bf16(2, 4096), bf16(4096)
+    rmsnorm.rmsnorm(x, weight, out=bf16(2, 4096))
+    with pytest.raises(TypeError):
+        rmsnorm.rmsnorm(x, weight, out=bf16(2, 4096), out_dtype=torch.float32)
+    assert len(served.launcher.calls) == 1
+
+
 def test_calls_served_by_the_default_take_the_checked_path_and_are_counted(served,
                                                                            monkeypatch):
     served.default_buckets = {4}
     checked = counting_checks(monkeypatch, activation)
-    for tokens in (4, 3, 4, 2):
+    for tokens in (2, 4, 2, 3):
         activation.silu_and_mul(bf16(tokens, 3072))
-    assert len(checked) == 3  # the first call, then each call of the default bucket 4
-    assert sum(served.dispatcher.default_calls().values()) == 3
+    # The first call told the route, which serves the second call of 2 tokens; the calls of
+    # the default bucket 4 (3 and 4 tokens) each took the checked path.
+    assert len(checked) == 3
+    assert sum(served.dispatcher.default_calls().values()) == 2
 
 
-def _qk_row(dispatcher, signature):
-    dispatcher.lookup(qk.KERNEL, ("bfloat16", 128, 32, 8, 1e-6, 0.0), 1, signature)
+def test_calls_beyond_the_largest_bucket_take_the_checked_path(served, monkeypatch):
+    checked = counting_checks(monkeypatch, activation)
+    activation.silu_and_mul(bf16(MAX_BUCKET, 64))
+    activation.silu_and_mul(bf16(MAX_BUCKET, 64))  # served by the route
+    for _ in range(2):
+        activation.silu_and_mul(bf16(MAX_BUCKET + 1, 64))
+    assert len(checked) == 3
+    assert sum(served.dispatcher.beyond_calls().values()) == 2
 
 
-def test_fast_lookup_serves_a_remembered_signature_within_the_buckets(served):
-    signature = ("qk_norm", torch.bfloat16, 32, 128, 8, 1e-6, 0.0)
-    dispatcher = served.dispatcher
-    assert dispatch.fast_lookup(signature, 1) is None  # not remembered yet
-    _qk_row(dispatcher, signature)
-    assert dispatch.fast_lookup(signature, 1) is served.launcher
-    assert dispatch.fast_lookup(signature, MAX_BUCKET) is served.launcher
-    assert dispatch.fast_lookup(signature, 0) is None
-    assert dispatch.fast_lookup(signature, MAX_BUCKET + 1) is None
-    assert dispatch.fast_lookup((*signature[:-1], 1.0), 1) is None
+def test_zero_tokens_take_the_checked_path(served, monkeypatch):
+    activation.silu_and_mul(bf16(2, 3072))
+    checked = counting_checks(monkeypatch, activation)
+    assert activation.silu_and_mul(bf16(0, 3072)).shape == (0, 1536)
+    assert len(checked) == 1 and len(served.launcher.calls) == 1
 
 
-def test_fast_lookup_before_any_dispatcher_sends_the_call_down_the_checked_path(monkeypatch):
-    monkeypatch.setattr(dispatch, "_current", None)
-    assert dispatch.fast_lookup(("qk_norm", torch.bfloat16, 32, 128, 8, 1e-6, 0.0), 1) is None
+def test_a_route_reads_every_static_field_once():
+    fields = {"dtype": DType("x"), "out_dtype": DType("out"), "hidden": Dim("x", 1),
+              "eps": Value("eps"), "weight_bias": Constant(0.0)}
+    with pytest.raises(ValueError, match=r"missing \['fused_add'\], not fields \[\]"):
+        fast_path.Route(RMSNORM_KERNEL, FastCall(
+            arguments=("x", "out", "eps"), launched=2, tokens=Dim("x", 0), fields=fields))
+    with pytest.raises(ValueError, match=r"readings name \['y'\]"):
+        FastCall(arguments=("x",), launched=1, tokens=Dim("y", 0), fields={})
+    with pytest.raises(ValueError, match="kernel qk_norm has a route already"):
+        fast_path.route(QK_KERNEL, qk_norm._ROUTE.fast_call)
+
+
+def test_moe_dispatch_serves_a_grid_only_where_it_fits_the_device(monkeypatch):
+    compiled = CompiledDispatch.__new__(CompiledDispatch)
+    compiled.fn = object()
+
+    def fits(device):
+        if device == 1:
+            raise CooperativeGridError("too many blocks for device 1")
+
+    compiled.check_device = fits
+    assert moe_dispatch._launch_function(compiled, 0) is compiled.fn
+    assert moe_dispatch._launch_function(compiled, 1) is None
+
+
+def test_without_a_compiler_every_call_takes_the_checked_path(monkeypatch, caplog):
+    monkeypatch.setattr(fast_path, "_built", [])
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with caplog.at_level("WARNING", logger="cutetune.fast_path"):
+        assert fast_path.load_library() is False
+        assert fast_path.load_library() is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "cutetune: the ops' fast path cannot be built (no C++ compiler: install g++ or set "
+        "CXX); every op call takes the checked path, several microseconds more host time"]
+
+
+def test_a_damaged_library_is_never_loaded_but_built_again(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(tmp_path))
+    plan = fast_path._build_plan()
+    plan.stem.parent.mkdir(parents=True)
+    damaged = plan.stem.parent / f"{plan.stem.name}-0123456789abcdef.so"
+    damaged.write_bytes(b"\x7fELF truncated")
+    monkeypatch.setattr(fast_path, "_built", [])
+    with caplog.at_level("WARNING", logger="cutetune.fast_path"):
+        assert fast_path.load_library()
+    assert not damaged.exists()
+    assert "is damaged; building the fast path again" in caplog.text
+    [built] = plan.stem.parent.glob("*.so")
+    assert fast_path._sound_library(plan.stem) == built

@@ -21,8 +21,12 @@ MAY_IMPORT = {
     "results_db": set(),
     "kernels": {"spaces", "atomic_file"},
     "tuner": {"spaces", "kernels", "results_db", "atomic_file"},
-    "dispatch": {"spaces", "kernels", "tuner", "results_db", "settings"},
-    "ops": {"spaces", "kernels", "dispatch"},
+    # What fixes a kernel's problem in an op's call, declared beside each op; the ops' fast
+    # path (C++ routes) keyed by it, which the dispatcher tells what it serves.
+    "fast_call": set(),
+    "fast_path": {"spaces", "kernels", "fast_call", "settings"},
+    "dispatch": {"spaces", "kernels", "tuner", "results_db", "settings", "fast_path"},
+    "ops": {"spaces", "kernels", "dispatch", "fast_call", "fast_path"},
     "bench": {"spaces", "kernels", "tuner", "results_db", "dispatch"},
     # The tuning report reads the database and asks the dispatcher and the planner what they
     # would do with it; only the CLI runs it.

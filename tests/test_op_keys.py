@@ -23,7 +23,7 @@ class Looked(Exception):
 
 
 class RecordingDispatcher:
-    def lookup(self, kernel, static_tuple, num_tokens, signature=None):
+    def lookup(self, kernel, static_tuple, num_tokens, route=None, arguments=()):
         raise Looked(kernel.problem_type.from_static_tuple(static_tuple, num_tokens),
                      static_tuple)
 
@@ -64,6 +64,7 @@ CASES = [
 def test_the_op_looks_up_its_problems_key(module, call, expected, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(module, "current_dispatcher", RecordingDispatcher)
+    monkeypatch.setattr(moe_dispatch, "_workspace", lambda device, local: None)
     with pytest.raises(Looked) as looked:
         call()
     problem, static_tuple = looked.value.args

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher, fast_lookup
+from cutetune.dispatch import current_dispatcher
+from cutetune.fast_call import Dim, DType, FastCall, Value
+from cutetune.fast_path import Route, route
 from cutetune.kernels.activation import (
     GELU_FORMS,
     GELU_KERNEL,
@@ -14,6 +16,14 @@ from cutetune.kernels.activation import (
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.registry import KernelDef
 from cutetune.ops.cpu import write_reference
+
+# x is (tokens, 2 * intermediate): its width fixes the intermediate width.
+_GATED = {"dtype": DType("x"), "intermediate": Dim("x", 1)}
+_SILU_ROUTE = route(SILU_KERNEL, FastCall(
+    arguments=("x", "out"), launched=2, tokens=Dim("x", 0), fields=_GATED))
+_GELU_ROUTE = route(GELU_KERNEL, FastCall(
+    arguments=("x", "out", "approximate"), launched=2, tokens=Dim("x", 0),
+    fields={**_GATED, "approximate": Value("approximate")}))
 
 
 def _check_inputs(op: str, x: torch.Tensor,
@@ -72,24 +82,16 @@ def _check_rows(name: str, t: torch.Tensor, element_bytes: int) -> None:
         raise ValueError(f"{name} must start 16-byte aligned")
 
 
-def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None,
-                 **static: str) -> torch.Tensor:
-    """The op's call: the dispatcher's fast path (cutetune.dispatch), whose signature is the
-    kernel, x's dtype and width and the `static` fields beyond dtype and intermediate; else
-    the checked path."""
+def _act_and_mul(kernel: KernelDef, route: Route, x: torch.Tensor,
+                 out: torch.Tensor | None, **static: str) -> torch.Tensor:
+    """The op's call: its fast path (cutetune.fast_path), which also takes the `static`
+    fields beyond dtype and intermediate; else the checked path."""
     try:
-        tokens, width = x.shape
-        signature = (kernel.name, x.dtype, width, *static.values())
-        compiled = fast_lookup(signature, tokens)
-    except (AttributeError, TypeError, ValueError):  # not a 2-d tensor, say: the checks name it
-        signature = compiled = None
-    if compiled is not None:
-        result = x.new_empty((tokens, width // 2)) if out is None else out
-        try:
-            compiled(x, result)
+        result = _new_out(x) if out is None else out
+        if route.call(x, result, *static.values()):
             return result
-        except (TypeError, ValueError):  # refused by the launcher: the checks say why
-            pass
+    except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
+        pass
     dtype, tokens, intermediate, device = _check_inputs(kernel.name, x, out)
     if out is None:
         out = x.new_empty((tokens, intermediate))
@@ -99,7 +101,7 @@ def _act_and_mul(kernel: KernelDef, x: torch.Tensor, out: torch.Tensor | None,
     if device < 0:
         write_reference(kernel, key, tokens, {"x": x}, {"out": out})
         return out
-    current_dispatcher().lookup(kernel, key, tokens, signature)(x, out)
+    current_dispatcher().lookup(kernel, key, tokens, route, (x, out, *static.values()))(x, out)
     return out
 
 
@@ -116,7 +118,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
         out = _new_out(x) if out is None else out
         _SILU_OP(x, out)
         return out
-    return _act_and_mul(SILU_KERNEL, x, out)
+    return _act_and_mul(SILU_KERNEL, _SILU_ROUTE, x, out)
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
@@ -130,7 +132,7 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
         out = _new_out(x) if out is None else out
         _GELU_OP(x, out, approximate)
         return out
-    return _act_and_mul(GELU_KERNEL, x, out, approximate=approximate)
+    return _act_and_mul(GELU_KERNEL, _GELU_ROUTE, x, out, approximate=approximate)
 
 
 def _new_out(x: torch.Tensor) -> torch.Tensor:
@@ -138,11 +140,11 @@ def _new_out(x: torch.Tensor) -> torch.Tensor:
 
 
 def _silu_into(x: torch.Tensor, out: torch.Tensor) -> None:
-    _act_and_mul(SILU_KERNEL, x, out)
+    _act_and_mul(SILU_KERNEL, _SILU_ROUTE, x, out)
 
 
 def _gelu_into(x: torch.Tensor, out: torch.Tensor, approximate: str) -> None:
-    _act_and_mul(GELU_KERNEL, x, out, approximate=approximate)
+    _act_and_mul(GELU_KERNEL, _GELU_ROUTE, x, out, approximate=approximate)
 
 
 _SILU_OP = torch.library.custom_op("cutetune::silu_and_mul", _silu_into, mutates_args=("out",))

@@ -7,13 +7,27 @@ import math
 import torch
 from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher, fast_lookup
+from cutetune.dispatch import current_dispatcher
+from cutetune.fast_call import Constant, Dim, DType, FastCall, Value
+from cutetune.fast_path import route
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_combine import KERNEL, MAX_TOP_K
 from cutetune.kernels.moe_common import DEFAULT_PAD, MOE_DTYPES, MoEProblem
 from cutetune.ops.cpu import write_reference
 
 _VECTOR_BYTES = 16
+
+# The kernel does not check that out's rows do not overlap, nor that there are expert rows
+# (none is the checked path's case): the route does. zero_padding: see the checked path.
+_ROUTE = route(KERNEL, FastCall(
+    arguments=("expert_out", "row_of", "topk_weights", "out", "experts", "pad", "expert_begin",
+               "expert_end"), launched=4,
+    tokens=Dim("row_of", 0),
+    fields={"dtype": DType("expert_out"), "hidden": Dim("expert_out", 1),
+            "experts": Value("experts"), "top_k": Dim("row_of", 1), "pad": Value("pad"),
+            "expert_begin": Value("expert_begin"), "expert_end": Value("expert_end"),
+            "zero_padding": Constant(False)},
+    disjoint_rows=("out",), nonempty=(Dim("expert_out", 0),)))
 
 
 def _check_inputs(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
@@ -114,32 +128,25 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
         _COMBINE_OP(expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
                     expert_end)
         return out
-    return _moe_combine(expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
-                        expert_end)
-
-
-def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
-                 out: torch.Tensor | None, experts: int | None, pad: int, expert_begin: int,
-                 expert_end: int | None) -> torch.Tensor:
-    """The op's call: the dispatcher's fast path (cutetune.dispatch), else the checked path."""
+    # Eager: the fast path (cutetune.fast_path), else the checked path.
     try:
-        capacity, hidden = expert_out.shape
-        tokens, top_k = row_of.shape
-        signature = (KERNEL.name, expert_out.dtype, hidden, top_k, experts, pad, expert_begin,
-                     expert_end)
-        compiled = fast_lookup(signature, tokens)
-    except (AttributeError, TypeError, ValueError):  # not 2-d tensors, say: the checks name it
-        signature = compiled = None
-    # The launcher does not check that out's rows do not overlap: checked here, as is the
-    # capacity (no expert rows is the checked path's case).
-    if compiled is not None and capacity and (
-            out is None or tokens == 1 or out.stride(0) >= hidden):
-        result = expert_out.new_empty((tokens, hidden)) if out is None else out
-        try:
-            compiled(expert_out, row_of, topk_weights, result)
+        result = (expert_out.new_empty((row_of.shape[0], expert_out.shape[1])) if out is None
+                  else out)
+        if _ROUTE.call(expert_out, row_of, topk_weights, result, experts, pad, expert_begin,
+                       expert_end):
             return result
-        except (TypeError, ValueError):  # refused by the launcher: the checks say why
-            pass
+    except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
+        pass
+    return _checked(expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
+                    expert_end)
+
+
+def _checked(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
+             out: torch.Tensor | None, experts: int | None, pad: int, expert_begin: int,
+             expert_end: int | None) -> torch.Tensor:
+    """The checked path: the inputs checked, then the kernel the dispatcher serves (whose
+    lookup tells the route of a tuned one)."""
+    given = (experts, pad, expert_begin, expert_end)
     device = _check_inputs(expert_out, row_of, topk_weights, out)
     tokens, top_k = row_of.shape
     capacity, hidden = expert_out.shape
@@ -161,15 +168,17 @@ def _moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: t
             "expert_out": expert_out, "row_of": row_of, "topk_weights": topk_weights},
             {"out": out})
         return out
-    current_dispatcher().lookup(KERNEL, static, tokens, signature)(
-        expert_out, row_of, topk_weights, out)
+    arguments = (expert_out, row_of, topk_weights, out)
+    current_dispatcher().lookup(KERNEL, static, tokens, _ROUTE, (*arguments, *given))(
+        *arguments)
     return out
 
 
 def _combine_into(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
                   out: torch.Tensor, experts: int | None, pad: int, expert_begin: int,
                   expert_end: int | None) -> None:
-    _moe_combine(expert_out, row_of, topk_weights, out, experts, pad, expert_begin, expert_end)
+    moe_combine(expert_out, row_of, topk_weights, out, experts=experts, pad=pad,
+                expert_begin=expert_begin, expert_end=expert_end)
 
 
 _COMBINE_OP = torch.library.custom_op("cutetune::moe_combine", _combine_into,

@@ -7,11 +7,14 @@ from dataclasses import dataclass
 import torch
 from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher, fast_lookup
+from cutetune.dispatch import current_dispatcher
+from cutetune.fast_call import Dim, DType, FastCall, RowsPerToken, Value
+from cutetune.fast_path import route
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_common import MOE_DTYPES, MoEProblem, dispatch_capacity
 from cutetune.kernels.moe_dispatch import KERNEL
 from cutetune.kernels.moe_dispatch.common import MAX_LOCAL_EXPERTS, workspace_words
+from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, CooperativeGridError
 from cutetune.ops.cpu import write_reference
 
 
@@ -149,36 +152,55 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
         _DISPATCH_INTO_OP(x, topk_ids, out.dispatched, out.counts, out.offsets, out.row_of,
                           out.error, num_experts, pad, begin, end, validate, zero_padding)
         return out
-    return _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding,
-                         out)
-
-
-def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
-                  expert_range: tuple[int, int] | None, validate: bool,
-                  zero_padding: bool, out: DispatchResult | None) -> DispatchResult:
-    """The op's call: the dispatcher's fast path (cutetune.dispatch), else the checked path."""
+    # Eager: the fast path (cutetune.fast_path), else the checked path.
     try:
-        tokens, hidden = x.shape
-        top_k = topk_ids.shape[1]
-        signature = (KERNEL.name, x.dtype, hidden, top_k, num_experts, pad, expert_range,
-                     zero_padding)
-        compiled = fast_lookup(signature, tokens)
-    except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
-        signature = compiled = None
-    if compiled is not None:
-        begin, end = (0, num_experts) if expert_range is None else expert_range
-        local = end - begin
-        result = _allocate(x, tokens, hidden, top_k, local, pad) if out is None else out
-        try:
-            # The launcher checks every buffer but the dispatched rows, which it takes as
-            # enough: allocated ones are, given ones are checked here.
-            if out is None or (out.dispatched.shape[0]
-                               >= dispatch_capacity(tokens, top_k, local, pad)):
-                compiled(x, topk_ids, result.row_of, result.dispatched, result.counts,
-                         result.offsets, result.error, _workspace(x.get_device(), local))
+        device = x.get_device()
+        if device >= 0:  # the workspace is a CUDA tensor; CPU calls take the checked path
+            begin, end = (0, num_experts) if expert_range is None else expert_range
+            result = (_allocate(x, x.shape[0], x.shape[1], topk_ids.shape[1], end - begin, pad)
+                      if out is None else out)
+            if _ROUTE.call(x, topk_ids, result.row_of, result.dispatched, result.counts,
+                           result.offsets, result.error, _workspace(device, end - begin),
+                           num_experts, pad, begin, end, zero_padding):
                 return _validated(result, validate, num_experts)
-        except (AttributeError, TypeError, ValueError):  # refused: the checks say why
-            pass
+    except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
+        pass
+    return _checked(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding, out)
+
+
+def _launch_function(compiled: CompiledDispatch, device: int):
+    """What the fast path calls for `compiled` on `device`: its function, the cooperative grid
+    checked there once, as its launch path does (None where the grid does not fit: the checked
+    path raises why). Its other check, split_block_ranks' token bound, holds at every token
+    count of the bucket it serves."""
+    try:
+        compiled.check_device(device)
+    except CooperativeGridError:
+        return None
+    return compiled.fn
+
+
+# The kernel checks every buffer but the dispatched rows, which it takes as enough: the route
+# holds them to the capacity (moe_common.dispatch_capacity, linear in the tokens).
+_ROUTE = route(KERNEL, FastCall(
+    arguments=("x", "topk_ids", "row_of", "dispatched", "counts", "offsets", "error",
+               "workspace", "num_experts", "pad", "expert_begin", "expert_end",
+               "zero_padding"), launched=8,
+    tokens=Dim("x", 0),
+    fields={"dtype": DType("x"), "hidden": Dim("x", 1), "experts": Value("num_experts"),
+            "top_k": Dim("topk_ids", 1), "pad": Value("pad"),
+            "expert_begin": Value("expert_begin"), "expert_end": Value("expert_end"),
+            "zero_padding": Value("zero_padding")},
+    rows_per_token=RowsPerToken("dispatched", lambda p: (
+        p.top_k, dispatch_capacity(0, p.top_k, p.local_experts, p.pad))),
+    launch_function=_launch_function))
+
+
+def _checked(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
+             expert_range: tuple[int, int] | None, validate: bool, zero_padding: bool,
+             out: DispatchResult | None) -> DispatchResult:
+    """The checked path: the inputs checked, then the kernel the dispatcher serves (whose
+    lookup tells the route of a tuned one)."""
     if not isinstance(zero_padding, bool):
         raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
     dtype, begin, end, device = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
@@ -202,9 +224,10 @@ def _moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad
             "dispatched": result.dispatched[:capacity], "counts": result.counts,
             "offsets": result.offsets, "row_of": result.row_of, "error": result.error})
     else:
-        current_dispatcher().lookup(KERNEL, static, tokens, signature)(
-            x, topk_ids, result.row_of, result.dispatched, result.counts, result.offsets,
-            result.error, _workspace(device, end - begin))
+        arguments = (x, topk_ids, result.row_of, result.dispatched, result.counts,
+                     result.offsets, result.error, _workspace(device, end - begin))
+        current_dispatcher().lookup(KERNEL, static, tokens, _ROUTE, (
+            *arguments, num_experts, pad, begin, end, zero_padding))(*arguments)
     return _validated(result, validate, num_experts)
 
 
@@ -266,8 +289,7 @@ def _dispatch_tensors(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                       zero_padding: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                    torch.Tensor, torch.Tensor]:
     expert_range = None if expert_begin is None else (expert_begin, expert_end)
-    result = _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding,
-                           None)
+    result = moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding)
     # A custom op's outputs may not alias one another: counts, offsets and the error flag are
     # views of one allocation in eager mode, so here they are copies.
     return (result.dispatched, result.counts.clone(), result.offsets.clone(), result.row_of,
@@ -290,8 +312,8 @@ def _dispatch_into(x: torch.Tensor, topk_ids: torch.Tensor, dispatched: torch.Te
                    error: torch.Tensor, num_experts: int, pad: int, expert_begin: int | None,
                    expert_end: int | None, validate: bool, zero_padding: bool) -> None:
     expert_range = None if expert_begin is None else (expert_begin, expert_end)
-    _moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding,
-                  DispatchResult(dispatched, counts, offsets, row_of, error))
+    moe_dispatch(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding,
+                 DispatchResult(dispatched, counts, offsets, row_of, error))
 
 
 _DISPATCH_OP = torch.library.custom_op("cutetune::moe_dispatch", _dispatch_tensors,

@@ -5,10 +5,18 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher, fast_lookup
+from cutetune.dispatch import current_dispatcher
+from cutetune.fast_call import Dim, DType, FastCall, Value
+from cutetune.fast_path import route
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormProblem
 from cutetune.ops.cpu import write_reference
+
+_ROUTE = route(KERNEL, FastCall(
+    arguments=("q", "k", "q_weight", "k_weight", "eps", "weight_bias"), launched=4,
+    tokens=Dim("q", 0),
+    fields={"dtype": DType("q"), "head_dim": Dim("q", 2), "q_heads": Dim("q", 1),
+            "kv_heads": Dim("k", 1), "eps": Value("eps"), "weight_bias": Value("weight_bias")}))
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
@@ -74,26 +82,21 @@ def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: 
     Under torch.compile the call is the custom op cutetune::qk_norm (no graph break)."""
     if is_compiling():
         _QK_NORM_OP(q, k, q_weight, k_weight, float(eps), float(weight_bias))
-    else:  # eager: straight to the kernel, without the custom op's dispatch
-        _qk_norm(q, k, q_weight, k_weight, eps, weight_bias)
+        return q, k
+    # Eager: the fast path (cutetune.fast_path), else the checked path.
+    try:
+        if _ROUTE.call(q, k, q_weight, k_weight, eps, weight_bias):
+            return q, k
+    except (TypeError, ValueError):  # refused by the kernel: the checks say why
+        pass
+    _checked(q, k, q_weight, k_weight, eps, weight_bias)
     return q, k
 
 
-def _qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+def _checked(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
              eps: float, weight_bias: float) -> None:
-    """The op's call: the dispatcher's fast path (cutetune.dispatch), else the checked path."""
-    try:
-        tokens, q_heads, head_dim = q.shape
-        signature = (KERNEL.name, q.dtype, q_heads, head_dim, k.shape[1], eps, weight_bias)
-        compiled = fast_lookup(signature, tokens)
-    except (AttributeError, TypeError, ValueError):  # not a 3-d tensor, say: the checks name it
-        signature = compiled = None
-    if compiled is not None:
-        try:
-            compiled(q, k, q_weight, k_weight)
-            return
-        except (TypeError, ValueError):  # refused by the launcher: the checks say why
-            pass
+    """The checked path: the inputs checked, then the kernel the dispatcher serves (whose
+    lookup tells the route of a tuned one)."""
     device = _check_inputs(q, k, q_weight, k_weight)
     tokens = q.shape[0]
     if tokens == 0:
@@ -105,8 +108,17 @@ def _qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight:
         write_reference(KERNEL, static, tokens, {
             "q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight}, {"q": q, "k": k})
         return
-    current_dispatcher().lookup(KERNEL, static, tokens, signature)(q, k, q_weight, k_weight)
+    current_dispatcher().lookup(KERNEL, static, tokens, _ROUTE,
+                                (q, k, q_weight, k_weight, eps, weight_bias))(
+        q, k, q_weight, k_weight)
 
 
-_QK_NORM_OP = torch.library.custom_op("cutetune::qk_norm", _qk_norm, mutates_args=("q", "k"))
+def _qk_norm_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+                k_weight: torch.Tensor, eps: float, weight_bias: float) -> None:
+    """The custom op's body: the eager op (a compiled graph runs it, not compiling)."""
+    qk_norm(q, k, q_weight, k_weight, eps, weight_bias)
+
+
+_QK_NORM_OP = torch.library.custom_op("cutetune::qk_norm", _qk_norm_op,
+                                      mutates_args=("q", "k"))
 _QK_NORM_OP.register_fake(lambda q, k, q_weight, k_weight, eps, weight_bias: None)

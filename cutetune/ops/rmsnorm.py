@@ -7,12 +7,24 @@ import math
 import torch
 from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher, fast_lookup
+from cutetune.dispatch import current_dispatcher
+from cutetune.fast_call import Dim, DType, FastCall, Value
+from cutetune.fast_path import route
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.rmsnorm import KERNEL, MAX_HIDDEN, MIN_HIDDEN, MIN_VECTOR_BITS, RMSNormProblem
 from cutetune.ops.cpu import write_reference
 
 _VECTOR_BYTES = 16
+
+# The plain form passes x as its residual (the kernel ignores it). The kernel does not check
+# that the rows it writes do not overlap: the route does.
+_ROUTE = route(KERNEL, FastCall(
+    arguments=("x", "residual", "weight", "out", "eps", "weight_bias", "fused_add"), launched=4,
+    tokens=Dim("x", 0),
+    fields={"dtype": DType("x"), "out_dtype": DType("out"), "hidden": Dim("x", 1),
+            "eps": Value("eps"), "weight_bias": Value("weight_bias"),
+            "fused_add": Value("fused_add")},
+    disjoint_rows=("x", "residual", "out")))
 
 
 def _row_strides(named) -> str:
@@ -103,34 +115,24 @@ def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.
 def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
          weight_bias: float, out_dtype: torch.dtype | None,
          out: torch.Tensor | None) -> torch.Tensor:
-    """The op's call: the dispatcher's fast path (cutetune.dispatch), else the checked path."""
+    """The op's call: its fast path (cutetune.fast_path), else the checked path. The fast
+    path reads the output dtype from out, so a call whose out_dtype differs from out's takes
+    the checked path, which says so."""
+    fused = residual is not None
     try:
-        rows, hidden = x.shape
-        dtype = x.dtype
-        signature = (KERNEL.name, dtype, out_dtype or (dtype if out is None else out.dtype),
-                     hidden, eps, weight_bias, residual is not None)
-        compiled = fast_lookup(signature, rows)
-    except (AttributeError, TypeError, ValueError):  # not a 2-d tensor, say: the checks name it
-        signature = compiled = None
-    # The launcher does not check that the rows it writes do not overlap: with more than one
-    # row, the row strides are checked here.
-    if compiled is not None and (rows == 1 or min(
-            x.stride(0), (x if out is None else out).stride(0),
-            (x if residual is None else residual).stride(0)) >= hidden):
-        result = (torch.empty((rows, hidden), dtype=signature[2], device=x.device)
-                  if out is None else out)
-        try:
-            compiled(x, x if residual is None else residual, weight, result)
+        result = (x.new_empty(x.shape, dtype=out_dtype or x.dtype) if out is None
+                  else out if out_dtype is None or out_dtype is out.dtype else None)
+        if result is not None and _ROUTE.call(x, residual if fused else x, weight, result, eps,
+                                              weight_bias, fused):
             return result
-        except (TypeError, ValueError):  # refused by the launcher: the checks say why
-            pass
+    except (AttributeError, TypeError, ValueError):  # the checks name the fault
+        pass
     out_dtype, device = _check_inputs(x, residual, weight, out, out_dtype)
     rows, hidden = x.shape
     if out is None:
         out = torch.empty((rows, hidden), dtype=out_dtype, device=x.device)
     if rows == 0:
         return out
-    fused = residual is not None
     static = RMSNormProblem.static_tuple_of(
         dtype=DTYPE_NAMES[x.dtype], out_dtype=DTYPE_NAMES[out_dtype], hidden=hidden,
         eps=float(eps), weight_bias=float(weight_bias), fused_add=fused)
@@ -140,8 +142,9 @@ def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, e
                         {"residual": residual, "out": out} if fused else {"out": out})
         return out
     # The plain form ignores its residual argument: x fills it.
-    current_dispatcher().lookup(KERNEL, static, rows, signature)(
-        x, residual if fused else x, weight, out)
+    arguments = (x, residual if fused else x, weight, out)
+    current_dispatcher().lookup(KERNEL, static, rows, _ROUTE,
+                                (*arguments, eps, weight_bias, fused))(*arguments)
     return out
 
 

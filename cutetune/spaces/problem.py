@@ -46,6 +46,11 @@ class Problem:
         del fields[TOKENS_FIELD]
         return fields
 
+    @classmethod
+    def static_names(cls) -> tuple[str, ...]:
+        """The static fields, in declaration order."""
+        return _static_names(cls)
+
     def static_key(self) -> str:
         """Canonical JSON of the static part: the compile specialisation and the DB key."""
         return json.dumps(self.static_fields(), sort_keys=True)

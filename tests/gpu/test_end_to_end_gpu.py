@@ -46,12 +46,12 @@ def test_tune_store_warmup_serve(tmp_path):
         assert served.default_calls() == {}
         assert "tuned buckets 8" in served.report()
     finally:
-        dispatch._current = None
+        dispatch.set_current(None)
 
 
 def test_unwarmed_problem_falls_back_and_is_counted(caplog):
     served = dispatch.Dispatcher(device_spec_for(torch.cuda.get_device_name()))
-    dispatch._current = served
+    dispatch.set_current(served)
     try:
         q = torch.randn(3, 2, 64, device="cuda", dtype=torch.float16)
         k = torch.randn(3, 1, 64, device="cuda", dtype=torch.float16)
@@ -63,4 +63,4 @@ def test_unwarmed_problem_falls_back_and_is_counted(caplog):
         assert list(served.default_calls().values()) == [2]
         assert "NOT warmed up" in served.report()
     finally:
-        dispatch._current = None
+        dispatch.set_current(None)

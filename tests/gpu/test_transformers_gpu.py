@@ -37,7 +37,7 @@ def fresh_dispatcher(tmp_path, shared_cache_dir, monkeypatch):
     monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(shared_cache_dir))
     monkeypatch.setenv("CUTETUNE_DB", f"sqlite:///{tmp_path / 'cutetune.db'}")
     yield
-    dispatch._current = None
+    dispatch.set_current(None)
 
 
 def _ids(tokens: int, seed: int) -> torch.Tensor:

@@ -1,0 +1,244 @@
+"""The ops' fast path: one route per kernel, in C++ (fast_path.cc), that takes an op's call from
+its arguments straight to the compiled kernel the dispatcher serves for it.
+
+An op calls its route first (`route(KERNEL).call(*arguments)`, the arguments its kernel's
+FastCall names). The route reads the call's key (kernels/fast_call.py) from the arguments
+TVM-FFI has already converted, finds the row of kernels remembered under it, picks the token
+bucket and launches; it returns False, having launched nothing, where the op's checked path must
+take the call: a key not remembered, no tokens, more than the largest bucket, a bucket served by
+the default (which `Dispatcher.lookup` counts), or a check the launcher does not make failing.
+A call the launcher refuses raises its error (TypeError or ValueError), and the op then takes the
+checked path, whose error names the fault. The checked path's `Dispatcher.lookup` remembers the
+row it served under the call's key. TVM-FFI sets the call's stream to torch's current stream
+for the route's call, and the kernel, called from within it, launches on that stream.
+
+The C++ is compiled once per machine into the settings' cache dir (a few seconds; `warmup` does
+it, so that an engine's first call does not wait), with $CXX (else c++). Where it cannot be,
+a warning says why once, and every call takes the checked path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cutetune.fast_call import Constant, DType, FastCall, Value
+from cutetune.kernels.registry import KernelDef
+
+log = logging.getLogger("cutetune.fast_path")
+
+SOURCE = Path(__file__).with_name("fast_path.cc")
+FAST_PATH_DIR = "fast-path"
+# The reading kinds, as fast_path.cc numbers them.
+_DTYPE, _DIM, _VALUE = 0, 1, 2
+
+
+def _not_served(*arguments: Any) -> bool:
+    return False
+
+
+class Route:
+    """One kernel's fast path, for calls of its op as `fast_call` declares them. `call(*arguments)`:
+    True where it launched the kernel (until the first `remember`, never)."""
+
+    def __init__(self, kernel: KernelDef, fast_call: FastCall):
+        fast_call.check_fields(kernel.problem_type)
+        self.kernel = kernel
+        self.fast_call = fast_call
+        self.call = _not_served
+        self._remember = self._forget = None
+
+    def _make(self) -> bool:
+        library = _library()
+        if library is None:
+            return False
+        fast = self.fast_call
+        index = {name: i for i, name in enumerate(fast.arguments)}
+        readings = []
+        for reading in fast.fields.values():
+            if isinstance(reading, Constant):
+                continue
+            kind = (_DTYPE if isinstance(reading, DType) else
+                    _VALUE if isinstance(reading, Value) else _DIM)
+            readings += [kind, index[reading.argument], getattr(reading, "dim", 0)]
+        nonempty = [n for d in fast.nonempty for n in (index[d.argument], d.dim)]
+        rows = fast.rows_per_token
+        self.call, self._remember, self._forget = library.make_route(
+            len(fast.arguments), fast.launched, index[fast.tokens.argument], fast.tokens.dim,
+            readings, [index[name] for name in fast.disjoint_rows], nonempty,
+            -1 if rows is None else index[rows.argument])
+        return True
+
+    def remember(self, arguments: Sequence[Any], row: Sequence[Any | None], problem: Any,
+                 device: int) -> None:
+        """Serve later calls with the key of `arguments` (a checked call's, on CUDA device
+        `device`) from `row`: the compiled kernel of each bucket of `problem`'s static
+        problem, None where the checked path must take the call."""
+        if self._remember is None and not self._make():
+            return
+        kernels = [self._function(compiled, device) for compiled in row]
+        rows = self.fast_call.rows_per_token
+        per_token, extra = (0, 0) if rows is None else rows.of(problem)
+        try:
+            self._remember(*arguments, kernels, per_token, extra)
+        except (TypeError, ValueError):  # a scalar TVM-FFI does not take: such calls stay
+            pass                         # on the checked path
+
+    def _function(self, compiled: Any, device: int) -> Any:
+        """What the route calls for `compiled` on `device` (None: the checked path does)."""
+        import tvm_ffi
+
+        if compiled is None:
+            return None
+        if self.fast_call.launch_function is not None:
+            return self.fast_call.launch_function(compiled, device)
+        # Anything else (the tests' stand-ins) goes down the checked path.
+        return compiled if isinstance(compiled, tvm_ffi.Function) else None
+
+    def forget(self) -> None:
+        if self._forget is not None:
+            self._forget()
+
+
+_ROUTES: dict[str, Route] = {}
+
+
+def route(kernel: KernelDef, fast_call: FastCall) -> Route:
+    """The route of `kernel`'s op (made by the op's module, once)."""
+    if kernel.name in _ROUTES:
+        raise ValueError(f"kernel {kernel.name} has a route already")
+    _ROUTES[kernel.name] = Route(kernel, fast_call)
+    return _ROUTES[kernel.name]
+
+
+def forget_all() -> None:
+    """Forget every remembered row (a new dispatcher serves other kernels)."""
+    for known in _ROUTES.values():
+        known.forget()
+
+
+_built: list[Any] = []  # the loaded library, or None where it cannot be built, once known
+
+
+def _library():
+    """The fast path's library, built into the cache dir where not already there; None, after
+    one warning, where it cannot be built."""
+    if not _built:
+        try:
+            _built.append(_load_or_build())
+        except FastPathUnavailable as err:
+            log.warning("cutetune: the ops' fast path cannot be built (%s); every op call "
+                        "takes the checked path, several microseconds more host time", err)
+            _built.append(None)
+    return _built[0]
+
+
+def load_library() -> bool:
+    """Build (or load) the fast path's library now; False where it cannot be."""
+    return _library() is not None
+
+
+def do_nothing():
+    """A TVM-FFI function in C++ that takes any arguments and does nothing: a kernel's
+    stand-in, to time a route's own cost with (the library must build)."""
+    library = _library()
+    if library is None:
+        raise FastPathUnavailable("the fast path's library does not build here")
+    return library.do_nothing
+
+
+class FastPathUnavailable(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Build:
+    compiler: str
+    includes: tuple[str, ...]
+    library_dir: Path
+    # The library's name in the cache dir, before its content's digest: a file whose content
+    # does not match the digest in its name (truncated, say) is never loaded (the dynamic
+    # loader can crash the process on one), but removed and built again.
+    stem: Path
+
+
+def _build_plan() -> _Build:
+    from tvm_ffi import __version__ as tvm_ffi_version
+    from tvm_ffi import libinfo
+
+    from cutetune.settings import load_settings
+
+    compiler = shutil.which(os.environ.get("CXX") or "c++")
+    if compiler is None:
+        raise FastPathUnavailable("no C++ compiler: install g++ or set CXX")
+    library_dir = Path(libinfo.find_libtvm_ffi()).parent
+    digest = hashlib.sha256(b"\0".join([
+        SOURCE.read_bytes(), tvm_ffi_version.encode(), platform.machine().encode(),
+        platform.system().encode(), compiler.encode(), str(library_dir).encode()])).hexdigest()
+    stem = load_settings().cache_dir / FAST_PATH_DIR / f"fast_path-{digest[:20]}"
+    return _Build(compiler, (libinfo.find_include_path(), libinfo.find_dlpack_include_path()),
+                  library_dir, stem)
+
+
+def _content_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _sound_library(stem: Path) -> Path | None:
+    """The stored library of `stem` whose content matches its name; others are removed."""
+    for path in stem.parent.glob(f"{stem.name}-*.so"):
+        if path.name == f"{stem.name}-{_content_digest(path)}.so":
+            return path
+        log.warning("cutetune: %s is damaged; building the fast path again", path)
+        path.unlink(missing_ok=True)
+    return None
+
+
+def _load_or_build():
+    import tvm_ffi
+
+    plan = _build_plan()
+    library = _sound_library(plan.stem)
+    if library is None:
+        try:
+            plan.stem.parent.mkdir(parents=True, exist_ok=True)
+            library = _build(plan, plan.stem.parent)
+        except PermissionError:
+            log.warning("cutetune: %s cannot be written; building the fast path in a "
+                        "temporary directory", plan.stem.parent)
+            library = _build(plan, Path(tempfile.mkdtemp(prefix="cutetune-fast-path-")))
+    try:
+        return tvm_ffi.load_module(str(library))
+    except (OSError, RuntimeError) as err:  # built for another machine, say
+        library.unlink(missing_ok=True)
+        raise FastPathUnavailable(f"{library} does not load: {err}") from err
+
+
+def _build(plan: _Build, directory: Path) -> Path:
+    """Compile into a temporary file in `directory`, then rename it to its name there
+    (processes that build at once each rename a whole library)."""
+    fd, temporary = tempfile.mkstemp(suffix=".so", dir=directory)
+    os.close(fd)
+    arguments = [plan.compiler, "-std=c++17", "-O2", "-fPIC", "-shared", "-o", temporary,
+                 str(SOURCE), *(f"-I{path}" for path in plan.includes),
+                 f"-L{plan.library_dir}", f"-Wl,-rpath,{plan.library_dir}", "-ltvm_ffi"]
+    try:
+        done = subprocess.run(arguments, capture_output=True, text=True)
+        if done.returncode:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            raise FastPathUnavailable(f"{plan.compiler} failed: "
+                                      f"{said[-1] if said else done.returncode}")
+        library = directory / f"{plan.stem.name}-{_content_digest(Path(temporary))}.so"
+        os.replace(temporary, library)
+        return library
+    finally:
+        Path(temporary).unlink(missing_ok=True)

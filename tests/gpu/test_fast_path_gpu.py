@@ -1,0 +1,129 @@
+"""The ops' fast path on the GPU: with every bucket served by a tuned kernel (each bucket's
+default marked tuned), each public op's call after the first goes through its route (C++) to
+the kernel, and computes what the fp32 reference does: on a side stream (torch's current
+stream, which the route's call takes) and replayed in a CUDA graph captured there."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from compiled_points import compile_all, compiled
+
+from cutetune import dispatch, fast_path
+from cutetune.dispatch import DEFAULT, TUNED, Dispatcher
+from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
+from cutetune.spaces.models import PRESETS
+from cutetune.tuner.roofline import device_spec_for
+from cutetune.tuner.verify import check_outputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from op_host_overhead import op_calls  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+TOKENS = 5
+
+
+@pytest.fixture
+def all_tuned(monkeypatch):
+    """The current dispatcher, serving each bucket's default as if tuned (so the routes serve
+    every bucket), its points compiled once for the session."""
+    plan = Dispatcher._plan
+
+    def tuned(self, kernel, problem):
+        entries = plan(self, kernel, problem)
+        compile_all(kernel, problem, {e.config for e in entries})
+        return tuple(dataclasses.replace(e, source=TUNED) if e.source == DEFAULT else e
+                     for e in entries)
+
+    monkeypatch.setattr(Dispatcher, "_plan", tuned)
+    monkeypatch.setattr(Dispatcher, "compiled",
+                        lambda self, kernel, problem, config: compiled(kernel, problem, config))
+    dispatch.set_current(Dispatcher(device_spec_for(torch.cuda.get_device_name())))
+    yield
+    dispatch.set_current(None)
+
+
+def _routed(call) -> bool:
+    """Whether a route launched the kernel in `call`."""
+    launched = []
+    calls = {route: route.call for route in fast_path._ROUTES.values()}
+    for route, route_call in calls.items():
+        route.call = lambda *arguments, c=route_call: (r := c(*arguments),
+                                                        launched.append(r))[0]
+    try:
+        call()
+    finally:
+        for route, route_call in calls.items():
+            route.call = route_call
+    return True in launched
+
+
+def _problems(kernel) -> list:
+    """The static problems of the first preset model the kernel applies to, at TOKENS
+    (gelu_and_mul: a model made to use it)."""
+    for model in [*PRESETS.values(), dataclasses.replace(PRESETS["qwen3-0.6b"],
+                                                         hidden_act="gelu_pytorch_tanh")]:
+        try:
+            return [p.with_tokens(TOKENS)
+                    for p in kernel.problems_for_model(model, "bfloat16")]
+        except NotApplicableError:
+            continue
+    raise AssertionError(f"no model for {kernel.name}")
+
+
+def _inputs(kernel, problem, seed: int):
+    device = torch.device("cuda")
+    tensors = kernel.make_inputs(problem, device, torch.Generator(device).manual_seed(seed))
+    return tensors, kernel.reference(tensors, problem)
+
+
+def _outputs(op: str, tensors: dict, returned) -> dict:
+    """The kernel's tensors with the outputs the op wrote: the allocating moe_dispatch
+    returns its own."""
+    if op != "moe_dispatch":
+        return tensors
+    return {**tensors, **{f.name: getattr(returned, f.name)
+                          for f in dataclasses.fields(returned)}}
+
+
+@pytest.mark.parametrize("name", kernel_names())
+def test_routed_calls_compute_the_reference_on_a_side_stream_and_in_a_graph(name, all_tuned):
+    kernel = get_kernel(name)
+    for problem in _problems(kernel):
+        tensors, _ = _inputs(kernel, problem, seed=0)
+        for op in op_calls(tensors, problem):
+            _check_routed(kernel, problem, op)
+
+
+def _check_routed(kernel, problem, op: str) -> None:
+    tensors, _ = _inputs(kernel, problem, seed=0)
+    op_calls(tensors, problem)[op]()  # the checked path, which tells the route
+    torch.cuda.synchronize()
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    tensors, expected = _inputs(kernel, problem, seed=1)
+    returned = []
+    with torch.cuda.stream(stream):
+        assert _routed(lambda: returned.append(op_calls(tensors, problem)[op]())), op
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    check_outputs(kernel, problem, _outputs(op, tensors, returned[0]), expected)
+
+    warm, _ = _inputs(kernel, problem, seed=3)
+    tensors, expected = _inputs(kernel, problem, seed=2)
+    graph = torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        op_calls(warm, problem)[op]()  # the usual warm-up on the capture stream
+        call = op_calls(tensors, problem)[op]
+        with torch.cuda.graph(graph, stream=stream):
+            captured = call()
+        graph.replay()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    check_outputs(kernel, problem, _outputs(op, tensors, captured), expected)
