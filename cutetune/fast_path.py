@@ -100,9 +100,14 @@ class Route:
         if compiled is None:
             return None
         if self.fast_call.launch_function is not None:
-            return self.fast_call.launch_function(compiled, device)
-        # Anything else (the tests' stand-ins) goes down the checked path.
-        return compiled if isinstance(compiled, tvm_ffi.Function) else None
+            compiled = self.fast_call.launch_function(compiled, device)
+        if compiled is None or isinstance(compiled, tvm_ffi.Function):
+            return compiled
+        # A kernel compiled in this process may wrap its function (CuTeDSL's, where its
+        # signature has defaults), and gives it by TVM-FFI's protocol; anything else goes
+        # down the checked path.
+        function = getattr(compiled, "__tvm_ffi_object__", lambda: None)()
+        return function if isinstance(function, tvm_ffi.Function) else None
 
     def forget(self) -> None:
         if self._forget is not None:

@@ -293,3 +293,16 @@ def test_a_damaged_library_is_never_loaded_but_built_again(monkeypatch, tmp_path
     assert "is damaged; building the fast path again" in caplog.text
     [built] = plan.stem.parent.glob("*.so")
     assert fast_path._sound_library(plan.stem) == built
+
+
+def test_a_kernel_that_wraps_its_function_is_served_through_it():
+    function = tvm_ffi.convert(Launcher())
+
+    class Wrapped:  # as CuTeDSL wraps a function whose signature has defaults
+        def __tvm_ffi_object__(self):
+            return function
+
+    assert activation._GELU_ROUTE._function(Wrapped(), 0) is function
+    assert activation._GELU_ROUTE._function(function, 0) is function
+    assert activation._GELU_ROUTE._function(Launcher(), 0) is None
+    assert activation._GELU_ROUTE._function(None, 0) is None
