@@ -235,27 +235,22 @@ def host_overhead_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         "At one token, after `cutetune.warmup(MODEL)`: a loop of 2000 public-op calls against "
         "2000 bare calls of the compiled kernel the dispatcher serves (its arguments given "
         "positionally), each after 200 warm-up calls and ended by one synchronize, alternating "
-        "over 5 rounds (medians); the difference is what the op adds. moe_dispatch is timed "
-        "allocating its outputs and writing into buffers given as `out` (where the file has "
-        "that row). Where the file has it, the last column is what the op adds with the "
-        "compiled kernel replaced by a function that does nothing, in the op and in the bare "
-        "call: its own Python on that host, with no launch between its calls.", rows,
+        "over 15 rounds (medians); the difference is what the op adds. moe_dispatch is timed "
+        "allocating its outputs and writing into buffers given as `out`. The last column is "
+        "what the op adds with the compiled kernel replaced by a C++ function that does "
+        "nothing (`cutetune.fast_path.do_nothing`), in the kernels the op's route serves and "
+        "in the bare call: the op's own Python and its route on that host, with no launch "
+        "between its calls. Each table is one run; the runs' spread is the host's noise.", rows,
         host_overhead_table)
 
 
 def host_overhead_table(path: Path) -> list[str]:
-    """A row per op; where the file has it, a last column with the op's cost when nothing
-    launches."""
     frame = pd.read_csv(path)
-    unlaunched = "added_unlaunched_us" in frame.columns
-    lines = ["| model | op | bare call | op | added |" + (" added, no launch |" * unlaunched),
-             "|---|---|---:|---:|---:|" + ("---:|" * unlaunched)]
-    for r in frame.itertuples():
-        cells = [r.model, r.op, f"{r.bare_us:.2f} us", f"{r.op_us:.2f} us",
-                 f"**{r.added_us:.2f} us**"]
-        if unlaunched:
-            cells.append(f"{r.added_unlaunched_us:.2f} us")
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = ["| model | op | bare call | op | added | added, no launch |",
+             "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r.model} | {r.op} | {r.bare_us:.2f} us | {r.op_us:.2f} us | "
+              f"**{r.added_us:.2f} us** | {r.added_unlaunched_us:.2f} us |"
+              for r in frame.itertuples()]
     return lines
 
 

@@ -217,9 +217,9 @@ def _load_or_build():
         try:
             plan.stem.parent.mkdir(parents=True, exist_ok=True)
             library = _build(plan, plan.stem.parent)
-        except PermissionError:
-            log.warning("cutetune: %s cannot be written; building the fast path in a "
-                        "temporary directory", plan.stem.parent)
+        except OSError as err:
+            log.warning("cutetune: %s cannot be written (%s); building the fast path in a "
+                        "temporary directory", plan.stem.parent, err.strerror or err)
             library = _build(plan, Path(tempfile.mkdtemp(prefix="cutetune-fast-path-")))
     try:
         return tvm_ffi.load_module(str(library))

@@ -306,3 +306,16 @@ def test_a_kernel_that_wraps_its_function_is_served_through_it():
     assert activation._GELU_ROUTE._function(function, 0) is function
     assert activation._GELU_ROUTE._function(Launcher(), 0) is None
     assert activation._GELU_ROUTE._function(None, 0) is None
+
+
+def test_a_cache_dir_that_cannot_be_written_builds_in_a_temporary_one(monkeypatch, tmp_path,
+                                                                      caplog):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(blocked / "cache"))
+    monkeypatch.setattr(fast_path, "_built", [])
+    with caplog.at_level("WARNING", logger="cutetune.fast_path"):
+        assert fast_path.load_library()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"cutetune: {blocked / 'cache' / fast_path.FAST_PATH_DIR} cannot be written (Not a "
+        "directory); building the fast path in a temporary directory"]
