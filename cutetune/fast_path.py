@@ -1,15 +1,15 @@
 """The ops' fast path: one route per kernel, in C++ (fast_path.cc), that takes an op's call from
 its arguments straight to the compiled kernel the dispatcher serves for it.
 
-An op calls its route first (`route(KERNEL).call(*arguments)`, the arguments its kernel's
-FastCall names). The route reads the call's key (kernels/fast_call.py) from the arguments
-TVM-FFI has already converted, finds the row of kernels remembered under it, picks the token
-bucket and launches; it returns False, having launched nothing, where the op's checked path must
-take the call: a key not remembered, no tokens, more than the largest bucket, a bucket served by
-the default (which `Dispatcher.lookup` counts), or a check the launcher does not make failing.
-A call the launcher refuses raises its error (TypeError or ValueError), and the op then takes the
-checked path, whose error names the fault. The checked path's `Dispatcher.lookup` remembers the
-row it served under the call's key. TVM-FFI sets the call's stream to torch's current stream
+An op calls its route first (`_ROUTE.call(*arguments)`, the arguments its FastCall names,
+cutetune/fast_call.py). The route reads the call's key from the arguments TVM-FFI has already
+converted, finds the row of kernels remembered under it, picks the token bucket and launches;
+it returns False, having launched nothing, where the op's checked path must take the call: a
+key not remembered, no tokens, more than the largest bucket, a bucket served by the default
+(which `Dispatcher.lookup` counts), or a check the kernel does not make failing. A call the
+kernel refuses raises its error (TypeError or ValueError), and the op then takes the checked
+path, whose error names the fault. The checked path's `Dispatcher.lookup` gives the route the
+row it served, under the call's key. TVM-FFI sets the call's stream to torch's current stream
 for the route's call, and the kernel, called from within it, launches on that stream.
 
 The C++ is compiled once per machine into the settings' cache dir (a few seconds; `warmup` does
@@ -38,8 +38,10 @@ log = logging.getLogger("cutetune.fast_path")
 
 SOURCE = Path(__file__).with_name("fast_path.cc")
 FAST_PATH_DIR = "fast-path"
-# The reading kinds, as fast_path.cc numbers them.
+# The reading kinds, as fast_path.cc numbers them, and the words its keys hold at most (the
+# device one, a value two: its type and its bits).
 _DTYPE, _DIM, _VALUE = 0, 1, 2
+_KEY_WORDS = 32
 
 
 def _not_served(*arguments: Any) -> bool:
@@ -47,11 +49,17 @@ def _not_served(*arguments: Any) -> bool:
 
 
 class Route:
-    """One kernel's fast path, for calls of its op as `fast_call` declares them. `call(*arguments)`:
-    True where it launched the kernel (until the first `remember`, never)."""
+    """One kernel's fast path, for calls of its op as `fast_call` declares them.
+    `call(*arguments)`: True where it launched the kernel (until the first `remember`,
+    never)."""
 
     def __init__(self, kernel: KernelDef, fast_call: FastCall):
         fast_call.check_fields(kernel.problem_type)
+        words = 1 + sum(2 if isinstance(r, Value) else 0 if isinstance(r, Constant) else 1
+                        for r in fast_call.fields.values())
+        if words > _KEY_WORDS:
+            raise ValueError(f"the fast call of {kernel.name} reads a key of {words} words; "
+                             f"fast_path.cc holds {_KEY_WORDS}")
         self.kernel = kernel
         self.fast_call = fast_call
         self.call = _not_served

@@ -319,3 +319,15 @@ def test_a_cache_dir_that_cannot_be_written_builds_in_a_temporary_one(monkeypatc
     assert [r.getMessage() for r in caplog.records] == [
         f"cutetune: {blocked / 'cache' / fast_path.FAST_PATH_DIR} cannot be written (Not a "
         "directory); building the fast path in a temporary directory"]
+
+
+def test_a_key_longer_than_the_route_holds_is_refused():
+    fields = {name: Value("eps") for name in qk_norm.QKNormProblem.static_names()}
+    wide = dataclasses.make_dataclass(
+        "Wide", [(f"f{i}", float) for i in range(16)], bases=(qk_norm.QKNormProblem,),
+        frozen=True, kw_only=True)
+    kernel = dataclasses.replace(QK_KERNEL, name="wide", problem_type=wide)
+    fields.update({f"f{i}": Value("eps") for i in range(16)})
+    with pytest.raises(ValueError, match="reads a key of 45 words; fast_path.cc holds 32"):
+        fast_path.Route(kernel, FastCall(arguments=("q", "eps"), launched=1,
+                                         tokens=Dim("q", 0), fields=fields))
