@@ -97,6 +97,19 @@ def parse_tokens(ctx, param, value: str) -> tuple[int, ...]:
     return tokens
 
 
+def parse_gpus(ctx, param, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        gpus = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of GPU numbers, "
+                                 "e.g. 0,1") from None
+    if min(gpus) < 0 or len(set(gpus)) != len(gpus):
+        raise click.BadParameter(f"GPU numbers must be distinct and at least 0, got {value!r}")
+    return gpus
+
+
 def _model_problems(kernel, model: str, dtype: str, skip_if_absent: bool = False):
     """The kernel's problems in the model; none, said on stderr, if it does not apply and
     `skip_if_absent`."""
@@ -201,21 +214,27 @@ def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device_na
               type=click.FloatRange(min=1), help="seconds a trial may take beyond ten times "
               "its predicted GPU time before its worker is killed")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--gpus", default=None, callback=parse_gpus,
+              help="GPUs to tune on, one worker each, e.g. 0,1 (all of one model); each takes "
+                   "the next bucket left [default: the GPU torch uses]")
 @click.pass_obj
 def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple[int, ...],
-         trials: int, force: bool, retry_failed: bool, trial_timeout: float, seed: int) -> None:
-    """Tune KERNEL, or every kernel the model uses, for each token bucket on this GPU.
+         trials: int, force: bool, retry_failed: bool, trial_timeout: float, seed: int,
+         gpus: tuple[int, ...] | None) -> None:
+    """Tune KERNEL, or every kernel the model uses, for each token bucket on this GPU (or on
+    each of --gpus).
 
     Trials run in worker processes (compiles in a pool of CPU processes, verification and
-    timing in one GPU worker) under a watchdog; every trial and each bucket's winner are
-    stored. Stopped at any moment (Ctrl-C, kill), the same command continues: stored buckets
-    are skipped, a bucket in progress continues from its stored trials."""
+    timing in a GPU worker per GPU, a bucket's trials all on one) under a watchdog; every trial
+    and each bucket's winner are stored. Stopped at any moment (Ctrl-C, kill), the same command
+    continues: stored buckets are skipped, a bucket in progress continues from its stored
+    trials."""
     import torch
 
     from cutetune.cli.progress import RunProgress, summary_table, time_split_line
     from cutetune.kernels.registry import get_kernel, kernel_names
     from cutetune.spaces.buckets import bucket_of
-    from cutetune.tuner.isolated import Workers
+    from cutetune.tuner.isolated import MixedGpusError, Workers
     from cutetune.tuner.model_run import RunOptions, Unit, tune_model
 
     kernels = [get_kernel(kernel)] if kernel else [get_kernel(n) for n in kernel_names()]
@@ -226,12 +245,16 @@ def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple
     if not torch.cuda.is_available():
         raise click.UsageError("cutetune tune needs a CUDA GPU and none is visible "
                                "(cutetune plan works without one)")
+    visible = torch.cuda.device_count()
+    if gpus is not None and max(gpus) >= visible:
+        raise click.UsageError(f"--gpus {','.join(map(str, gpus))}: GPU {max(gpus)} is not "
+                               f"visible; this machine shows {visible} (0 to {visible - 1})")
     _require_c_compiler()
     db = obj.open_db(writable=True)
     buckets = sorted({bucket_of(n) for n in tokens})
     workers = Workers(load_settings().cache_dir, sorted({k.compile_function.__module__
                                                           for k in kernels}),
-                      seed=seed, trial_timeout_s=trial_timeout)
+                      seed=seed, trial_timeout_s=trial_timeout, gpus=gpus)
     progress = RunProgress()
     click.echo(f"tuning {len(units)} problems of {model} x {len(buckets)} buckets "
                f"({trials} trials each at most); results in {obj.shown_url}", err=True)
@@ -242,6 +265,8 @@ def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple
         click.echo("\ninterrupted: every finished bucket and trial is stored; the same "
                    "command continues", err=True)
         sys.exit(130)
+    except MixedGpusError as err:
+        raise click.UsageError(f"--gpus: {err}") from None
     click.echo(summary_table(summaries))
     click.echo(time_split_line(workers.split, workers.compile_processes))
 

@@ -30,6 +30,10 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
+def _bucket_key(planned: BucketPlan) -> tuple:
+    return planned.kernel.name, planned.problem.with_tokens(1), planned.bucket
+
+
 class RunProgress:
     """The model run's Observer."""
 
@@ -39,8 +43,8 @@ class RunProgress:
         self.planned_trials = 0
         self.done = 0
         self.started_at = time.monotonic()
-        self._bucket_done = 0
-        self._bucket_trials = 0
+        # Trials done and expected of each bucket in hand (one per GPU worker).
+        self._buckets: dict[tuple, list[int]] = {}
 
     def _eta(self) -> str:
         if not self.done:
@@ -64,22 +68,22 @@ class RunProgress:
                    f"{skipped} stored already", file=self.stream)
 
     def bucket_started(self, planned: BucketPlan, expected_trials: int) -> None:
-        self._bucket_done = 0
-        self._bucket_trials = expected_trials
+        self._buckets[_bucket_key(planned)] = [0, expected_trials]
 
     def trial(self, planned: BucketPlan, outcome: TrialOutcome,
               best: TrialOutcome | None) -> None:
         self.done += 1
-        self._bucket_done += 1
+        counts = self._buckets[_bucket_key(planned)]
+        counts[0] += 1
         if not self.live:
             return
         best_text = f"best {best.measurement.median_us:.2f} us" if best else "no point ok yet"
         self._echo(f"[{self.done}/{self.planned_trials} trials, ETA {self._eta()}] "
                    f"{planned.kernel.name} {_problem_label(planned.problem)} "
-                   f"{planned.bucket} tokens: trial {self._bucket_done} of "
-                   f"{self._bucket_trials}, {best_text}")
+                   f"{planned.bucket} tokens: trial {counts[0]} of {counts[1]}, {best_text}")
 
     def bucket_finished(self, summary: BucketSummary) -> None:
+        self._buckets.pop((summary.kernel, summary.problem, summary.bucket), None)
         if summary.median_us is not None:
             result = f"{summary.median_us:.2f} us"
         else:
@@ -119,8 +123,10 @@ def _config_label(config_json: str) -> str:
 
 
 def time_split_line(split: TimeSplit, compile_processes: int) -> str:
-    return (f"time: {_duration(split.wall_s)} wall; the GPU worker verified for "
-            f"{split.verify_s:.0f} s, timed for {split.timing_s:.0f} s and was idle for "
+    workers, were = (("the GPU worker", "was") if split.gpus == 1
+                     else (f"the {split.gpus} GPU workers (summed)", "were"))
+    return (f"time: {_duration(split.wall_s)} wall; {workers} verified for "
+            f"{split.verify_s:.0f} s, timed for {split.timing_s:.0f} s and {were} idle for "
             f"{split.gpu_idle_s:.0f} s ({split.compile_wait_s:.0f} s of it waiting for "
             f"compiles); compiles took {split.compile_cpu_s:.0f} s of CPU in "
             f"{compile_processes} processes; {split.workers_lost} workers lost")

@@ -22,7 +22,10 @@ def safe_points() -> Iterator[None]:
     """Defer Ctrl-C to the safe points while the block runs (in the main thread only, where
     Python delivers signals)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        try:
+            yield
+        finally:
+            _requested.clear()  # a stop a worker thread requested (request_stop)
         return
 
     def request(signum, frame) -> None:
@@ -36,6 +39,12 @@ def safe_points() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
         _requested.clear()
+
+
+def request_stop() -> None:
+    """Stop the run at its next safe points, as a first Ctrl-C does (a worker thread that
+    failed stops the others)."""
+    _requested.set()
 
 
 def raise_if_interrupted() -> None:

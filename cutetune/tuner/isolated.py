@@ -11,6 +11,7 @@ than predicted is timed, and one that never finishes is stopped.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cutetune.kernels.registry import KernelDef
+from cutetune.results_db.fingerprint import serves_here
 from cutetune.spaces.problem import Problem
 from cutetune.tuner.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
 from cutetune.tuner.compile_pool import COMPILE_TIMEOUT_S, CompilePool
@@ -56,9 +58,11 @@ def trial_gpu_seconds(predicted_us: float) -> float:
 
 @dataclass
 class TimeSplit:
-    """Where a tuning run's time went: the GPU worker verifying and timing, waiting for a
-    compile, and the compile pool's CPU time (summed over its processes)."""
+    """Where a tuning run's time went: the GPU workers verifying and timing, waiting for a
+    compile (each summed over the workers), and the compile pool's CPU time (summed over its
+    processes). The workers' threads add to it at once: `add` holds a lock."""
 
+    gpus: int = 1
     verify_s: float = 0.0
     timing_s: float = 0.0
     compile_wait_s: float = 0.0
@@ -66,6 +70,14 @@ class TimeSplit:
     workers_lost: int = 0
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, verify_s: float = 0.0, timing_s: float = 0.0,
+            compile_wait_s: float = 0.0) -> None:
+        with self._lock:
+            self.verify_s += verify_s
+            self.timing_s += timing_s
+            self.compile_wait_s += compile_wait_s
 
     @property
     def wall_s(self) -> float:
@@ -73,46 +85,67 @@ class TimeSplit:
 
     @property
     def gpu_idle_s(self) -> float:
-        """Wall time in which the GPU worker was neither verifying nor timing."""
-        return max(0.0, self.wall_s - self.verify_s - self.timing_s)
+        """GPU time (wall time on each GPU) in which its worker was neither verifying nor
+        timing."""
+        return max(0.0, self.gpus * self.wall_s - self.verify_s - self.timing_s)
+
+
+class MixedGpusError(ValueError):
+    """The GPUs of one run are of different models."""
 
 
 class Workers:
-    """The processes of one tuning run: the GPU worker, the compile pool, and the artifact
-    store between them. Use as a context manager. The GPU worker comes up first (the run needs
-    its device's fingerprint, and the pool compiles for its arch); the pool comes up with the
-    first compile, so a run with nothing left to tune starts none."""
+    """The processes of one tuning run: a GPU worker per GPU, the compile pool, and the
+    artifact store between them. Use as a context manager. The GPU workers come up first (the
+    run needs their device's fingerprint, and the pool compiles for its arch); the pool comes
+    up with the first compile, so a run with nothing left to tune starts none.
+
+    `gpus`: the CUDA devices (as torch numbers them here) to run a worker on, one each, all of
+    one GPU model; None: one worker, on the device this process would use."""
 
     def __init__(self, cache_dir: Path, kernel_modules: Sequence[str], seed: int = 0,
                  compile_processes: int | None = None,
                  trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
                  compile_timeout_s: float = COMPILE_TIMEOUT_S,
-                 gpu_worker: str = GPU_WORKER, compiler: str = COMPILER):
+                 gpu_worker: str = GPU_WORKER, compiler: str = COMPILER,
+                 gpus: Sequence[int] | None = None):
         self.directory = cache_dir / ARTIFACTS_DIR
         self.kernel_modules = tuple(kernel_modules)
         self.trial_timeout_s = trial_timeout_s
-        self.split = TimeSplit()
+        self.gpu_numbers = tuple(gpus) if gpus is not None else None
+        self.split = TimeSplit(gpus=len(gpus) if gpus is not None else 1)
         self.compile_processes = compile_processes or default_compile_processes()
         self._compile_timeout_s = compile_timeout_s
         self._compiler = compiler
-        self.gpu = SupervisedProcess(gpu_worker, (str(self.directory), self.kernel_modules, seed))
+        arguments = (str(self.directory), self.kernel_modules, seed)
+        self.gpus = tuple(SupervisedProcess(gpu_worker, arguments, environment)
+                          for environment in _worker_environments(gpus))
         self._pool: CompilePool | None = None
         self.fingerprint = None
 
     def __enter__(self) -> Workers:
-        self.fingerprint = self.gpu.start()
+        fingerprints = [gpu.start() for gpu in self.gpus]
+        self.fingerprint = fingerprints[0]
+        # A winner measured on one GPU must be one the others may serve: one GPU model.
+        for number, fingerprint in zip(self.gpu_numbers or (0,), fingerprints, strict=True):
+            if not serves_here(fingerprint, self.fingerprint):
+                self.__exit__(None, None, None)
+                raise MixedGpusError(f"GPU {number} is {_described(fingerprint)} but GPU "
+                                 f"{self.gpu_numbers[0]} {_described(self.fingerprint)}: one "
+                                 "run tunes GPUs of one model")
         return self
 
     def __exit__(self, *exc_info) -> None:
         if self._pool is not None:
             self._pool.close()
             self.split.compile_cpu_s = self._pool.cpu_seconds
-        self.split.workers_lost = self.gpu.losses
-        self.gpu.stop()
+        self.split.workers_lost = sum(gpu.losses for gpu in self.gpus)
+        for gpu in self.gpus:
+            gpu.stop()
         self.split.ended = time.monotonic()
 
     def measure_ceilings(self) -> dict[str, float]:
-        return self.gpu.call(("ceilings",), CEILINGS_TIMEOUT_S)
+        return self.gpus[0].call(("ceilings",), CEILINGS_TIMEOUT_S)
 
     @property
     def pool(self) -> CompilePool:
@@ -127,20 +160,39 @@ class Workers:
             self.pool.submit(kernel, problem, config, ahead=True)
 
     def runner(self, kernel: KernelDef, problem: Problem, spec: DeviceSpec,
-               ceilings: Ceilings) -> IsolatedTrialRunner:
-        return IsolatedTrialRunner(self, kernel, problem, spec, ceilings)
+               ceilings: Ceilings, gpu: int = 0) -> IsolatedTrialRunner:
+        """The runner of one bucket on the run's `gpu`-th worker."""
+        return IsolatedTrialRunner(self, kernel, problem, spec, ceilings, self.gpus[gpu])
+
+
+def _described(fingerprint) -> str:
+    return (f"a {fingerprint.gpu_name} (compute capability {fingerprint.compute_capability}, "
+            f"{fingerprint.sm_count} SMs, CuTeDSL {fingerprint.cutlass_dsl})")
+
+
+def _worker_environments(gpus: Sequence[int] | None) -> list[dict[str, str]]:
+    """Each worker's environment: only its GPU visible (as this process numbers the GPUs,
+    within the CUDA_VISIBLE_DEVICES it was started with)."""
+    if gpus is None:
+        return [{}]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = visible.split(",") if visible else None
+    return [{"CUDA_VISIBLE_DEVICES": names[number] if names else str(number)}
+            for number in gpus]
 
 
 class IsolatedTrialRunner:
-    """The TrialRunner of one problem at one bucket, over the run's workers."""
+    """The TrialRunner of one problem at one bucket, over the run's workers: its trials and
+    its finalists' re-measurement all on one GPU worker, `gpu`."""
 
     def __init__(self, workers: Workers, kernel: KernelDef, problem: Problem,
-                 spec: DeviceSpec, ceilings: Ceilings):
+                 spec: DeviceSpec, ceilings: Ceilings, gpu: SupervisedProcess):
         self.workers = workers
         self.kernel = kernel
         self.problem = problem
         self.spec = spec
         self.ceilings = ceilings
+        self.gpu = gpu
 
     def deadline_s(self, config: Any) -> float:
         predicted = predict(self.kernel.cost(self.problem, config, self.spec), self.spec,
@@ -157,19 +209,18 @@ class IsolatedTrialRunner:
                 break
             except TimeoutError:
                 raise_if_interrupted()
-        self.workers.split.compile_wait_s += time.monotonic() - start
+        self.workers.split.add(compile_wait_s=time.monotonic() - start)
         if result.failure is not None:
             raise TrialFailure(result.failure)
 
     def measure(self, config: Any) -> Measurement:
         self._compiled(config)
         try:
-            reply = self.workers.gpu.call(("measure", self.kernel.name, self.problem, config),
-                                      self.deadline_s(config))
+            reply = self.gpu.call(("measure", self.kernel.name, self.problem, config),
+                                  self.deadline_s(config))
         except ProcessLost as lost:
             raise TrialFailure(str(lost)) from None
-        self.workers.split.verify_s += reply.verify_s
-        self.workers.split.timing_s += reply.timing_s
+        self.workers.split.add(verify_s=reply.verify_s, timing_s=reply.timing_s)
         if reply.failure is not None:
             raise TrialFailure(reply.failure)
         return reply.measurement
@@ -178,7 +229,7 @@ class IsolatedTrialRunner:
         """Raises ProcessLost if the worker is lost: the bucket then ends without a winner
         stored, and a later run tunes it again."""
         timeout = self.workers.trial_timeout_s + sum(self.deadline_s(c) for c in configs)
-        measured, timing_s = self.workers.gpu.call(
+        measured, timing_s = self.gpu.call(
             ("remeasure", self.kernel.name, self.problem, list(configs)), timeout)
-        self.workers.split.timing_s += timing_s
+        self.workers.split.add(timing_s=timing_s)
         return measured

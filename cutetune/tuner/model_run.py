@@ -9,13 +9,19 @@ not tried again for that kernel source, problem and device unless asked to. Each
 trials and winner are written in one transaction when the bucket ends: a bucket never holds a
 winner without its trials.
 
+With several GPU workers (one per GPU), each takes the next bucket left as it finishes one, in
+a thread of its own: a bucket's trials and its finalists' re-measurement all run on one GPU,
+so its winner is chosen among times of one device. The observer hears the workers one at a
+time.
+
 The run reports what it does to an observer (the CLI's progress display), and returns one
-summary row per problem and bucket.
+summary row per problem and bucket (in the order the buckets were planned).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,7 +44,7 @@ from cutetune.results_db import (
 )
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.interrupt import safe_points
+from cutetune.tuner.interrupt import request_stop, safe_points
 from cutetune.tuner.isolated import Workers
 from cutetune.tuner.roofline import Ceilings, DeviceSpec, device_spec_for, percent_of_roofline
 from cutetune.tuner.study import (
@@ -131,10 +137,69 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
         summaries, pending = _plan_run(units, buckets, db, fingerprint, spec, ceilings, options)
         _compile_ahead(workers, pending, options.budget)
         observer.started(fingerprint, ceilings, pending, len(summaries))
-        for bucket in pending:
-            observer.bucket_started(bucket.planned, bucket.trials)
-            summaries.append(_tune_one(bucket.planned, db, workers, storage, options, observer))
+        if len(workers.gpus) == 1:
+            for bucket in pending:
+                observer.bucket_started(bucket.planned, bucket.trials)
+                summaries.append(_tune_one(bucket.planned, db, workers, storage, options,
+                                           observer))
+        else:
+            summaries += _tune_in_parallel(pending, db, workers, storage, options,
+                                           _OneAtATime(observer))
         return summaries
+
+
+def _tune_in_parallel(pending: Sequence[PendingBucket], db: Database, workers: Workers,
+                      storage: BaseStorage, options: RunOptions,
+                      observer: Observer) -> list[BucketSummary]:
+    """`pending` tuned by a thread per GPU worker, each taking the next bucket left. A thread's
+    error (Ctrl-C at a safe point among them) stops the others at their next safe point, and
+    is raised here once all have stopped."""
+    summaries: list[BucketSummary | None] = [None] * len(pending)
+    left = iter(enumerate(pending))
+    taking = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work(gpu: int) -> None:
+        try:
+            while not errors:
+                with taking:
+                    index, bucket = next(left, (None, None))
+                if bucket is None:
+                    return
+                observer.bucket_started(bucket.planned, bucket.trials)
+                summaries[index] = _tune_one(bucket.planned, db, workers, storage, options,
+                                             observer, gpu)
+        except BaseException as error:  # noqa: BLE001 - raised again in the run's thread
+            errors.append(error)
+            request_stop()
+
+    threads = [threading.Thread(target=work, args=(gpu,), name=f"cutetune-gpu-{gpu}")
+               for gpu in range(len(workers.gpus))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+    if errors:
+        raise errors[0]
+    return summaries
+
+
+class _OneAtATime:
+    """An observer that hears one worker at a time."""
+
+    def __init__(self, observer: Observer):
+        self._observer = observer
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str):
+        method = getattr(self._observer, name)
+
+        def serialized(*arguments):
+            with self._lock:
+                return method(*arguments)
+
+        return serialized
 
 
 def _plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
@@ -181,7 +246,7 @@ def _quarantined(db: Database, fingerprint: DeviceFingerprint, unit: Unit) -> se
 
 
 def _tune_one(planned: BucketPlan, db: Database, workers: Workers, storage: BaseStorage,
-              options: RunOptions, observer: Observer) -> BucketSummary:
+              options: RunOptions, observer: Observer, gpu: int = 0) -> BucketSummary:
     kernel, problem = planned.kernel, planned.problem
     fingerprint = workers.fingerprint
     unit = Unit(kernel, problem.with_tokens(1))
@@ -199,7 +264,7 @@ def _tune_one(planned: BucketPlan, db: Database, workers: Workers, storage: Base
         observer.trial(planned, outcome, best[0] if best else None)
 
     excluded = () if options.retry_failed else _quarantined(db, fingerprint, unit)
-    runner = workers.runner(kernel, problem, planned.spec, planned.ceilings)
+    runner = workers.runner(kernel, problem, planned.spec, planned.ceilings, gpu)
     try:
         result = tune_bucket(planned, runner, db, fingerprint, options.budget, options.seed,
                              storage=storage, on_trial=on_trial, excluded=excluded,

@@ -160,9 +160,25 @@ def test_tune_without_a_gpu_says_it_needs_one(empty_db, tmp_path, kernel):
      ["--tokens", "from 1 to 1048576"]),
     (["nosuch", "--model", "qwen3-8b"], ["unknown kernel 'nosuch'", "qk_norm"]),
     (["--model", "qwen3-8b", "--trials", "0"], ["--trials"]),
-], ids=["unknown-model", "not-in-model", "tokens-too-many", "unknown-kernel", "no-trials"])
+    (["--model", "qwen3-8b", "--gpus", "0,0"],
+     ["--gpus", "GPU numbers must be distinct and at least 0, got '0,0'"]),
+    (["--model", "qwen3-8b", "--gpus", "first"],
+     ["--gpus", "'first' is not a comma-separated list of GPU numbers, e.g. 0,1"]),
+], ids=["unknown-model", "not-in-model", "tokens-too-many", "unknown-kernel", "no-trials",
+        "same-gpu-twice", "gpus-not-numbers"])
 def test_tune_errors_are_one_clear_line_before_any_work(empty_db, tmp_path, args, fragments):
     assert_clean_error(invoke(empty_db, "tune", *args), *fragments)
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_tune_on_a_gpu_this_machine_does_not_show_is_one_clear_line(empty_db, tmp_path,
+                                                                    monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    result = invoke(empty_db, "tune", "qk_norm", "--model", "qwen3-8b", "--gpus", "0,2")
+    assert_clean_error(result, "--gpus 0,2: GPU 2 is not visible; this machine shows 2 (0 to 1)")
     assert not (tmp_path / "x.db").exists()
 
 

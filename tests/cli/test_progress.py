@@ -53,3 +53,36 @@ def test_the_time_split_names_every_part():
     assert line == ("time: 5m00s wall; the GPU worker verified for 10 s, timed for 200 s and "
                     "was idle for 90 s (4 s of it waiting for compiles); compiles took 150 s "
                     "of CPU in 12 processes; 1 workers lost")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_buckets_in_hand_at_once_count_their_own_trials():
+    from types import SimpleNamespace
+
+    stream = Terminal()
+    progress = RunProgress(stream)
+    progress.started(FINGERPRINT, CEILINGS, [], 0)
+    progress.planned_trials = 6
+    one, two = (SimpleNamespace(kernel=qk.KERNEL, problem=PROBLEM.with_tokens(b), bucket=b)
+                for b in (1, 2))
+    progress.bucket_started(one, 3)
+    progress.bucket_started(two, 3)
+    for planned in (one, two, two):
+        progress.trial(planned, None, None)
+    status = stream.getvalue().split("\r")[-1]
+    assert "2 tokens: trial 2 of 3" in status and status.startswith("[3/6 trials")
+    progress.bucket_finished(ROWS[0])  # bucket 1 ends; bucket 2 goes on
+    progress.trial(two, None, None)
+    assert "2 tokens: trial 3 of 3" in stream.getvalue().split("\r")[-1]
+
+
+def test_the_time_split_of_two_gpus_sums_their_workers():
+    split = TimeSplit(gpus=2, verify_s=10.0, timing_s=400.0, compile_wait_s=4.0,
+                      compile_cpu_s=150.0, started=0.0, ended=300.0)
+    assert time_split_line(split, 12).startswith(
+        "time: 5m00s wall; the 2 GPU workers (summed) verified for 10 s, timed for 400 s and "
+        "were idle for 190 s")

@@ -12,6 +12,7 @@ beside the artifact directory, so tests can tell what was timed and when.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import time
@@ -155,6 +156,15 @@ class FakeGpuWorker:
     def remeasure(self, kernel_name: str, problem: FaultProblem, configs):
         return [Measurement(fake_us(c, problem.num_tokens) - 0.5, 0.01, 25)
                 for c in configs], 0.2
+
+
+class MixedGpus(FakeGpuWorker):
+    """The fake worker of GPU 1 is another GPU model (as CUDA_VISIBLE_DEVICES tells it)."""
+
+    def hello(self) -> DeviceFingerprint:
+        if os.environ.get("CUDA_VISIBLE_DEVICES") == "1":
+            return dataclasses.replace(FAKE_FINGERPRINT, gpu_name="NVIDIA H100 80GB HBM3")
+        return FAKE_FINGERPRINT
 
 
 class EveryPointWrong(FakeGpuWorker):

@@ -31,9 +31,10 @@ class Silent:
 
 
 def fault_workers(cache_dir: Path, gpu_worker: str = "fault_kernel:FakeGpuWorker",
-                  trial_timeout_s: float = TRIAL_TIMEOUT_S) -> Workers:
+                  trial_timeout_s: float = TRIAL_TIMEOUT_S,
+                  gpus: tuple[int, ...] | None = None) -> Workers:
     return Workers(cache_dir, ["fault_kernel"], compile_processes=1,
-                   trial_timeout_s=trial_timeout_s, gpu_worker=gpu_worker)
+                   trial_timeout_s=trial_timeout_s, gpu_worker=gpu_worker, gpus=gpus)
 
 
 def run(db_url: str, cache_dir: Path, budget: int, buckets: list[int],
