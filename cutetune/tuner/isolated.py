@@ -121,6 +121,7 @@ class Workers:
         self.gpus = tuple(SupervisedProcess(gpu_worker, arguments, environment)
                           for environment in _worker_environments(gpus))
         self._pool: CompilePool | None = None
+        self._pool_started = threading.Lock()  # the GPU workers' threads may ask at once
         self.fingerprint = None
 
     def __enter__(self) -> Workers:
@@ -149,10 +150,12 @@ class Workers:
 
     @property
     def pool(self) -> CompilePool:
-        if self._pool is None:
-            store = ArtifactStore(self.directory, arch_for(self.fingerprint.compute_capability))
-            self._pool = CompilePool(store, self.compile_processes, self.kernel_modules,
-                                     self._compile_timeout_s, self._compiler)
+        with self._pool_started:
+            if self._pool is None:
+                store = ArtifactStore(self.directory,
+                                      arch_for(self.fingerprint.compute_capability))
+                self._pool = CompilePool(store, self.compile_processes, self.kernel_modules,
+                                         self._compile_timeout_s, self._compiler)
         return self._pool
 
     def compile_ahead(self, kernel: KernelDef, problem: Problem, configs: Sequence[Any]) -> None:
