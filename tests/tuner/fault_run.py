@@ -1,6 +1,8 @@
 """Tunes the fault kernel with the fake GPU worker: in a test, or as a process a test kills.
 
     python fault_run.py DB_URL CACHE_DIR BUDGET BUCKET [BUCKET ...]
+
+As a process, with a fake worker per GPU where FAKE_GPUS (e.g. "0,1") names them.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def run(db_url: str, cache_dir: Path, budget: int, buckets: list[int],
         db.dispose()
 
 
+FAKE_GPUS = "CUTETUNE_TEST_FAKE_GPUS"
+
 if __name__ == "__main__":
     url, cache, budget, *buckets = sys.argv[1:]
-    run(url, Path(cache), int(budget), [int(b) for b in buckets])
+    gpus = os.environ.get(FAKE_GPUS)
+    run(url, Path(cache), int(budget), [int(b) for b in buckets],
+        workers=fault_workers(Path(cache), gpus=tuple(map(int, gpus.split(","))))
+        if gpus else None)

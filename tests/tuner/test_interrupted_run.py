@@ -91,12 +91,17 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
         assert connection.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
-def test_ctrl_c_fails_the_trial_in_hand_and_stores_no_half_bucket(tmp_path):
+@pytest.mark.parametrize(("gpus", "buckets"), [("", ["16"]), ("0,1", ["16", "32"])],
+                         ids=["one-gpu", "two-gpus"])
+def test_ctrl_c_fails_the_trial_in_hand_and_stores_no_half_bucket(tmp_path, gpus, buckets):
+    """With two GPU workers, a bucket in hand on each: both trials in hand are failed, both
+    threads stop, and no half bucket is stored."""
     db_path, cache = tmp_path / "interrupted.db", tmp_path / "cache"
     url = f"sqlite:///{db_path}"
     interrupted = subprocess.Popen(
-        [sys.executable, fault_run.__file__, url, str(cache), str(BUDGET), "16"],
-        env={**os.environ, FAKE_TRIAL_SECONDS: "0.5"}, stderr=subprocess.PIPE, text=True)
+        [sys.executable, fault_run.__file__, url, str(cache), str(BUDGET), *buckets],
+        env={**os.environ, FAKE_TRIAL_SECONDS: "0.5", fault_run.FAKE_GPUS: gpus},
+        stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while stored_outcomes(db_path) < 2:
         assert interrupted.poll() is None and time.monotonic() < deadline
