@@ -170,7 +170,7 @@ def do_nothing():
 
 
 class FastPathUnavailable(RuntimeError):
-    pass
+    """The fast path's library cannot be built or loaded here; the message says why."""
 
 
 @dataclass(frozen=True)
