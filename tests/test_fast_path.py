@@ -331,3 +331,11 @@ def test_a_key_longer_than_the_route_holds_is_refused():
     with pytest.raises(ValueError, match="reads a key of 45 words; fast_path.cc holds 32"):
         fast_path.Route(kernel, FastCall(arguments=("q", "eps"), launched=1,
                                          tokens=Dim("q", 0), fields=fields))
+
+
+@pytest.mark.parametrize(("expert_range", "pad"), [((96, 32), 16), ((32, 96), 0)],
+                         ids=["empty-range", "no-pad"])
+def test_sizes_the_outputs_cannot_have_get_the_checks_error(served, expert_range, pad):
+    with pytest.raises(ValueError):
+        moe_dispatch.moe_dispatch(bf16(3, 2048), ids(3), 128, pad=pad, expert_range=expert_range)
+    assert served.launcher.calls == []

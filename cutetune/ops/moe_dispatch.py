@@ -163,7 +163,9 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
                            result.offsets, result.error, _workspace(device, end - begin),
                            num_experts, pad, begin, end, zero_padding):
                 return _validated(result, validate, num_experts)
-    except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
+    # The checks name the fault (sizes the outputs cannot have, from a bad expert_range or pad,
+    # fail their allocation with RuntimeError).
+    except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
         pass
     return _checked(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding, out)
 
