@@ -339,3 +339,14 @@ def test_sizes_the_outputs_cannot_have_get_the_checks_error(served, expert_range
     with pytest.raises(ValueError):
         moe_dispatch.moe_dispatch(bf16(3, 2048), ids(3), 128, pad=pad, expert_range=expert_range)
     assert served.launcher.calls == []
+
+
+def test_a_call_the_route_does_not_serve_allocates_its_outputs_once(served, monkeypatch):
+    served.default_buckets = set(BUCKETS)  # every call takes the checked path
+    allocated = []
+    allocate = moe_dispatch._allocate
+    monkeypatch.setattr(moe_dispatch, "_allocate",
+                        lambda *args: allocated.append(args) or allocate(*args))
+    for _ in range(2):
+        moe_dispatch.moe_dispatch(bf16(3, 2048), ids(3), 128)
+    assert len(allocated) == 2 and len(served.launcher.calls) == 2

@@ -86,15 +86,17 @@ def _act_and_mul(kernel: KernelDef, route: Route, x: torch.Tensor,
                  out: torch.Tensor | None, **static: str) -> torch.Tensor:
     """The op's call: its fast path (cutetune.fast_path), which also takes the `static`
     fields beyond dtype and intermediate; else the checked path."""
+    result = out  # allocated here where None, it serves the checked path too
     try:
-        result = _new_out(x) if out is None else out
+        if result is None:
+            result = _new_out(x)
         if route.call(x, result, *static.values()):
             return result
     except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
         pass
     dtype, tokens, intermediate, device = _check_inputs(kernel.name, x, out)
     if out is None:
-        out = x.new_empty((tokens, intermediate))
+        out = x.new_empty((tokens, intermediate)) if result is None else result
     if tokens == 0:
         return out
     key = kernel.problem_type.static_tuple_of(dtype=dtype, intermediate=intermediate, **static)

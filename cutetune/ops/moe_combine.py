@@ -129,29 +129,31 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
                     expert_end)
         return out
     # Eager: the fast path (cutetune.fast_path), else the checked path.
+    result = out  # allocated here where None, it serves the checked path too
     try:
-        result = (expert_out.new_empty((row_of.shape[0], expert_out.shape[1])) if out is None
-                  else out)
+        if result is None:
+            result = expert_out.new_empty((row_of.shape[0], expert_out.shape[1]))
         if _ROUTE.call(expert_out, row_of, topk_weights, result, experts, pad, expert_begin,
                        expert_end):
             return result
     except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
         pass
     return _checked(expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
-                    expert_end)
+                    expert_end, result)
 
 
 def _checked(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
              out: torch.Tensor | None, experts: int | None, pad: int, expert_begin: int,
-             expert_end: int | None) -> torch.Tensor:
+             expert_end: int | None, allocated: torch.Tensor | None) -> torch.Tensor:
     """The checked path: the inputs checked, then the kernel the dispatcher serves (whose
-    lookup tells the route of a tuned one)."""
+    lookup tells the route of a tuned one). `allocated`: the output the fast path allocated
+    where out is None (None where it allocated none)."""
     given = (experts, pad, expert_begin, expert_end)
     device = _check_inputs(expert_out, row_of, topk_weights, out)
     tokens, top_k = row_of.shape
     capacity, hidden = expert_out.shape
     if out is None:
-        out = expert_out.new_empty((tokens, hidden))
+        out = expert_out.new_empty((tokens, hidden)) if allocated is None else allocated
     if tokens == 0:
         return out
     if capacity == 0:

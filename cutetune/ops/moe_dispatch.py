@@ -153,12 +153,14 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
                           out.error, num_experts, pad, begin, end, validate, zero_padding)
         return out
     # Eager: the fast path (cutetune.fast_path), else the checked path.
+    result = out  # allocated here where None, it serves the checked path too
     try:
         device = x.get_device()
         if device >= 0:  # the workspace is a CUDA tensor; CPU calls take the checked path
             begin, end = (0, num_experts) if expert_range is None else expert_range
-            result = (_allocate(x, x.shape[0], x.shape[1], topk_ids.shape[1], end - begin, pad)
-                      if out is None else out)
+            if result is None:
+                result = _allocate(x, x.shape[0], x.shape[1], topk_ids.shape[1], end - begin,
+                                   pad)
             if _ROUTE.call(x, topk_ids, result.row_of, result.dispatched, result.counts,
                            result.offsets, result.error, _workspace(device, end - begin),
                            num_experts, pad, begin, end, zero_padding):
@@ -167,7 +169,8 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
     # fail their allocation with RuntimeError).
     except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
         pass
-    return _checked(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding, out)
+    return _checked(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding, out,
+                    result)
 
 
 def _launch_function(compiled: CompiledDispatch, device: int):
@@ -200,18 +203,21 @@ _ROUTE = route(KERNEL, FastCall(
 
 def _checked(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
              expert_range: tuple[int, int] | None, validate: bool, zero_padding: bool,
-             out: DispatchResult | None) -> DispatchResult:
+             out: DispatchResult | None, allocated: DispatchResult | None) -> DispatchResult:
     """The checked path: the inputs checked, then the kernel the dispatcher serves (whose
-    lookup tells the route of a tuned one)."""
+    lookup tells the route of a tuned one). `allocated`: the outputs the fast path allocated
+    where out is None (None where it allocated none)."""
     if not isinstance(zero_padding, bool):
         raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
     dtype, begin, end, device = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
-    if out is None:
-        result = _allocate(x, tokens, hidden, top_k, end - begin, pad)
-    else:
+    if out is not None:
         result = _checked_out(out, x, top_k, end - begin, pad)
+    elif allocated is not None:
+        result = allocated
+    else:
+        result = _allocate(x, tokens, hidden, top_k, end - begin, pad)
     if tokens == 0:
         result.counts.zero_()
         result.offsets.zero_()

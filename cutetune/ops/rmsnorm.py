@@ -119,18 +119,20 @@ def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, e
     path reads the output dtype from out, so a call whose out_dtype differs from out's takes
     the checked path, which says so."""
     fused = residual is not None
+    result = out  # allocated here where None, it serves the checked path too
     try:
-        result = (x.new_empty(x.shape, dtype=out_dtype or x.dtype) if out is None
-                  else out if out_dtype is None or out_dtype is out.dtype else None)
-        if result is not None and _ROUTE.call(x, residual if fused else x, weight, result, eps,
-                                              weight_bias, fused):
+        if result is None:
+            result = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
+        if (out_dtype is None or out_dtype is result.dtype) and _ROUTE.call(
+                x, residual if fused else x, weight, result, eps, weight_bias, fused):
             return result
     except (AttributeError, TypeError, ValueError):  # the checks name the fault
         pass
     out_dtype, device = _check_inputs(x, residual, weight, out, out_dtype)
     rows, hidden = x.shape
     if out is None:
-        out = torch.empty((rows, hidden), dtype=out_dtype, device=x.device)
+        out = (torch.empty((rows, hidden), dtype=out_dtype, device=x.device) if result is None
+               else result)
     if rows == 0:
         return out
     static = RMSNormProblem.static_tuple_of(
