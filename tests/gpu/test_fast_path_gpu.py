@@ -24,6 +24,7 @@ from cutetune.tuner.roofline import device_spec_for
 from cutetune.tuner.verify import check_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from fast_path_host import routed  # noqa: E402
 from op_host_overhead import op_calls  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -48,21 +49,6 @@ def all_tuned(monkeypatch):
     dispatch.set_current(Dispatcher(device_spec_for(torch.cuda.get_device_name())))
     yield
     dispatch.set_current(None)
-
-
-def _routed(call) -> bool:
-    """Whether a route launched the kernel in `call`."""
-    launched = []
-    calls = {route: route.call for route in fast_path._ROUTES.values()}
-    for route, route_call in calls.items():
-        route.call = lambda *arguments, c=route_call: (r := c(*arguments),
-                                                        launched.append(r))[0]
-    try:
-        call()
-    finally:
-        for route, route_call in calls.items():
-            route.call = route_call
-    return True in launched
 
 
 def _problems(kernel) -> list:
@@ -118,7 +104,7 @@ def _check_routed(kernel, problem, op: str) -> None:
     tensors, expected = _inputs(kernel, problem, seed=1)
     returned = []
     with torch.cuda.stream(stream):
-        assert _routed(lambda: returned.append(op_calls(tensors, problem)[op]())), op
+        assert routed(lambda: returned.append(op_calls(tensors, problem)[op]())), op
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     check_outputs(kernel, problem, _outputs(op, tensors, returned[0]), expected)
