@@ -12,15 +12,21 @@ from pathlib import Path
 
 import click
 
+from cutetune.cli.options import (
+    KernelName,
+    dtype_option,
+    kernel_argument,
+    kernel_filter,
+    model_option,
+    parse_gpus,
+    parse_tokens,
+    tokens_option,
+)
 from cutetune.settings import load_settings
-from cutetune.spaces.buckets import MAX_BUCKET
 from cutetune.tuner.defaults import DEFAULT_BUDGET, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TUNE_TOKENS
 from cutetune.version import __version__
 
-DEFAULT_TOKENS = "1,8,64,512,4096,32768"
 TUNE_TOKENS = ",".join(map(str, DEFAULT_TUNE_TOKENS))
-DTYPES = ("bfloat16", "float16", "float32")
-
 
 @dataclass(frozen=True)
 class Context:
@@ -70,46 +76,6 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-class KernelName(click.ParamType):
-    """A registered kernel's name. The kernels are imported (and CuTeDSL with them) only when a
-    name is checked, so that --help and the commands that need no kernel start fast."""
-
-    name = "kernel"
-
-    def convert(self, value, param, ctx) -> str:
-        from cutetune.kernels.registry import UnknownKernelError, get_kernel
-
-        try:
-            return get_kernel(value).name
-        except UnknownKernelError as err:
-            self.fail(str(err), param, ctx)
-
-
-def parse_tokens(ctx, param, value: str) -> tuple[int, ...]:
-    try:
-        tokens = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of token counts, "
-                                 "e.g. 1,8,64") from None
-    if not tokens or min(tokens) < 1 or max(tokens) > MAX_BUCKET:
-        raise click.BadParameter(f"token counts must be integers from 1 to {MAX_BUCKET}, "
-                                 f"got {value!r}")
-    return tokens
-
-
-def parse_gpus(ctx, param, value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        gpus = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of GPU numbers, "
-                                 "e.g. 0,1") from None
-    if min(gpus) < 0 or len(set(gpus)) != len(gpus):
-        raise click.BadParameter(f"GPU numbers must be distinct and at least 0, got {value!r}")
-    return gpus
-
-
 def _model_problems(kernel, model: str, dtype: str, skip_if_absent: bool = False):
     """The kernel's problems in the model; none, said on stderr, if it does not apply and
     `skip_if_absent`."""
@@ -127,15 +93,6 @@ def _model_problems(kernel, model: str, dtype: str, skip_if_absent: bool = False
         raise click.UsageError(str(err)) from None
     except ValueError as err:  # a size or dtype outside what the kernel's problem accepts
         raise click.UsageError(f"{kernel.name} cannot serve {model}: {err}") from None
-
-
-kernel_argument = click.argument("kernel", type=KernelName())
-model_option = click.option("--model", "-m", required=True,
-                            help="preset name (e.g. qwen3-8b) or path of a HF config.json")
-dtype_option = click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16",
-                            show_default=True, help="activation dtype")
-tokens_option = click.option("--tokens", default=DEFAULT_TOKENS, show_default=True,
-                             callback=parse_tokens, help="token counts (one bucket each)")
 
 
 class CutetuneGroup(click.Group):
@@ -321,10 +278,6 @@ def _open_for_writing(path: str):
     except OSError as err:
         raise click.BadParameter(f"cannot write {path}: {err.strerror}",
                                  param_hint="--out") from None
-
-
-kernel_filter = click.option("--kernel", type=KernelName(), default=None,
-                             help="only this kernel")
 
 
 @cli.command()
