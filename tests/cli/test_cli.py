@@ -519,9 +519,14 @@ def test_cache_build_fills_the_cache_for_a_model_then_ls_lists_and_clear_empties
     assert shipped_configs and all(any(c in row for row in rows) for c in shipped_configs)
     again = invoke(stored_db, "cache", "build", "--model", "qwen3-8b", "--jobs", "2")
     assert f"{len(rows)} points for sm_90a: 0 compiled" in again.output
+    # Each artifact and its manifest, the record of the runtime libraries they need, and the
+    # code-hash memo where this process wrote one (it did not where an earlier test of the same
+    # process had worked out the kernels' hashes already).
+    stored = {path.name for path in (tmp_path / "artifacts").iterdir()}
+    assert len(stored - {"code-hashes.json"}) == 2 * len(rows) + 1
     cleared = CliRunner().invoke(cli, ["cache", "clear"])
-    # Each artifact and its manifest, and the record of the runtime libraries they need.
-    assert f"removed {2 * len(rows) + 1} files" in cleared.output
+    assert f"removed {len(stored)} files" in cleared.output
+    assert not any((tmp_path / "artifacts").iterdir())
     assert "0 artifacts" in CliRunner().invoke(cli, ["cache", "ls"]).output
 
 
