@@ -132,8 +132,8 @@ class Workers:
             if not serves_here(fingerprint, self.fingerprint):
                 self.__exit__(None, None, None)
                 raise MixedGpusError(f"GPU {number} is {_described(fingerprint)} but GPU "
-                                 f"{self.gpu_numbers[0]} {_described(self.fingerprint)}: one "
-                                 "run tunes GPUs of one model")
+                                     f"{self.gpu_numbers[0]} {_described(self.fingerprint)}: "
+                                     "one run tunes GPUs of one model")
         return self
 
     def __exit__(self, *exc_info) -> None:
