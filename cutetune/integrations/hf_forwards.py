@@ -21,6 +21,18 @@ from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
 GATE_UP_WEIGHT = "cutetune_gate_up_weight"
 
 
+def reads(*paths: str) -> Callable[[Callable], Callable]:
+    """Declares the attributes of its module that a forward reads (dotted: an attribute's own
+    attribute), as the forward's `reads`. patch checks them before it installs anything, so a
+    transformers release that renames one is refused at patch time, by name, rather than
+    failing inside a forward."""
+    def declare(forward: Callable) -> Callable:
+        forward.reads = paths
+        return forward
+    return declare
+
+
+@reads("weight")
 def rmsnorm_forward(norm: torch.nn.Module, hidden_states: torch.Tensor, *, eps: float,
                     weight_bias: float) -> torch.Tensor:
     shape = hidden_states.shape
@@ -41,6 +53,7 @@ def _add_and_norm(x: torch.Tensor, fresh: torch.Tensor, weight: torch.Tensor, ep
     return normed.view(shape), summed.view(shape)
 
 
+@reads("self_attn", "input_layernorm", "post_attention_layernorm.weight", "mlp")
 def pre_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, *, eps: float,
                            weight_bias: float, **kwargs) -> torch.Tensor:
     """A Llama-style decoder layer (Llama, Qwen3, Qwen3-MoE): the residual add after attention
@@ -51,6 +64,8 @@ def pre_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, 
     return summed + layer.mlp(normed)
 
 
+@reads("self_attn", "input_layernorm", "post_attention_layernorm",
+       "pre_feedforward_layernorm.weight", "post_feedforward_layernorm", "mlp")
 def sandwich_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Tensor, *,
                                 eps: float, weight_bias: float, **kwargs) -> torch.Tensor:
     """A Gemma 3 decoder layer (norms before and after attention and MLP): the residual add
@@ -62,6 +77,13 @@ def sandwich_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Ten
     return summed + layer.post_feedforward_layernorm(layer.mlp(normed))
 
 
+# What the attention calls from its modeling module (patch passes them in: see below).
+MODELING_FUNCTIONS = ("apply_rotary_pos_emb", "eager_attention_forward", "ALL_ATTENTION_FUNCTIONS")
+
+
+@reads("head_dim", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm.weight", "k_norm.weight",
+       "layer_idx", "config._attn_implementation", "attention_dropout", "scaling",
+       "sliding_window")
 def qk_norm_attention_forward(
         attn: torch.nn.Module, hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
@@ -100,6 +122,7 @@ def qk_norm_attention_forward(
     return attn.o_proj(attn_output), attn_weights
 
 
+@reads("down_proj")
 def gated_mlp_forward(mlp: torch.nn.Module, x: torch.Tensor, *,
                       act_and_mul: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """down(act(gate(x)) * up(x)) with gate and up as one GEMM whose output is [gate | up],
@@ -110,6 +133,7 @@ def gated_mlp_forward(mlp: torch.nn.Module, x: torch.Tensor, *,
     return mlp.down_proj(act.view(*shape[:-1], shape[-1] // 2))
 
 
+@reads("gate.num_experts", "experts.gate_up_proj", "experts.down_proj")
 def sparse_moe_forward(block: torch.nn.Module, hidden_states: torch.Tensor, *, pad: int,
                        act_and_mul: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Qwen3-MoE's sparse block: its router called as the module it is (so that the model still
