@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,9 +63,12 @@ ACTIVATIONS: dict[str, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
 }
 _STATE = "_cutetune_patch"
 # The installed forwards follow the modeling code of the transformers releases from the first
-# (major, minor) to the last, both included: the decoder layers' and the attentions' forwards,
-# the MoE block's router and stacked experts. Another release may compute differently.
-FOLLOWED_RELEASES = ((5, 17), (5, 24))
+# (major, minor) to the last, both included (the tested range): the decoder layers' and the
+# attentions' forwards, the MoE block's router and stacked experts. An older release computes
+# differently and is refused; a newer one is patched with a warning, its modules checked for
+# every attribute the forwards read. pyproject.toml's `hf` extra pins the same range (a test
+# compares them): change both together.
+FOLLOWED_RELEASES = ((5, 17), (5, 25))
 TRANSFORMERS_VERSIONS = " to ".join(f"{major}.{minor}" for major, minor in FOLLOWED_RELEASES)
 
 
@@ -72,13 +76,45 @@ class NotPatchableError(ValueError):
     pass
 
 
-def follows(version: str) -> bool:
-    """Whether `version` (transformers.__version__) is a release the forwards follow."""
+class UntestedTransformersWarning(UserWarning):
+    """transformers is newer than the tested range: patch checked that the modules have what
+    the forwards read, not that they compute what those releases' modules compute."""
+
+
+# The releases already warned about: patch warns once per process, whatever the filters.
+_warned: set[str] = set()
+
+
+def _release(version: str) -> tuple[int, int] | None:
     match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None:
-        return False
+    return None if match is None else (int(match[1]), int(match[2]))
+
+
+def follows(version: str) -> bool:
+    """Whether `version` (transformers.__version__) is a release in the tested range, whose
+    modeling code the forwards follow."""
+    release = _release(version)
     first, last = FOLLOWED_RELEASES
-    return first <= (int(match[1]), int(match[2])) <= last
+    return release is not None and first <= release <= last
+
+
+def _check_release(version: str) -> None:
+    """Refuse a release older than the tested range (or unreadable); warn, once, of a newer
+    one."""
+    release = _release(version)
+    first, last = FOLLOWED_RELEASES
+    if release is None or release < first:
+        raise NotPatchableError(
+            f"cutetune patches models of transformers {first[0]}.{first[1]} and newer (tested "
+            f"with {TRANSFORMERS_VERSIONS}); this is transformers {version}: upgrade it, e.g. "
+            "pip install 'cutetune[hf]'")
+    if release > last and version not in _warned:
+        _warned.add(version)
+        warnings.warn(
+            f"transformers {version} is newer than the releases cutetune's forwards are "
+            f"tested with ({TRANSFORMERS_VERSIONS}): patching anyway; compare the patched "
+            "model's outputs with the unpatched model's, or pip install 'cutetune[hf]'",
+            UntestedTransformersWarning, stacklevel=3)
 
 
 @dataclass(frozen=True)
@@ -103,15 +139,13 @@ def patch(model: torch.nn.Module, warmup: bool = True) -> PatchReport:
     cutetune's ops, and return the report of what was replaced and what was left alone (print
     it for a table). With warmup=True and the model on a GPU, `cutetune.warmup` first loads
     and compiles the kernels for the model's shapes (from its config). A family cutetune does
-    not know, or a transformers release other than those the forwards follow
-    (TRANSFORMERS_VERSIONS), raises NotPatchableError naming what it can patch, and changes
-    nothing."""
+    not know, a transformers release older than the tested range (TRANSFORMERS_VERSIONS), or
+    a module without an attribute its forward reads raises NotPatchableError naming what is
+    wrong, and changes nothing. A release newer than the tested range is patched after one
+    UntestedTransformersWarning."""
     import transformers
 
-    if not follows(transformers.__version__):
-        raise NotPatchableError(
-            f"cutetune patches models of transformers {TRANSFORMERS_VERSIONS}, whose modeling "
-            f"code its forwards follow; this is transformers {transformers.__version__}")
+    _check_release(transformers.__version__)
     if _STATE in vars(model):
         raise NotPatchableError("the model is already patched by cutetune: unpatch it first")
     config = getattr(model, "config", None)
@@ -123,7 +157,7 @@ def patch(model: torch.nn.Module, warmup: bool = True) -> PatchReport:
             f"patches {', '.join(FAMILIES)} models")
     shape = model_from_hf_config(config.to_dict(), name=config.name_or_path or model_type)
     dtype = model.dtype
-    installs, entries = _Planner(prefix, shape, dtype).plan(model)
+    installs, entries = _Planner(prefix, shape, dtype, transformers.__version__).plan(model)
     device = next(model.parameters()).device
     if not warmup:
         warmed = "not asked for"
@@ -176,16 +210,25 @@ def _refusal(call: Callable[[], object]) -> str:
     return ""
 
 
-def _eps(norm: torch.nn.Module) -> float:
-    eps = getattr(norm, "variance_epsilon", None)  # Llama and Qwen3 call it that, Gemma eps
-    return float(norm.eps if eps is None else eps)
+def _lacks(module: object, paths: tuple[str, ...]) -> str:
+    """The first of the dotted `paths` that `module` lacks, cut after its first missing part
+    ('experts' for 'experts.down_proj' when there are no experts); '' when it has them all."""
+    for path in paths:
+        obj = module
+        parts = path.split(".")
+        for i, part in enumerate(parts):
+            if not hasattr(obj, part):
+                return ".".join(parts[:i + 1])
+            obj = getattr(obj, part)
+    return ""
 
 
 class _Planner:
     """Decides, module by module, what `patch` installs; changes nothing."""
 
-    def __init__(self, prefix: str, shape: ModelShape, dtype: torch.dtype):
+    def __init__(self, prefix: str, shape: ModelShape, dtype: torch.dtype, version: str):
         self.prefix = prefix
+        self.version = version
         self.shape = shape
         self.dtype = dtype
         self.weight_bias = _WEIGHT_BIAS.get(prefix, 0.0)
@@ -209,6 +252,26 @@ class _Planner:
                     plan_one(name, module)
         return self.installs, self.entries
 
+    def _require(self, name: str, module: torch.nn.Module, forward: Callable,
+                 *also: str) -> None:
+        """Refuse the model unless `module` has every attribute `forward` reads and the planner
+        reads (`also`): a newer release that renames one fails here, not inside a forward."""
+        missing = _lacks(module, (*forward.reads, *also))
+        if missing:
+            raise self._missing(name, module, f"attribute {missing!r}")
+
+    def _missing(self, name: str, module: torch.nn.Module, what: str) -> NotPatchableError:
+        return NotPatchableError(
+            f"cutetune cannot patch {name} ({type(module).__name__}): it has no {what}, which "
+            f"cutetune reads (transformers {self.version}; the forwards follow "
+            f"{TRANSFORMERS_VERSIONS})")
+
+    def _eps(self, name: str, norm: torch.nn.Module) -> float:
+        for attr in ("variance_epsilon", "eps"):  # Llama and Qwen3 call it the first, Gemma eps
+            if hasattr(norm, attr):
+                return float(getattr(norm, attr))
+        raise self._missing(name, norm, "attribute 'variance_epsilon' or 'eps'")
+
     def _empty(self, *size: int, like: torch.nn.Module, dtype: torch.dtype | None = None):
         device = next(like.parameters()).device
         return torch.empty(*size, dtype=dtype or self.dtype, device=device)
@@ -218,16 +281,17 @@ class _Planner:
         return not reason
 
     def _layer(self, name: str, layer: torch.nn.Module) -> None:
+        forward = (fw.sandwich_norm_layer_forward if self.prefix in _FUSED_NORM
+                   else fw.pre_norm_layer_forward)
+        self._require(name, layer, forward)
         norm = getattr(layer, self.fused_norm)
-        eps, hidden = _eps(norm), norm.weight.shape[0]
+        eps, hidden = self._eps(f"{name}.{self.fused_norm}", norm), norm.weight.shape[0]
         reason = _refusal(lambda: fused_add_rmsnorm(
             self._empty(0, hidden, like=norm), self._empty(0, hidden, like=norm), norm.weight,
             eps=eps, weight_bias=self.weight_bias))
         if not self._entry(name, "fused_add_rmsnorm", reason,
                            f"residual add after attention fused into {self.fused_norm}"):
             return
-        forward = (fw.sandwich_norm_layer_forward if self.prefix in _FUSED_NORM
-                   else fw.pre_norm_layer_forward)
         self.installs.append(_Install(layer, functools.partial(
             forward, layer, eps=eps, weight_bias=self.weight_bias)))
         self.folded.add(id(norm))
@@ -236,17 +300,24 @@ class _Planner:
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         if q_norm is None or k_norm is None:
             return  # no per-head norm: nothing cutetune serves here
-        eps, d = _eps(q_norm), attn.head_dim
+        self._require(name, attn, fw.qk_norm_attention_forward, "q_proj.out_features",
+                      "k_proj.out_features")
+        # What the module's own forward calls, from its modeling module.
+        modeling = sys.modules[type(attn).__module__]
+        missing = _lacks(modeling, fw.MODELING_FUNCTIONS)
+        if missing:
+            raise self._missing(name, attn, f"{missing!r} in its modeling module "
+                                            f"{modeling.__name__}")
+        eps, d = self._eps(f"{name}.q_norm", q_norm), attn.head_dim
+        k_eps = self._eps(f"{name}.k_norm", k_norm)
         reason = _refusal(lambda: qk_norm(
             self._empty(0, attn.q_proj.out_features // d, d, like=attn),
             self._empty(0, attn.k_proj.out_features // d, d, like=attn),
             q_norm.weight, k_norm.weight, eps=eps, weight_bias=self.weight_bias))
-        if not reason and _eps(k_norm) != eps:
-            reason = f"q_norm's eps {eps} differs from k_norm's {_eps(k_norm)}"
+        if not reason and k_eps != eps:
+            reason = f"q_norm's eps {eps} differs from k_norm's {k_eps}"
         if not self._entry(name, "qk_norm", reason, "q_norm and k_norm in one launch"):
             return
-        # What the module's own forward calls, from its modeling module.
-        modeling = sys.modules[type(attn).__module__]
         self.installs.append(_Install(attn, functools.partial(
             fw.qk_norm_attention_forward, attn, eps=eps, weight_bias=self.weight_bias,
             apply_rotary_pos_emb=modeling.apply_rotary_pos_emb,
@@ -265,6 +336,8 @@ class _Planner:
         return op_name, op, reason
 
     def _mlp(self, name: str, mlp: torch.nn.Module) -> None:
+        self._require(name, mlp, fw.gated_mlp_forward, "gate_proj.out_features",
+                      "gate_proj.weight", "up_proj.weight")
         gate, up = mlp.gate_proj, mlp.up_proj
         op_name, op, reason = self._activation(gate.out_features, mlp)
         if not reason:
@@ -279,6 +352,8 @@ class _Planner:
                    (up.weight, fused[gate.out_features:]))))
 
     def _moe_block(self, name: str, block: torch.nn.Module) -> None:
+        self._require(name, block, fw.sparse_moe_forward, "gate.top_k", "experts.hidden_dim",
+                      "experts.intermediate_dim")
         router, experts = block.gate, block.experts
         count, hidden, intermediate = (router.num_experts, experts.hidden_dim,
                                        experts.intermediate_dim)
@@ -304,7 +379,8 @@ class _Planner:
                 fw.sparse_moe_forward, block, pad=DEFAULT_PAD, act_and_mul=op)))
 
     def _norm(self, name: str, norm: torch.nn.Module) -> None:
-        eps, hidden = _eps(norm), norm.weight.shape[0]
+        self._require(name, norm, fw.rmsnorm_forward)
+        eps, hidden = self._eps(name, norm), norm.weight.shape[0]
         reason = _refusal(lambda: rmsnorm(self._empty(0, hidden, like=norm), norm.weight,
                                           eps=eps, weight_bias=self.weight_bias))
         if self._entry(name, "rmsnorm", reason):

@@ -6,8 +6,6 @@ as one graph."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
@@ -226,24 +224,6 @@ def logits_and_router(model) -> tuple[torch.Tensor, ...]:
     ids = torch.randint(0, VOCAB, (2, TOKENS), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         return model(ids, use_cache=False, output_router_logits=True).router_logits
-
-
-@pytest.mark.parametrize("version", ["4.57.1", "5.16.1", "5.25.0", "6.0.0"])
-def test_a_release_the_forwards_do_not_follow_is_one_error_naming_those_they_do(
-        version, monkeypatch):
-    model = build("llama", torch.float32)
-    # The package patch imports (transformers replaces its sys.modules entry as it loads).
-    monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
-    with pytest.raises(NotPatchableError, match=rf"patches models of transformers 5\.17 to "
-                                                rf"5\.24, .*; this is transformers {version}"):
-        patch(model)
-    assert not any("forward" in vars(m) for m in model.modules())
-
-
-def test_the_followed_releases_are_5_17_to_5_24():
-    assert integration.TRANSFORMERS_VERSIONS == "5.17 to 5.24"
-    assert all(map(integration.follows, ["5.17.0", "5.20.2", "5.24.0", "5.24.1.dev0"]))
-    assert not any(map(integration.follows, ["5.16.1", "5.25.0", "4.57.6", "15.17.0", "dev"]))
 
 
 def test_an_unknown_family_is_one_error_and_nothing_changes():
