@@ -278,8 +278,10 @@ def _liger_geglu(problem: GeluAndMulProblem):
 
 
 def _mlp_widths(model: ModelShape, kernel: str) -> list[int]:
-    """The dense MLP's and the MoE experts' intermediate widths, each once."""
-    widths = [w for w in (model.intermediate_size, model.expert_intermediate) if w]
+    """The intermediate widths of the MLPs the model runs (dense, routed experts, shared
+    experts), each once."""
+    widths = [w for w in (model.intermediate_size, model.expert_intermediate,
+                          model.shared_expert_intermediate) if w]
     if not widths:
         raise NotApplicableError(f"model {model.name} declares no MLP width "
                                  f"(intermediate_size or expert_intermediate), so {kernel} "

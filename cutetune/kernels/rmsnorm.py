@@ -351,14 +351,15 @@ def make_inputs(problem: RMSNormProblem, device, generator: torch.Generator) -> 
 def problems_for_model(model: ModelShape, dtype: str) -> list[RMSNormProblem]:
     """Every RMSNorm of the model: the hidden size plain (final norm) and fused with the
     residual add (every layer's input and post-attention norms), and each extra width plain
-    (DeepSeek-V3's q and kv low-rank norms)."""
-    def problem(hidden: int, fused_add: bool) -> RMSNormProblem:
+    (DeepSeek-V3's q and kv low-rank norms), with the eps it is built with."""
+    def problem(hidden: int, fused_add: bool, eps: float) -> RMSNormProblem:
         return RMSNormProblem(num_tokens=1, dtype=dtype, out_dtype=dtype, hidden=hidden,
-                              eps=model.rms_norm_eps, weight_bias=model.norm_weight_bias,
-                              fused_add=fused_add)
+                              eps=eps, weight_bias=model.norm_weight_bias, fused_add=fused_add)
 
-    return ([problem(model.hidden_size, False), problem(model.hidden_size, True)]
-            + [problem(width, False) for width in model.extra_norm_widths])
+    extra_eps = model.extra_norm_eps or model.rms_norm_eps
+    return ([problem(model.hidden_size, False, model.rms_norm_eps),
+             problem(model.hidden_size, True, model.rms_norm_eps)]
+            + [problem(width, False, extra_eps) for width in model.extra_norm_widths])
 
 
 def _quack_peer(problem: RMSNormProblem):

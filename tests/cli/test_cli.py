@@ -19,7 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
-from malformed_configs import MALFORMED
+from malformed_configs import BAD_MODEL_PATHS, BASE_OF_FIELD, MALFORMED
 
 from cutetune.cli.main import cli
 from cutetune.kernels import qk_norm as qk
@@ -460,12 +460,16 @@ QWEN3_CONFIG = {"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads
 
 @pytest.mark.parametrize("verb", [["plan", "qk_norm"], ["tune"], ["tune", "rmsnorm"],
                                   ["bench", "silu_and_mul"]])
-def test_every_verb_refuses_every_malformed_config_field_in_one_line(tmp_path, empty_db, verb):
+def test_every_verb_refuses_every_malformed_config_field_in_one_line(tmp_path, empty_db, verb,
+                                                                    monkeypatch):
     path = tmp_path / "config.json"
-    for field, value, expected in MALFORMED:
-        path.write_text(json.dumps({**QWEN3_CONFIG, field: value}))
+    for raw, field, expected in MALFORMED:
+        path.write_text(json.dumps(raw))
         result = invoke(empty_db, *verb, "--model", str(path), "--tokens", "8")
         assert_clean_error(result, "--model", f"config {path}: {field} is", expected)
+    for make, fragment in BAD_MODEL_PATHS:
+        result = invoke(empty_db, *verb, "--model", make(tmp_path, monkeypatch), "--tokens", "8")
+        assert_clean_error(result, "--model", fragment)
     assert not (tmp_path / "x.db").exists()
 
 
@@ -475,8 +479,7 @@ def test_every_verb_refuses_every_malformed_config_field_in_one_line(tmp_path, e
 @pytest.mark.parametrize("value", [2**40, 10**30])
 def test_a_size_beyond_a_kernels_range_is_one_line(tmp_path, empty_db, field, kernel, value):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**QWEN3_CONFIG, "num_experts": 8, "num_experts_per_tok": 2,
-                                "moe_intermediate_size": 768, field: value}))
+    path.write_text(json.dumps({**BASE_OF_FIELD[field], field: value}))
     result = invoke(empty_db, "plan", kernel, "--model", str(path), "--tokens", "8")
     assert_clean_error(result, str(value))
 

@@ -3,15 +3,10 @@
 import json
 
 import pytest
-from malformed_configs import MALFORMED, POSITIVE_INTEGER_FIELDS
+from malformed_configs import BAD_MODEL_PATHS, BASE_OF_FIELD, MALFORMED
 
-from cutetune.spaces.models import (
-    CLAMPED_SWIGLU,
-    PRESETS,
-    ModelShape,
-    UnknownModelError,
-    load_model,
-)
+from cutetune.spaces.hf_config import CLAMPED_SWIGLU, NULL_MEANS_NONE, UnknownModelError
+from cutetune.spaces.models import PRESETS, ModelShape, load_model
 
 # The models' published configurations: hidden, q heads, kv heads, head dim, eps, qk-norm, MoE
 # experts/top-k.
@@ -90,6 +85,7 @@ def test_nested_text_config(tmp_path):
         "model_type": "qwen3_vl",
         "vision_config": {"hidden_size": 1152, "num_heads": 16},
         "text_config": {
+            "model_type": "qwen3_vl_text",
             "hidden_size": 2560,
             "num_attention_heads": 32,
             "num_key_value_heads": 8,
@@ -122,6 +118,8 @@ def test_mixtral_style_moe(tmp_path):
     assert not model.qk_norm
     # No head_dim in the file: hidden / heads.
     assert model.head_dim == 128
+    # Every layer routes: intermediate_size is the experts' width, no dense MLP runs.
+    assert (model.expert_intermediate, model.intermediate_size) == (14336, None)
 
 
 def test_qwen3_moe_config(tmp_path):
@@ -140,6 +138,20 @@ def test_qwen3_moe_config(tmp_path):
     assert model.qk_norm
     assert (model.num_experts, model.experts_per_token, model.expert_intermediate) == (
         128, 8, 768)
+    # Every layer routes (decoder_sparse_step 1, no mlp_only_layers): the config class's
+    # dense width (6144) is never run.
+    assert model.intermediate_size is None
+
+
+@pytest.mark.parametrize(("layout", "dense"), [
+    ({"mlp_only_layers": [0]}, 6144), ({"decoder_sparse_step": 2}, 6144),
+    ({"mlp_only_layers": [], "decoder_sparse_step": 1}, None), ({"num_experts": 0}, 6144)])
+def test_qwen_moe_dense_layers_follow_the_sparse_step_and_mlp_only_layers(tmp_path, layout,
+                                                                         dense):
+    raw = {"model_type": "qwen3_moe", "num_experts_per_tok": 8, **layout}
+    model = load_model(_write(tmp_path / "config.json", raw))
+    assert model.intermediate_size == dense
+    assert (model.num_experts is None) == (layout.get("num_experts") == 0)
 
 
 def test_head_dim_derived_and_kv_heads_default_to_q_heads(tmp_path):
@@ -147,8 +159,23 @@ def test_head_dim_derived_and_kv_heads_default_to_q_heads(tmp_path):
     model = load_model(_write(tmp_path / "config.json", raw))
     assert model.head_dim == 64
     assert model.num_kv_heads == 48
-    assert model.rms_norm_eps == 1e-6
+    assert model.rms_norm_eps == 1e-6  # LlamaConfig's default
     assert not model.qk_norm
+
+
+@pytest.mark.parametrize(("raw", "name"), [
+    ({**QWEN3_8B_HF, "_name_or_path": "Qwen/Qwen3-8B"}, "Qwen/Qwen3-8B"),
+    (QWEN3_8B_HF, "my-model"),
+])
+def test_a_config_file_is_named_after_name_or_path_else_its_stem(tmp_path, raw, name):
+    (tmp_path / "configs").mkdir()
+    assert load_model(_write(tmp_path / "configs" / "my-model.json", raw)).name == name
+
+
+def test_a_config_json_is_named_after_its_folder(tmp_path):
+    (tmp_path / "Qwen3-8B").mkdir()
+    assert load_model(_write(tmp_path / "Qwen3-8B" / "config.json", QWEN3_8B_HF)).name == (
+        "Qwen3-8B")
 
 
 def test_invalid_json_is_a_clear_error(tmp_path):
@@ -158,10 +185,9 @@ def test_invalid_json_is_a_clear_error(tmp_path):
         load_model(str(path))
 
 
-def test_missing_hidden_size_is_a_clear_error(tmp_path):
+def test_a_missing_field_takes_the_config_class_default(tmp_path):
     path = _write(tmp_path / "config.json", {"model_type": "qwen3", "num_attention_heads": 32})
-    with pytest.raises(UnknownModelError, match="config .*config.json: no hidden_size"):
-        load_model(path)
+    assert load_model(path).hidden_size == 4096  # Qwen3Config's default
 
 
 def test_directory_without_config_json_is_unknown(tmp_path):
@@ -193,23 +219,27 @@ def test_mla_low_rank_widths_become_extra_norm_widths(tmp_path):
            "num_experts_per_tok": 8}
     model = load_model(_write(tmp_path / "config.json", raw))
     assert model.extra_norm_widths == (1536, 512)
+    no_q_rank = load_model(_write(tmp_path / "config.json", {**raw, "q_lora_rank": None}))
+    assert no_q_rank.extra_norm_widths == (512,)  # DeepSeek-V2-Lite: q is not low-rank
     assert PRESETS["deepseek-v3"].extra_norm_widths == (1536, 512)
     assert PRESETS["qwen3-8b"].extra_norm_widths == ()
 
 
-@pytest.mark.parametrize(("key", "value"), [("hidden_act", "gelu"),
-                                            ("hidden_activation", "gelu_pytorch_tanh")])
-def test_the_mlp_activation_is_read_from_either_key(tmp_path, key, value):
-    raw = {"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_heads": 8,
-           "head_dim": 256, key: value}
-    assert load_model(_write(tmp_path / "config.json", raw)).hidden_act == value
+@pytest.mark.parametrize(("model_type", "key", "value"), [
+    ("qwen3", "hidden_act", "gelu"), ("gemma3_text", "hidden_activation", "gelu"),
+    ("gemma3_text", "hidden_act", "gelu_pytorch_tanh")])
+def test_the_mlp_activation_is_read_from_the_familys_key(tmp_path, model_type, key, value):
+    """Gemma 3's MLP takes hidden_activation; a hidden_act beside it is not what it runs."""
+    raw = {"model_type": model_type, key: value}
+    act = load_model(_write(tmp_path / "config.json", raw)).hidden_act
+    assert act == (value if key != "hidden_act" or model_type == "qwen3"
+                   else "gelu_pytorch_tanh")
     assert PRESETS["qwen3-8b"].hidden_act == "silu"
 
 
-@pytest.mark.parametrize(("field", "value", "expected"), MALFORMED)
-def test_every_malformed_field_is_one_line_naming_the_file_and_the_field(tmp_path, field, value,
+@pytest.mark.parametrize(("raw", "field", "expected"), MALFORMED)
+def test_every_malformed_field_is_one_line_naming_the_file_and_the_field(tmp_path, raw, field,
                                                                        expected):
-    raw = {**QWEN3_8B_HF, "num_experts": 8, "num_experts_per_tok": 2, field: value}
     path = _write(tmp_path / "config.json", raw)
     with pytest.raises(UnknownModelError) as info:
         load_model(path)
@@ -218,24 +248,30 @@ def test_every_malformed_field_is_one_line_naming_the_file_and_the_field(tmp_pat
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("field", POSITIVE_INTEGER_FIELDS + ("rms_norm_eps", "hidden_act"))
+@pytest.mark.parametrize("field", sorted(set(BASE_OF_FIELD) - {"model_type"} - NULL_MEANS_NONE))
 def test_a_null_field_reads_as_missing(tmp_path, field):
-    raw = {**QWEN3_8B_HF, field: None}
-    if field == "hidden_size":
-        with pytest.raises(UnknownModelError, match="no hidden_size; expected a positive"):
-            load_model(_write(tmp_path / "config.json", raw))
-        return
-    assert load_model(_write(tmp_path / "config.json", raw)).hidden_size == 4096
+    raw = BASE_OF_FIELD[field]
+    missing = load_model(_write(tmp_path / "config.json",
+                                {k: v for k, v in raw.items() if k != field}))
+    assert load_model(_write(tmp_path / "config.json", {**raw, field: None})) == missing
+
+
+@pytest.mark.parametrize(("make", "fragment"), BAD_MODEL_PATHS)
+def test_a_bad_model_path_is_one_line(tmp_path, monkeypatch, make, fragment):
+    with pytest.raises(UnknownModelError, match=fragment) as info:
+        load_model(make(tmp_path, monkeypatch))
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"num_experts": 128}, "128 routed experts but no num_experts_per_tok"),
     ({"num_experts": 8, "num_experts_per_tok": 9}, "num_experts_per_tok is 9, more than its 8"),
     ({"text_config": "qwen3"}, "text_config is 'qwen3'; expected an object"),
+    ({"mlp_layer_types": ["dense"]}, "mlp_layer_types is \\['dense'\\]; expected a list of 47"),
 ])
 def test_inconsistent_configs_are_one_line(tmp_path, changes, message):
+    base = {"model_type": "glm4_moe_lite" if "mlp_layer_types" in changes else "qwen3_moe"}
     with pytest.raises(UnknownModelError, match=message):
-        load_model(_write(tmp_path / "config.json", {**QWEN3_8B_HF, **changes}))
+        load_model(_write(tmp_path / "config.json", {**base, **changes}))
 
 
 def test_a_file_that_is_not_json_is_named(tmp_path):
