@@ -21,3 +21,10 @@ def bucket_of(num_tokens: int) -> int:
 def bucket_index(num_tokens: int) -> int:
     """Position of `bucket_of(num_tokens)` in BUCKETS, for table lookups on the hot path."""
     return min((num_tokens - 1).bit_length(), len(BUCKETS) - 1)
+
+
+def check_bucket(bucket: int) -> None:
+    """ValueError unless `bucket` is one of BUCKETS: a stored or imported winner's bucket must
+    be one that tuning and serving use."""
+    if type(bucket) is not int or bucket not in BUCKETS:
+        raise ValueError(f"{bucket!r} is not a power of two from 1 to {MAX_BUCKET}")

@@ -135,7 +135,7 @@ class Space(_Enumerable, Generic[ConfigT]):
     def check(self, problem: Problem, config: ConfigT, device: Any) -> None:
         """Raise ValueError naming the constraint if `config` is not a valid point."""
         for param in self.params:
-            if getattr(config, param.name) not in param.choices:
+            if not _is_choice(getattr(config, param.name), param.choices):
                 raise ValueError(
                     f"{param.name}={getattr(config, param.name)!r} is not one of {param.choices}"
                 )
@@ -145,6 +145,18 @@ class Space(_Enumerable, Generic[ConfigT]):
                              f"{violated.reason}")
 
     def config_from_dict(self, values: dict[str, Any]) -> ConfigT:
+        """A point from its knobs by name (config_to_dict's; a knob the config type gives a
+        default may be left out); ValueError names each knob that is unknown or missing, as a
+        stored config of an older space may have."""
+        names = [p.name for p in self.params]
+        unknown = [name for name in values if name not in names]
+        missing = [f.name for f in dataclasses.fields(self.config_type)
+                   if f.name not in values and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if unknown or missing:
+            raise ValueError("; ".join([f"unknown knob {name!r}" for name in unknown]
+                                       + [f"missing knob {name!r}" for name in missing])
+                             + f" (the knobs are {', '.join(names)})")
         return self.config_type(**values)
 
     def sample(self, choose: Callable[[str, tuple[Any, ...]], Any]) -> ConfigT:
@@ -203,7 +215,7 @@ class Alternatives(_Enumerable):
     def check(self, problem: Problem, config: Any, device: Any) -> None:
         form = self._form_of(config)
         for param in form.params:
-            if getattr(config, param.name) not in param.choices:
+            if not _is_choice(getattr(config, param.name), param.choices):
                 raise ValueError(f"{config.form} {param.name}={getattr(config, param.name)!r} "
                                  f"is not one of {param.choices}")
         violated = self.first_violation(problem, config, device)
@@ -214,7 +226,10 @@ class Alternatives(_Enumerable):
     def config_from_dict(self, values: dict[str, Any]) -> Any:
         """A point from its dict (config_to_dict's): the form named under FORM_KEY."""
         knobs = dict(values)
-        return self._form(knobs.pop(FORM_KEY, None)).config_from_dict(knobs)
+        if FORM_KEY not in knobs:
+            raise ValueError(f"missing knob {FORM_KEY!r} (the forms are "
+                             f"{', '.join(f.config_type.form for f in self.forms)})")
+        return self._form(knobs.pop(FORM_KEY)).config_from_dict(knobs)
 
     def sample(self, choose: Callable[[str, tuple[Any, ...]], Any]) -> Any:
         form = self._form(choose(FORM_KEY, tuple(f.config_type.form for f in self.forms)))
@@ -232,6 +247,12 @@ class Alternatives(_Enumerable):
         return self._form(form).config_from_dict(
             {name.removeprefix(prefix): value for name, value in values.items()
              if name.startswith(prefix)})
+
+
+def _is_choice(value: Any, choices: tuple[Any, ...]) -> bool:
+    """`value` is one of `choices` and of its type: 128.0 or True equal 128 and 1 but are
+    written differently in the config's JSON, the key of the compile cache and of the DB."""
+    return any(value == choice and type(value) is type(choice) for choice in choices)
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
