@@ -10,7 +10,7 @@ from dataclasses import asdict, fields, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Select, case, delete, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, case, delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from cutetune.results_db.dialects import insert_for
@@ -52,31 +52,46 @@ def record_tuning_result(
 ) -> None:
     """Store a tuning run with all its trials and, if it found one, its winner.
 
-    The stored winner for (kernel, problem, device, bucket) is replaced when the new one is
-    faster, or when it is the same config re-measured: the newer measurement of one config is
-    the one to trust, whichever way it moved.
+    The stored winner for (kernel, problem, device, bucket) is replaced by another config when
+    that is faster, and by the same config measured again no earlier: the newer measurement
+    of one config is the one to trust, whichever way it moved (an import of an older one
+    changes nothing). A winner's time (`updated_at`) is its run's `finished_at`, when it was
+    measured, so an exported and imported winner keeps it.
     """
+    record_tuning_results(db, [(fingerprint, result)])
+
+
+def record_tuning_results(
+    db: Database, runs: Iterable[tuple[DeviceFingerprint, TuningResult]]
+) -> None:
+    """`record_tuning_result` of several runs, each on its device, in one transaction: all are
+    stored or none (an import)."""
     with db.session() as session:
-        run = TuningRunRow(
-            kernel_id=_get_or_create_id(
-                session, KernelRow, name=result.kernel_name, source_hash=result.source_hash
-            ),
-            problem_id=_get_or_create_id(
-                session, ProblemRow, kernel_name=result.kernel_name, static_key=result.static_key
-            ),
-            device_id=_device_id(session, fingerprint),
-            bucket=result.bucket,
-            num_tokens=result.num_tokens,
-            study_name=result.study_name,
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            trials=[TrialRow(**asdict(trial)) for trial in result.trials],
-        )
-        session.add(run)
-        session.flush()
-        if result.winner_number is not None:
-            trial = next(t for t in run.trials if t.number == result.winner_number)
-            _upsert_winner(session, run, trial)
+        for fingerprint, result in runs:
+            _record_run(session, fingerprint, result)
+
+
+def _record_run(session: Session, fingerprint: DeviceFingerprint, result: TuningResult) -> None:
+    run = TuningRunRow(
+        kernel_id=_get_or_create_id(
+            session, KernelRow, name=result.kernel_name, source_hash=result.source_hash
+        ),
+        problem_id=_get_or_create_id(
+            session, ProblemRow, kernel_name=result.kernel_name, static_key=result.static_key
+        ),
+        device_id=_device_id(session, fingerprint),
+        bucket=result.bucket,
+        num_tokens=result.num_tokens,
+        study_name=result.study_name,
+        started_at=result.started_at,
+        finished_at=result.finished_at,
+        trials=[TrialRow(**asdict(trial)) for trial in result.trials],
+    )
+    session.add(run)
+    session.flush()
+    if result.winner_number is not None:
+        trial = next(t for t in run.trials if t.number == result.winner_number)
+        _upsert_winner(session, run, trial)
 
 
 def stored_runs(db: Database, fingerprint: DeviceFingerprint, kernel_name: str,
@@ -368,7 +383,8 @@ def _upsert_winner(session: Session, run: TuningRunRow, trial: TrialRow) -> None
         "pct_roofline": trial.pct_roofline,
         "trial_id": trial.id,
         "run_id": run.id,
-        "updated_at": datetime.now(UTC),
+        # When it was measured, not when it was written: an import keeps the export's time.
+        "updated_at": run.finished_at,
     }
     insert = insert_for(session, WinnerRow).values(**values)
     new = insert.excluded
@@ -377,7 +393,10 @@ def _upsert_winner(session: Session, run: TuningRunRow, trial: TrialRow) -> None
             index_elements=list(_WINNER_KEY),
             set_={name: new[name] for name in values if name not in _WINNER_KEY},
             where=or_(
-                WinnerRow.median_us > new.median_us, WinnerRow.config_json == new.config_json
+                and_(WinnerRow.config_json != new.config_json,
+                     WinnerRow.median_us > new.median_us),
+                and_(WinnerRow.config_json == new.config_json,
+                     WinnerRow.updated_at <= new.updated_at),
             ),
         )
     )
