@@ -3,10 +3,20 @@
 Open one with `Database.open(url)` (any SQLite or PostgreSQL SQLAlchemy URL); write with
 `record_*`, read with `winners`, `stored_runs`, `quarantined_points`, `latest_ceilings` and the
 pandas frames (winners, trials, bench rows, devices with their ceilings), export with
-`export_winners` and read an export back with `import_winners`.
+`export_winners` and read an export back with `import_winners` (each row checked first by
+`check_import`, as a freshly tuned winner is).
 """
 
-from cutetune.results_db.export import FORMATS, export_winners, import_winners, read_winners
+from cutetune.results_db.export import (
+    FORMATS,
+    CheckedImport,
+    Refusal,
+    check_import,
+    export_winners,
+    import_winners,
+    read_winners,
+    store_import,
+)
 from cutetune.results_db.fingerprint import DeviceFingerprint
 from cutetune.results_db.queries import (
     bench_frame,
@@ -18,6 +28,7 @@ from cutetune.results_db.queries import (
     record_ceilings,
     record_quarantine,
     record_tuning_result,
+    record_tuning_results,
     stored_runs,
     trials_frame,
     winners,
@@ -39,14 +50,17 @@ from cutetune.results_db.shipped import shipped_winners, shipped_with_devices
 __all__ = [
     "FORMATS",
     "BenchRecord",
+    "CheckedImport",
     "Database",
     "DeviceFingerprint",
     "QuarantinedPoint",
+    "Refusal",
     "StoredRun",
     "TrialRecord",
     "TuningResult",
     "Winner",
     "bench_frame",
+    "check_import",
     "clear_quarantine",
     "devices_frame",
     "export_winners",
@@ -60,6 +74,8 @@ __all__ = [
     "record_ceilings",
     "record_quarantine",
     "record_tuning_result",
+    "record_tuning_results",
+    "store_import",
     "stored_runs",
     "trials_frame",
     "winners",
