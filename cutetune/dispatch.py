@@ -24,7 +24,6 @@ checked path, so `report()` counts them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -36,6 +35,7 @@ from typing import Any
 from cutetune.fast_path import Route, forget_all, load_library
 from cutetune.kernels.code_hash import CODE_HASHES, remember_in
 from cutetune.kernels.registry import KernelDef
+from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.models import ModelShape, load_model
 from cutetune.spaces.problem import Problem
@@ -123,11 +123,23 @@ class Dispatcher:
 
     def _current(self, winners: dict[tuple[str, str], list[Any]], kernel: KernelDef,
                  problem: Problem) -> dict[int, Any]:
-        """The configs of `winners` for this kernel's current source and problem, by bucket."""
+        """The configs of `winners` for this kernel's current source and problem, by bucket;
+        a stored winner today's kernel cannot use (a bucket outside the policy, a config its
+        space refuses there) is skipped, and said so in one line."""
         source = kernel.source_hash()
-        return {w.bucket: kernel.space.config_from_dict(json.loads(w.config_json))
-                for w in winners.get((kernel.name, problem.static_key()), ())
-                if w.source_hash == source}
+        configs = {}
+        for w in winners.get((kernel.name, problem.static_key()), ()):
+            if w.source_hash != source:
+                continue
+            try:
+                point = stored_point(kernel, w.static_key, w.bucket, w.config_json, self.spec)
+            except UnusablePoint as why:
+                log.warning("cutetune: skipping a stored %s winner (bucket %s, %s): %s",
+                            kernel.name, w.bucket, " ".join(
+                                f"{k}={v}" for k, v in problem.static_fields().items()), why)
+                continue
+            configs[w.bucket] = point.config
+        return configs
 
     def _table(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> ProblemTable:
         key = (kernel.name, problem.static_key())

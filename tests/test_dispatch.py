@@ -8,6 +8,7 @@ returns a plain object.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -536,3 +537,40 @@ def test_shipped_winners_serve_where_the_users_database_has_none(qwen3_8b, qk_fa
     report = dispatcher.report()
     assert "tuned buckets 8; shipped 4096;" in report
     assert "0 winners ignored (older kernel source), and 1 shipped ones" in report
+
+
+def test_warmup_skips_each_unusable_stored_winner_in_one_line(tmp_path, caplog, monkeypatch):
+    """A database holding winners today's qk_norm cannot use (a bucket outside the policy, a
+    choice its space lacks, a knob it lacks): warmup serves the usable ones, and names each
+    other once, with its bucket and why."""
+    from bad_imports import UNUSABLE_REASONS, VALID, unusable_runs, valid_records
+    from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
+
+    from cutetune import dispatch
+    from cutetune.results_db import Database, DeviceFingerprint
+    from cutetune.results_db.export import check_import
+    from cutetune.results_db.queries import record_tuning_results
+    from cutetune.tuner.roofline import device_spec_for
+
+    url = f"sqlite:///{tmp_path / 'stored.db'}"
+    db = Database.open(url)
+    checked = check_import(json.dumps(valid_records()), "json", device_spec_for)
+    record_tuning_results(db, [*checked.runs, *unusable_runs()])
+    db.dispose()
+    # The points are not compiled: which ones would be is the question here.
+    monkeypatch.setattr(Dispatcher, "compiled", lambda self, kernel, problem, config: object())
+    monkeypatch.setattr(DeviceFingerprint, "current",
+                        classmethod(lambda cls, device_index=None: H200_FINGERPRINT))
+    monkeypatch.setattr(dispatch, "artifact_store", lambda cache_dir, fingerprint: None)
+    monkeypatch.setattr(dispatch, "load_library", lambda: None)
+    monkeypatch.setattr(dispatch, "_current", None)
+    with caplog.at_level(logging.WARNING, logger="cutetune.dispatch"):
+        served = dispatch.warmup("qwen3-8b", kernels=["qk_norm"], db_url=url)
+    entries = entries_by_bucket(served)
+    for bucket, config in VALID:
+        assert (entries[bucket].source, entries[bucket].config) == (TUNED, config)
+    assert all(e.config.vector_bits != 7 for e in entries.values())
+    lines = [r.getMessage() for r in caplog.records if r.name == "cutetune.dispatch"]
+    for bucket, reason in UNUSABLE_REASONS.items():
+        (line,) = [line for line in lines if f"(bucket {bucket}," in line]
+        assert line.startswith("cutetune: skipping a stored qk_norm winner") and reason in line

@@ -9,13 +9,17 @@ cutetune itself would do rather than a second reading of its rules.
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import pandas as pd
 
 from cutetune.dispatch import Dispatcher
 from cutetune.kernels.registry import KernelDef, NotApplicableError, get_kernel, kernel_names
+from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.results_db import (
     Database,
     DeviceFingerprint,
@@ -29,6 +33,7 @@ from cutetune.results_db import (
     winners_to_serve,
     winners_with_devices,
 )
+from cutetune.spaces.buckets import check_bucket
 from cutetune.spaces.models import load_model
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
@@ -36,6 +41,8 @@ from cutetune.tuner.defaults import DEFAULT_TUNE_TOKENS
 from cutetune.tuner.plan import make_plan
 from cutetune.tuner.roofline import Ceilings, device_spec_for
 from cutetune.tuner.study import candidates_of
+
+log = logging.getLogger("cutetune.report")
 
 # The buckets the coverage map shows: those `cutetune tune` tunes by default.
 COVERAGE_BUCKETS = DEFAULT_TUNE_TOKENS
@@ -143,12 +150,16 @@ def load_report_data(db_url: str, model: str, device: str | None = None,
         devices = devices_frame(db)
         # None where the database holds no device, and so no winner, trial or bench row.
         fingerprint = _pick_device(db, devices, problems, device)
+        usable = _usable_check(problems, _spec_of(fingerprint))
+        winners = _of_model(winners_frame(db, fingerprint), problems)
         return ReportData(
             model, fingerprint, problems, devices,
-            _coverage(db, fingerprint, problems),
-            _with_knobs(_of_model(winners_frame(db, fingerprint), problems), problems),
-            _with_exhaustive(db, _of_model(trials_frame(db, fingerprint=fingerprint), problems),
-                             problems, fingerprint),
+            _coverage(db, fingerprint, problems, usable),
+            _with_knobs(winners[pd.Series([usable(row) for row in winners.itertuples()],
+                                          index=winners.index, dtype=bool)]
+                        .reset_index(drop=True), problems),
+            _with_exhaustive(db, _usable_trials(_of_model(
+                trials_frame(db, fingerprint=fingerprint), problems)), problems, fingerprint),
             _latest(_of_model(bench_frame(db, fingerprint), problems)))
     finally:
         db.dispose()
@@ -206,15 +217,17 @@ def _empty_coverage() -> pd.DataFrame:
 
 
 def _coverage(db: Database, fingerprint: DeviceFingerprint | None,
-              problems: tuple[ModelProblem, ...]) -> pd.DataFrame:
+              problems: tuple[ModelProblem, ...],
+              usable: Callable[[Any], bool]) -> pd.DataFrame:
     """What the dispatcher would serve at each bucket on this device: it plans from the same
-    winners a warmup there would read (the database's, then the shipped ones). Empty without
-    a device, or for a GPU without a DeviceSpec, which the dispatcher cannot plan for."""
+    winners a warmup there would read (the database's, then the shipped ones), less those
+    the report leaves out (`usable`), which it would skip too. Empty without a device, or for
+    a GPU without a DeviceSpec, which the dispatcher cannot plan for."""
     spec = _spec_of(fingerprint)
     if spec is None:
         return _empty_coverage()
-    dispatcher = Dispatcher(spec, winners_to_serve(db, fingerprint), store=None,
-                            shipped=shipped_winners(fingerprint))
+    dispatcher = Dispatcher(spec, [w for w in winners_to_serve(db, fingerprint) if usable(w)],
+                            store=None, shipped=shipped_winners(fingerprint))
     rows = []
     for entry in problems:
         for bucket in COVERAGE_BUCKETS:
@@ -223,6 +236,49 @@ def _coverage(db: Database, fingerprint: DeviceFingerprint | None,
                          "bucket": bucket, "source": served.source,
                          "tuned_bucket": served.tuned_bucket})
     return pd.DataFrame(rows, columns=list(_empty_coverage().columns))
+
+
+def _usable_check(problems: tuple[ModelProblem, ...], spec) -> Callable[[Any], bool]:
+    """A predicate over stored winners (Winner records or a winners frame's rows): False for
+    one of a model kernel's current source that the kernel cannot use (the dispatcher's check,
+    kernels.stored), said once in one line, so that the report's tables and its coverage
+    leave it out alike. Winners of an older source are the dispatcher's to ignore; none is
+    checked without a DeviceSpec, whose limits the space's constraints read."""
+    current = {p.kernel.name: p.kernel.source_hash() for p in problems}
+    labels = {p.key: p.label for p in problems}
+    verdicts: dict[tuple[str, str, int, str], bool] = {}
+
+    def usable(winner: Any) -> bool:
+        if spec is None or current.get(winner.kernel_name) != winner.source_hash:
+            return True
+        key = (winner.kernel_name, winner.static_key, int(winner.bucket), winner.config_json)
+        if key not in verdicts:
+            try:
+                stored_point(*key, spec)
+            except UnusablePoint as why:
+                log.warning("cutetune: the report leaves out the stored winner of %s at "
+                            "bucket %s: %s", labels.get(key[:2], f"{key[0]} {key[1]}"),
+                            winner.bucket, why)
+                verdicts[key] = False
+            else:
+                verdicts[key] = True
+        return verdicts[key]
+
+    return usable
+
+
+def _usable_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """The trials less those stored under a bucket outside the bucketing policy (no problem
+    can be planned there), each such bucket left out in one line."""
+    usable = pd.Series(True, index=trials.index, dtype=bool)
+    for (problem, bucket), run in trials.groupby(["problem", "bucket"]):
+        try:
+            check_bucket(int(bucket))
+        except ValueError as why:
+            log.warning("cutetune: the report leaves out the %d stored trials of %s at "
+                        "bucket %s: bucket: %s", len(run), problem, bucket, why)
+            usable[run.index] = False
+    return trials[usable].reset_index(drop=True)
 
 
 def _with_knobs(winners: pd.DataFrame, problems: tuple[ModelProblem, ...]) -> pd.DataFrame:
