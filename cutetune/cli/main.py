@@ -31,6 +31,8 @@ TUNE_TOKENS = ",".join(map(str, DEFAULT_TUNE_TOKENS))
 @dataclass(frozen=True)
 class Context:
     db_url: str
+    # Whether db_url is cutetune's default file rather than a URL given by --db or CUTETUNE_DB.
+    db_is_default: bool = False
 
     @property
     def shown_url(self) -> str:
@@ -39,19 +41,26 @@ class Context:
 
         return shown_url(self.db_url)
 
-    def open_db(self, writable: bool = False):
+    def open_db(self, writable: bool = False, missing_ok: bool = False):
         """The results database: read-only (nothing created or changed) unless `writable`,
         which also checks now that it takes writes, before any work whose results could not
-        be stored."""
+        be stored. Read-only, a database that does not exist is one line (reading it as empty
+        would hide a mistyped path), or None where `missing_ok`."""
         from sqlalchemy.exc import DatabaseError
 
         from cutetune.results_db import Database
+        from cutetune.results_db.session import MissingDatabaseError
 
         try:
             db = Database.open(self.db_url, read_only=not writable)
             if writable:
                 db.check_writable()
             return db
+        except MissingDatabaseError as err:
+            if missing_ok:
+                return None
+            raise click.BadParameter(f"{err} (run cutetune tune first, or give --db)",
+                                     param_hint="--db") from None
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--db") from None
         except DatabaseError as err:
@@ -116,7 +125,10 @@ class CutetuneGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, db_url: str | None) -> None:
     """Autotune CuTeDSL inference kernels and serve the winners."""
-    ctx.obj = Context(db_url or load_settings().db_url)
+    # An empty --db is kept, to be refused as one, not read as the default.
+    settings = load_settings()
+    ctx.obj = Context(settings.db_url, settings.db_is_default) if db_url is None \
+        else Context(db_url)
 
 
 @cli.command()
@@ -249,8 +261,10 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
         raise click.UsageError("cutetune bench needs a CUDA GPU and none is visible")
     from cutetune.bench import csv_rows, format_rows, run_bench
 
-    handle = _open_for_writing(out) if out else None
+    if out:
+        _check_output(out)
     db = obj.open_db(writable=True)
+    handle = _open_for_writing(out) if out else None
     click.echo(f"benchmarking {kernel} for {model} ({len(problems)} problems x {len(tokens)} "
                f"token counts); measuring the copy ceiling first ...", err=True)
     result = run_bench(kdef, problems, tokens, db,
@@ -271,8 +285,26 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
         click.echo(f"wrote {out}", err=True)
 
 
+def _check_output(path: str) -> None:
+    """Check that an output file can be written, before the long work, so a bad path fails at
+    once; it is created only once there is something to write, so a command that fails on the
+    way leaves no empty file behind."""
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        why = "it is a directory"
+    elif not folder.is_dir():
+        why = f"no such directory {folder}"
+    elif not os.access(folder, os.W_OK | os.X_OK) or (target.exists()
+                                                      and not os.access(target, os.W_OK)):
+        why = "permission denied"
+    else:
+        return
+    raise click.BadParameter(f"cannot write {path}: {why}", param_hint="--out")
+
+
 def _open_for_writing(path: str):
-    """Open an output file before the long work, so a bad path fails at once."""
+    """Create an output file (its path checked first by _check_output)."""
     try:
         return open(path, "w", newline="")
     except OSError as err:
@@ -415,7 +447,7 @@ def report(obj: Context, model: str, dtype: str, db_url: str | None, device: str
     from cutetune.results_db import devices_frame
     from cutetune.spaces.models import UnknownModelError
 
-    obj = Context(db_url) if db_url else obj
+    obj = Context(db_url) if db_url is not None else obj
     try:
         model_problems(model, dtype)
     except UnknownModelError as err:
@@ -437,7 +469,8 @@ def report(obj: Context, model: str, dtype: str, db_url: str | None, device: str
             raise click.UsageError(f"the HTML report needs {', '.join(missing)}: pip install "
                                    "'cutetune[report]' (--format md needs none of them)")
     out = out or ("report.html" if fmt == "html" else None)
-    handle = _open_for_writing(out) if out else None
+    if out:
+        _check_output(out)
     if fmt == "md":
         from cutetune.report.markdown import render_markdown
 
@@ -447,10 +480,10 @@ def report(obj: Context, model: str, dtype: str, db_url: str | None, device: str
                                                                       err=True))
     else:
         text = _report_html(obj.db_url, model, device, dtype)
-    if handle is None:
+    if out is None:
         click.echo(text, nl=False)
         return
-    with handle:
+    with _open_for_writing(out) as handle:
         handle.write(text)
     click.echo(f"wrote {out}", err=True)
 
@@ -530,10 +563,22 @@ def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: in
     from cutetune.tuner.roofline import DEVICE_SPECS
 
     spec = DEVICE_SPECS[device_name]
-    remember_in(_artifacts_dir() / CODE_HASHES)
-    db = obj.open_db()
-    with obj.reading():
-        stored = winners_with_devices(db)
+    # The model, the database and the compiler are checked before the cache directory is
+    # touched (created, or its code-hash memo written), so a mistaken command leaves nothing.
+    work = [(kernel, problems) for kernel in map(get_kernel, kernel_names())
+            if (problems := _model_problems(kernel, model, dtype, skip_if_absent=True))]
+    # A build host that never tuned has no database at the default path: it builds the
+    # shipped winners and the defaults. A database someone named must exist.
+    db = obj.open_db(missing_ok=obj.db_is_default)
+    if db is None:
+        click.echo(f"no results database at {obj.shown_url}: building the shipped winners "
+                   "and the defaults", err=True)
+        stored = []
+    else:
+        with obj.reading():
+            stored = winners_with_devices(db)
+        db.dispose()
+    _require_c_compiler()
 
     def for_the_device(pairs):
         return [winner for device, winner in pairs if _names_device(device.gpu_name, spec)
@@ -542,11 +587,9 @@ def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: in
     store = ArtifactStore(_artifacts_dir(), arch_for(spec.compute_capability))
     if not store.writable():
         raise click.UsageError(f"the artifact cache {store.directory} cannot be written")
-    _require_c_compiler()
+    remember_in(store.directory / CODE_HASHES)
     dispatcher = Dispatcher(spec, for_the_device(stored), store, compile_processes=jobs,
                             shipped=for_the_device(shipped_with_devices()))
-    work = [(kernel, problems) for kernel in map(get_kernel, kernel_names())
-            if (problems := _model_problems(kernel, model, dtype, skip_if_absent=True))]
     start = time.perf_counter()
     points, compiled = dispatcher.precompile(work)
     click.echo(f"{points} points for {store.arch}: {compiled} compiled ({jobs} processes), "

@@ -33,13 +33,18 @@ class Database:
     def open(cls, url: str, read_only: bool = False) -> Database:
         """Open (and create, where missing) the database at a SQLAlchemy URL.
 
-        SQLite and PostgreSQL are supported. A SQLite file gets its parent directory created.
-        `read_only` creates and changes nothing: a SQLite file is opened read-only, and one that
-        does not exist reads as an empty database. Raises ValueError, naming the URL (password
-        masked), when it is malformed or names an unsupported backend or driver; a server that
+        SQLite and PostgreSQL are supported. A SQLite path may start with `~` (the home
+        directory); its file gets its parent directory created. `read_only` creates and changes
+        nothing: a SQLite file is opened read-only, and one that does not exist (or an
+        in-memory database, which holds nothing to read) raises MissingDatabaseError. Raises
+        ValueError, naming the URL (password masked), when it is empty or malformed, names an
+        unsupported backend or driver, or a SQLite path that is a directory; a server that
         cannot be reached or a file that is no database raise SQLAlchemy's DatabaseError.
         """
         shown = shown_url(url)
+        if not url.strip():
+            raise ValueError("the database URL is empty: give a SQLAlchemy URL such as "
+                             "sqlite:///cutetune.db")
         try:
             parsed = make_url(url)
             if parsed.get_backend_name() not in BACKENDS:
@@ -47,8 +52,8 @@ class Database:
                     f"unsupported database URL {shown!r}: the backend must be one of "
                     f"{', '.join(BACKENDS)}"
                 )
-            if read_only and parsed.get_backend_name() == "sqlite":
-                parsed = _read_only_sqlite(parsed)
+            if parsed.get_backend_name() == "sqlite":
+                parsed = _checked_sqlite(parsed, shown, read_only)
             engine = create_engine(parsed)
         except (ArgumentError, NoSuchModuleError) as exc:
             raise ValueError(f"invalid database URL {shown!r}: {exc}") from None
@@ -61,7 +66,7 @@ class Database:
             except OSError as exc:
                 raise ValueError(f"cannot create the directory of database {shown!r}: "
                                  f"{exc.strerror}") from None
-        if not read_only or engine.url.database in (None, "", ":memory:"):
+        if not read_only:
             Base.metadata.create_all(engine)
         return cls(url, engine)
 
@@ -91,15 +96,31 @@ def shown_url(url: str) -> str:
         return url
 
 
-def _read_only_sqlite(url: URL) -> URL:
-    """A SQLite URL that reads without writing: the file opened in read-only mode, or, where
-    there is no file, an empty database in memory (nothing to read, nothing created)."""
+class MissingDatabaseError(ValueError):
+    """A database opened only to read holds nothing because there is none: no file at a SQLite
+    URL's path, or an in-memory database. Reading it as empty would hide a mistyped path."""
+
+
+def _checked_sqlite(url: URL, shown: str, read_only: bool) -> URL:
+    """A SQLite URL with `~` expanded in its path, read-only where asked (the file opened in
+    SQLite's read-only mode); ValueError where the path is a directory, MissingDatabaseError
+    where a read-only database does not exist."""
     database = url.database
-    if not database or database == ":memory:" or database.startswith("file:"):
+    if database and database.startswith("file:"):  # a SQLite URI: SQLite reads it as it is
         return url
-    if not Path(database).is_file():
-        return url.set(database=":memory:")
-    return url.set(database=f"file:{Path(database).resolve()}?mode=ro",
+    if not database or database == ":memory:":
+        if read_only:
+            raise MissingDatabaseError(f"cannot open the database {shown}: an in-memory "
+                                       "database holds nothing to read")
+        return url
+    path = Path(database).expanduser()
+    if path.is_dir():
+        raise ValueError(f"cannot open the database {shown}: {path} is a directory")
+    if not read_only:
+        return url.set(database=str(path))
+    if not path.is_file():
+        raise MissingDatabaseError(f"cannot open the database {shown}: no such file")
+    return url.set(database=f"file:{path.resolve()}?mode=ro",
                    query={**url.query, "uri": "true"})
 
 

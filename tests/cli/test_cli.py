@@ -58,7 +58,17 @@ def assert_clean_error(result, *fragments: str) -> None:
 
 @pytest.fixture
 def empty_db(tmp_path: Path) -> str:
+    """The URL of a database not created yet: a command that writes creates it, one that only
+    reads refuses it."""
     return f"sqlite:///{tmp_path / 'x.db'}"
+
+
+@pytest.fixture
+def created_db(tmp_path: Path) -> str:
+    """An empty database with cutetune's tables, as a tune that stored nothing leaves."""
+    url = f"sqlite:///{tmp_path / 'created.db'}"
+    Database.open(url).dispose()
+    return url
 
 
 @pytest.fixture(scope="module")
@@ -217,11 +227,11 @@ def test_bench_rejects_an_unknown_kernel(empty_db):
 # -- show -----------------------------------------------------------------------------------
 
 
-def test_show_on_an_empty_db(empty_db):
-    result = invoke(empty_db, "show")
+def test_show_on_an_empty_db(created_db):
+    result = invoke(created_db, "show")
     assert result.exit_code == 0, result.output
     assert result.output.strip() == "no winners stored"
-    result = invoke(empty_db, "show", "--kernel", "qk_norm")
+    result = invoke(created_db, "show", "--kernel", "qk_norm")
     assert result.output.strip() == "no winners stored for qk_norm"
 
 
@@ -241,7 +251,7 @@ def test_show_lists_stored_winners(stored_db, flags):
     assert "NVIDIA H200" in result.output
 
 
-def test_show_failed_lists_the_quarantined_points_with_their_reasons(stored_db, empty_db):
+def test_show_failed_lists_the_quarantined_points_with_their_reasons(stored_db, created_db):
     record_quarantine(Database.open(stored_db), FINGERPRINT, QuarantinedPoint(
         "qk_norm", qk.KERNEL.source_hash(), "{}", '{"warps_per_block": 32}', 4096,
         "hang: no answer in 31 s", datetime.now(UTC)))
@@ -250,7 +260,7 @@ def test_show_failed_lists_the_quarantined_points_with_their_reasons(stored_db, 
     header, row = result.output.strip().splitlines()
     assert {"kernel", "config", "reason", "gpu_name"} <= set(header.split())
     assert "hang: no answer in 31 s" in row and "warps_per_block" in row
-    assert invoke(empty_db, "show", "--failed").output.strip() == "no quarantined points"
+    assert invoke(created_db, "show", "--failed").output.strip() == "no quarantined points"
 
 
 def test_show_filters_by_kernel(stored_db):
@@ -312,8 +322,8 @@ def test_export_of_an_unknown_model_is_one_clear_line(stored_db):
                        "--model", "gpt-9")
 
 
-def test_export_json_of_an_empty_db_is_an_empty_list(empty_db):
-    result = invoke(empty_db, "export", "--format", "json")
+def test_export_json_of_an_empty_db_is_an_empty_list(created_db):
+    result = invoke(created_db, "export", "--format", "json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == []
 
@@ -331,9 +341,9 @@ def test_export_csv_to_a_file(stored_db, tmp_path):
     assert all(json.loads(row["config_json"])["vector_bits"] != 32 for row in rows)
 
 
-def test_export_csv_of_an_empty_db_still_has_its_header(empty_db, tmp_path):
+def test_export_csv_of_an_empty_db_still_has_its_header(created_db, tmp_path):
     out = tmp_path / "empty.csv"
-    result = invoke(empty_db, "export", "--format", "csv", "--out", str(out))
+    result = invoke(created_db, "export", "--format", "csv", "--out", str(out))
     assert result.exit_code == 0, result.output
     lines = out.read_text().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kernel_name,")
@@ -363,10 +373,12 @@ def test_db_path_that_cannot_be_created_is_one_clear_line_for_a_writer(tmp_path)
 
 @pytest.mark.parametrize("command", [["show"], ["show", "--failed"],
                                      ["export", "--format", "json"]])
-def test_commands_that_only_read_create_nothing(tmp_path, command):
+def test_commands_that_only_read_refuse_a_missing_database_and_create_nothing(tmp_path,
+                                                                              command):
     missing = tmp_path / "folder" / "x.db"
     result = invoke(f"sqlite:///{missing}", *command)
-    assert result.exit_code == 0, result.output
+    assert_clean_error(result, "--db", f"cannot open the database sqlite:///{missing}: "
+                       "no such file (run cutetune tune first, or give --db)")
     assert not (tmp_path / "folder").exists()
 
 
@@ -406,9 +418,10 @@ def test_show_rejects_an_unknown_kernel(stored_db):
                        "unknown kernel 'nosuch'", "qk_norm")
 
 
-def test_export_to_a_missing_directory_is_one_clear_line(empty_db, tmp_path):
+def test_export_to_a_missing_directory_is_one_clear_line(created_db, tmp_path):
     out = tmp_path / "missing" / "winners.csv"
-    assert_clean_error(invoke(empty_db, "export", "--format", "csv", "--out", str(out)), "--out")
+    assert_clean_error(invoke(created_db, "export", "--format", "csv", "--out", str(out)),
+                       "--out")
 
 
 # -- start-up and version -------------------------------------------------------------------
@@ -533,19 +546,20 @@ def test_cache_build_fills_the_cache_for_a_model_then_ls_lists_and_clear_empties
     assert "0 artifacts" in CliRunner().invoke(cli, ["cache", "ls"]).output
 
 
-def test_cache_build_into_an_unwritable_directory_says_so(empty_db, tmp_path, monkeypatch):
+def test_cache_build_into_an_unwritable_directory_says_so(created_db, tmp_path, monkeypatch):
     blocked = tmp_path / "file"
     blocked.write_text("")
     monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(blocked))
-    assert_clean_error(invoke(empty_db, "cache", "build", "--model", "qwen3-8b"),
+    assert_clean_error(invoke(created_db, "cache", "build", "--model", "qwen3-8b"),
                        "cannot be written")
 
 
-def test_cache_build_without_a_c_compiler_says_so(empty_db, tmp_path, monkeypatch):
-    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(tmp_path))
+def test_cache_build_without_a_c_compiler_says_so(created_db, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    assert_clean_error(invoke(empty_db, "cache", "build", "--model", "qwen3-8b"),
+    assert_clean_error(invoke(created_db, "cache", "build", "--model", "qwen3-8b"),
                        "no C compiler found", "install one")
+    assert not (tmp_path / "cache").exists()  # checked before the cache is touched
 
 
 # -- import -----------------------------------------------------------------------------------

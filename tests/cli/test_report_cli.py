@@ -11,6 +11,7 @@ from h200_results import H200_URL
 
 from cutetune.cli.main import cli
 from cutetune.report.tables import SECTIONS
+from cutetune.results_db import Database
 
 
 def invoke(*args: str):
@@ -40,12 +41,15 @@ def test_markdown_to_standard_output_through_the_group_db_option(tmp_path):
 
 
 def test_an_empty_database_gives_a_report_that_says_so(tmp_path):
-    empty = f"sqlite:///{tmp_path / 'none.db'}"
+    path = tmp_path / "empty.db"
+    empty = f"sqlite:///{path}"
+    Database.open(empty).dispose()
+    before = path.read_bytes()
     result = invoke("--model", "qwen3-8b", "--db", empty, "--format", "md")
     assert result.exit_code == 0, result.output
     assert "Nothing is tuned for qwen3-8b in this database" in result.stdout
     assert "No device in the database" in result.stdout
-    assert not (tmp_path / "none.db").exists()  # read, never created
+    assert path.read_bytes() == before  # read, never changed
     html = tmp_path / "report.html"
     result = invoke("--model", "qwen3-8b", "--db", empty, "--out", str(html))
     assert result.exit_code == 0, result.output

@@ -19,6 +19,7 @@ from cutetune.report.notebook import (
     with_parameters,
 )
 from cutetune.report.tables import SECTIONS
+from cutetune.results_db import Database
 
 
 def run(db_url: str, model: str = "qwen3-8b") -> tuple[nbformat.NotebookNode, list[str]]:
@@ -81,8 +82,9 @@ def test_sections_without_data_say_so(tmp_path):
     # The kernel imports the cutetune under test, not another one installed.
     import cutetune
 
-    empty = with_parameters(report_notebook(), db_url=f"sqlite:///{tmp_path / 'none.db'}",
-                            model="qwen3-8b")
+    empty_url = f"sqlite:///{tmp_path / 'empty.db'}"
+    Database.open(empty_url).dispose()
+    empty = with_parameters(report_notebook(), db_url=empty_url, model="qwen3-8b")
     empty.cells.append(nbformat.v4.new_code_cell("import cutetune; print(cutetune.__file__)"))
     execute(empty, timeout_s=300)
     for section in SECTIONS:

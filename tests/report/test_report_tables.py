@@ -130,7 +130,9 @@ def test_markdown_has_every_section_and_says_what_is_missing(tmp_path):
         assert f"## {section.title}" in text
     assert "| qk_norm | median us | 1.314 | 1.342 |" in text
     assert "No bench rows for this model and device" in text
-    empty = render_markdown(load_report_data(f"sqlite:///{tmp_path / 'none.db'}", "qwen3-8b"))
+    empty_url = f"sqlite:///{tmp_path / 'empty.db'}"
+    Database.open(empty_url).dispose()
+    empty = render_markdown(load_report_data(empty_url, "qwen3-8b"))
     assert "Nothing is tuned for qwen3-8b in this database" in empty
     assert all(section.empty in empty for section in SECTIONS)
 
