@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,7 @@ class Peer:
 class DeviceCompile:
     """A kernel's compile_function whose code lives in `module`, the kernel's device code
     (which imports CuTeDSL): imported at the first compile, so that importing the kernel's
-    declaration imports none of it; the kernel's code hash covers that module too."""
+    declaration imports none of it; the kernel's code hash covers that module whole."""
 
     module: str
 
@@ -98,9 +99,7 @@ class KernelDef:
     written_in_place:   the subset of `outputs` that are also inputs (cannot be poisoned)
     tolerance:          output dtype name -> (rtol, atol) for
                         |out - expected| <= atol + rtol |expected|
-    source_file:        the kernel's module; its code closure (code_hash.py), with that of
-                        its DeviceCompile's module, is hashed into the DB so winners of other
-                        code are not served
+    source_file:        the kernel's module (its declaration)
     peers:              other libraries' implementations for `cutetune bench` (torch eager
                         and torch.compile of the reference are added by the bench itself)
     check:              (outputs, expected, problem) -> None, raising
@@ -140,14 +139,32 @@ class KernelDef:
         """A compiled or loaded function made into the callable `launch` takes."""
         return function if self.bind is None else self.bind(problem, config, function)
 
+    @property
+    def device_files(self) -> tuple[Path, ...]:
+        """The modules whose code the source hash covers whole: the device module its
+        DeviceCompile names, else the declaration, where its compile_function lives."""
+        device = getattr(self.compile_function, "source_file", None)
+        return (device,) if device else (Path(self.source_file),)
+
+    @property
+    def schema_definitions(self) -> tuple[tuple[Path, str], ...]:
+        """The types the source hash covers besides the device code, each as (its module's
+        file, its name): the Problem type, which the compile reads, and the Config type of
+        each form, which fixes how a stored config reads back."""
+        space = self.space
+        forms = space.forms if isinstance(space, Alternatives) else (space,)
+        return tuple((Path(sys.modules[kind.__module__].__file__), kind.__qualname__)
+                     for kind in (self.problem_type, *(form.config_type for form in forms)))
+
     @functools.cached_property
     def _source_hash(self) -> str:
-        device = getattr(self.compile_function, "source_file", None)
-        return code_closure_hash(Path(self.source_file), *([device] if device else []))
+        return code_closure_hash(*self.device_files, definitions=self.schema_definitions)
 
     def source_hash(self) -> str:
-        """Hash of the code the kernel's binaries come from (its module and the helpers it
-        imports, comments and docstrings left out); computed once per process."""
+        """Hash of the code the kernel's binaries are built from: its device code and the
+        definitions that code and its Problem and Config types use, not the declaration's
+        heuristic, cost, constraints or peers (code_hash.py; comments and docstrings left
+        out); computed once per process."""
         return self._source_hash
 
 

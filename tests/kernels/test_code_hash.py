@@ -75,6 +75,132 @@ def test_a_change_in_a_helper_changes_the_hash(tmp_path, monkeypatch):
     assert code_closure_hash(write_package(tmp_path)) == before
 
 
+# A declaration beside what the device code uses of it: a config, the helper a compile reads, and
+# a heuristic, a constraint and a cost model that only the search reads.
+DECLARATION = '''"""A kernel's declaration."""
+
+from dataclasses import dataclass
+
+import constants
+from constants import WIDE, NARROW
+
+
+@dataclass(frozen=True)
+class Config:
+    width: int
+    hints: str = constants.PLAIN
+
+
+def elements(config):
+    return config.width // BITS
+
+
+BITS = 8
+FIT = lambda config: elements(config) <= WIDE  # noqa: E731
+
+
+def default_config():
+    return Config(WIDE)
+
+
+def cost(config):
+    return NARROW * config.width
+'''
+CONSTANTS = '''PLAIN, STREAMING = "plain", "streaming"
+WIDE, NARROW = 128, 32
+'''
+DEVICE = '''import cutlass
+
+from declaration import elements
+
+
+def compile_kernel(config):
+    return cutlass.compile(elements(config))
+'''
+
+
+def write_kernel(root: Path, **edits: tuple[str, str]) -> tuple[Path, Path]:
+    """DECLARATION, CONSTANTS and DEVICE as files declaration.py, constants.py and
+    device.py of `root`, each edited by the (old, new) given under its name; the device file
+    and the declaration's file."""
+    for name, text in (("declaration", DECLARATION), ("constants", CONSTANTS),
+                       ("device", DEVICE)):
+        old, new = edits.get(name, ("", ""))
+        assert old in text
+        (root / f"{name}.py").write_text(text.replace(old, new))
+    return root / "device.py", root / "declaration.py"
+
+
+def kernel_hash(root: Path, **edits: tuple[str, str]) -> str:
+    device, declaration = write_kernel(root, **edits)
+    return code_closure_hash(device, definitions=[(declaration, "Config")])
+
+
+@pytest.mark.parametrize("edits", [
+    {"declaration": ("return Config(WIDE)", "return Config(NARROW)")},
+    {"declaration": ("NARROW * config.width", "2 * config.width")},
+    {"declaration": ("<= WIDE", "< WIDE")},
+    {"constants": ("WIDE, NARROW = 128, 32", "WIDE, NARROW = 128, 64")},
+    {"constants": ("32\n", "32\nFAST = 4\n")},
+    {"declaration": ("from constants import WIDE, NARROW",
+                     "from constants import WIDE, NARROW, STREAMING")},
+    {"declaration": ("def cost(config):", "def cost(config):\n    \"\"\"Bytes.\"\"\"")},
+], ids=["heuristic", "cost", "constraint", "a constant only those use", "a new constant",
+        "a name more imported", "a docstring"])
+def test_what_the_device_code_and_the_config_do_not_use_keeps_the_hash(tmp_path, monkeypatch,
+                                                                       edits):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert kernel_hash(tmp_path, **edits) == kernel_hash(tmp_path)
+
+
+@pytest.mark.parametrize("edits", [
+    {"device": ("elements(config)", "2 * elements(config)")},
+    {"declaration": ("// BITS", "// BITS + 1")},
+    {"declaration": ("BITS = 8", "BITS = 16")},
+    {"declaration": ("    width: int\n", "    width: int\n    depth: int = 1\n")},
+    {"constants": ('PLAIN, STREAMING = "plain"', 'PLAIN, STREAMING = "normal"')},
+    {"declaration": ("@dataclass(frozen=True)", "@dataclass")},
+], ids=["device code", "a helper the device code imports", "a name that helper reads",
+        "a config field", "a config field's default in another module", "the config's decorator"])
+def test_what_the_device_code_or_the_config_uses_changes_the_hash(tmp_path, monkeypatch, edits):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert kernel_hash(tmp_path, **edits) != kernel_hash(tmp_path)
+
+
+def test_a_module_of_device_code_counts_whole(tmp_path, monkeypatch):
+    """A module that imports CuTeDSL is device code: it counts whole, even where one of its
+    names is imported. Of another module only what is used counts: constants.py for the
+    config's default (constants.PLAIN: a module read by attribute is followed by the
+    attribute)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    helpers = "import cutlass\n\n\ndef one():\n    return 1\n\n\ndef two():\n    return 2\n"
+    (tmp_path / "helpers.py").write_text(helpers)
+    imports_one = {"device": ("import cutlass\n", "import cutlass\nfrom helpers import one\n")}
+    before = kernel_hash(tmp_path, **imports_one)
+    (tmp_path / "helpers.py").write_text(helpers.replace("return 2", "return 3"))
+    assert kernel_hash(tmp_path, **imports_one) != before
+    device, declaration = write_kernel(tmp_path, **imports_one)
+    taken = {t.module: t.units for t in code_hash._closure((device,), ((declaration, "Config"),))}
+    assert set(taken) == {"device", "helpers", "declaration", "constants"}
+    assert taken["device"] is None and taken["helpers"] is None
+    assert None not in (taken["declaration"], taken["constants"])
+
+
+def test_a_definition_the_file_lacks_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _, declaration = write_kernel(tmp_path)
+    with pytest.raises(LookupError, match="no top-level definition of 'Konfig'"):
+        code_closure_hash(definitions=[(declaration, "Konfig")])
+
+
+def test_a_definition_nested_in_a_function_takes_its_file_whole(tmp_path, monkeypatch):
+    """As a test's kernel declares its Config inside a function."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _, declaration = write_kernel(tmp_path)
+    assert code_closure_hash(definitions=[(declaration, "make.<locals>.Config")]) == \
+        code_closure_hash(declaration)
+
+
 # The shared modules each kernel's code comes from: editing one must drop the stored winners of
 # every kernel built on it.
 SHARED_MODULES = {
@@ -90,16 +216,17 @@ SHARED_MODULES = {
 
 @pytest.mark.parametrize("kernel_module", SHARED_MODULES, ids=lambda m: m.__name__)
 def test_the_closure_holds_the_shared_building_blocks(kernel_module):
-    """The closure of the kernel's declaration and of the device module its DeviceCompile
-    names, as its source hash covers them."""
+    """The closure of the device module the kernel's DeviceCompile names and of its Problem
+    and Config types, as its source hash covers them."""
     kernel = next(value for value in vars(kernel_module).values()
                   if isinstance(value, KernelDef))
-    closure = code_closure(Path(kernel.source_file), kernel.compile_function.source_file)
+    closure = code_closure(*kernel.device_files, definitions=kernel.schema_definitions)
     names = {p.relative_to(KERNELS_DIR).as_posix() for p in closure
              if p.is_relative_to(KERNELS_DIR)}
     assert SHARED_MODULES[kernel_module] <= names
-    assert kernel.source_hash() == code_closure_hash(Path(kernel.source_file),
-                                                     kernel.compile_function.source_file)
+    assert kernel.device_files == (kernel.compile_function.source_file,)
+    assert kernel.source_hash() == code_closure_hash(*kernel.device_files,
+                                                     definitions=kernel.schema_definitions)
 
 
 def test_the_hashed_text_is_the_same_under_every_python_version():
@@ -112,6 +239,10 @@ def test_the_hashed_text_is_the_same_under_every_python_version():
         "annotation=Name(id='int', ctx=Load()))], defaults=[Constant(value=1)]), "
         "body=[Return(value=IfExp(test=Name(id='x', ctx=Load()), body=Name(id='x', "
         "ctx=Load()), orelse=Constant()))], returns=Constant())])")
+    # An import of several names is hashed name by name.
+    assert code_hash._analysed("from a import b, c as d\n")[1] == (
+        "ImportFrom(module='a', names=[alias(name='b')], level=0)",
+        "ImportFrom(module='a', names=[alias(name='c', asname='d')], level=0)")
 
 
 def _memo_in(path: Path, monkeypatch) -> None:
@@ -123,18 +254,23 @@ def _memo_in(path: Path, monkeypatch) -> None:
 
 
 def test_a_remembered_closure_is_hashed_again_without_parsing(tmp_path, monkeypatch):
+    """Whole modules, and definitions followed as far as they reach."""
     monkeypatch.syspath_prepend(str(tmp_path))
     path = write_package(tmp_path)
+    device, declaration = write_kernel(tmp_path)
+    definitions = [(declaration, "Config")]
     memo = tmp_path / "cache" / code_hash.CODE_HASHES
     _memo_in(memo, monkeypatch)
     first = code_closure_hash(path)
     closure = code_closure(path)
+    followed = code_closure_hash(device, definitions=definitions)
     assert memo.is_file()
 
     _memo_in(memo, monkeypatch)  # as a later process does
     monkeypatch.setattr(ast, "parse", lambda *a, **k: pytest.fail("parsed a remembered file"))
     assert code_closure_hash(path) == first
     assert code_closure(path) == closure
+    assert code_closure_hash(device, definitions=definitions) == followed
 
 
 def test_a_remembered_hash_is_never_served_for_changed_code(tmp_path, monkeypatch):
