@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ast
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from cutetune.kernels import activation, code_hash, moe_combine, qk_norm, rmsnorm
 from cutetune.kernels.code_hash import KERNELS_DIR, code_closure, code_closure_hash
-from cutetune.kernels.registry import KernelDef
+from cutetune.kernels.registry import KernelDef, get_kernel, kernel_names
+from cutetune.spaces.space import Alternatives
 
 KERNEL = '''"""A kernel."""
 
@@ -227,6 +230,179 @@ def test_the_closure_holds_the_shared_building_blocks(kernel_module):
     assert kernel.device_files == (kernel.compile_function.source_file,)
     assert kernel.source_hash() == code_closure_hash(*kernel.device_files,
                                                      definitions=kernel.schema_definitions)
+
+
+# Every registered kernel, edited in a copy of cutetune/kernels that stands in for the package:
+# what only the search reads keeps the stored winners, what the binary is built from drops them.
+
+
+def kernels_copy(root: Path, monkeypatch) -> Path:
+    """cutetune/kernels copied to root/cutetune/kernels, which the hashing then follows
+    imports into instead of the package's own folder."""
+    copy = root / "cutetune" / "kernels"
+    shutil.copytree(KERNELS_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "cutetune" / "__init__.py").write_text("")
+    monkeypatch.setattr(code_hash, "KERNELS_DIR", copy)
+    monkeypatch.setattr(code_hash, "NOT_CODE", {copy / "registry.py", copy / "code_hash.py"})
+    return copy
+
+
+def in_copy(copy: Path, path: str | Path) -> Path:
+    return copy / Path(path).resolve().relative_to(KERNELS_DIR)
+
+
+def copied_hash(kernel: KernelDef, copy: Path) -> str:
+    """The kernel's source hash, of the copy's files."""
+    return code_closure_hash(*(in_copy(copy, path) for path in kernel.device_files),
+                             definitions=[(in_copy(copy, path), name)
+                                          for path, name in kernel.schema_definitions])
+
+
+def edit(path: Path, picks: Callable[[ast.AST], bool], added: str = "; _edited = None") -> None:
+    """Change the code of each function, lambda and class of the file `path` that `picks`
+    picks, in place (no line moves): `0 or ` before a lambda's body, `added` after the last
+    statement of a function's or a class's body."""
+    text = path.read_text()
+    places = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Lambda) and picks(node):
+            places.append((node.body.lineno, node.body.col_offset, "0 or "))
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef) and picks(node):
+            last = node.body[-1]
+            places.append((last.end_lineno, last.end_col_offset, added))
+    assert places, f"nothing to edit in {path}"
+    lines = text.splitlines(keepends=True)
+    for line, column, inserted in sorted(places, reverse=True):
+        raw = lines[line - 1].encode()  # columns count UTF-8 bytes
+        lines[line - 1] = (raw[:column] + inserted.encode() + raw[column:]).decode()
+    path.write_text("".join(lines))
+    assert ast.dump(ast.parse(path.read_text())) != ast.dump(ast.parse(text))
+
+
+def edit_functions(copy: Path, *functions: Callable) -> None:
+    """Change the code of each function or lambda (by its code object) in the copy."""
+    for function in functions:
+        code = function.__code__
+
+        def picks(node: ast.AST, code=code) -> bool:
+            if isinstance(node, ast.Lambda):
+                return code.co_name == "<lambda>" and node.lineno == code.co_firstlineno
+            return (getattr(node, "name", None) == code.co_name and min(
+                n.lineno for n in (node, *node.decorator_list)) == code.co_firstlineno)
+
+        edit(in_copy(copy, code.co_filename), picks)
+
+
+def edit_docstrings_and_comments(path: Path) -> None:
+    """Every docstring of the file worded anew (in place), and every comment."""
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            end = body[0].end_lineno - 1
+            raw = lines[end].encode()
+            column = body[0].end_col_offset - 3  # before the closing quotes
+            assert raw[column:column + 3] in (b'"""', b"'''")
+            lines[end] = (raw[:column] + b" Worded anew." + raw[column:]).decode()
+    edited = "".join(lines).replace("# ", "# Worded anew: ")
+    assert edited != text
+    path.write_text(edited)
+
+
+def constraints_of(kernel: KernelDef) -> list:
+    space = kernel.space
+    forms = space.forms if isinstance(space, Alternatives) else ()
+    return [*space.constraints, *(c for form in forms for c in form.constraints)]
+
+
+def device_imports(kernel: KernelDef, copy: Path) -> list[tuple[Path, str]]:
+    """The functions and classes of the kernel's other modules its device module imports by
+    name, each as (its file in the copy, its name)."""
+    device = in_copy(copy, kernel.device_files[0])
+    found = []
+    for node in ast.parse(device.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module.startswith("cutetune.kernels."):
+            source = copy.joinpath(*node.module.split(".")[2:]).with_suffix(".py")
+            if not source.is_file() or code_hash._analysed(source.read_text())[2].device:
+                continue
+            defined = {d.name for d in ast.parse(source.read_text()).body
+                       if isinstance(d, ast.FunctionDef | ast.ClassDef)}
+            found += [(source, alias.name) for alias in node.names if alias.name in defined]
+    return found
+
+
+KERNELS = kernel_names()
+SEARCH_ONLY = {
+    "heuristic": lambda kernel, copy: edit_functions(copy, kernel.default_config),
+    "cost model": lambda kernel, copy: edit_functions(copy, kernel.cost),
+    "constraints": lambda kernel, copy: edit_functions(
+        copy, *(c.holds for c in constraints_of(kernel))),
+    "peers": lambda kernel, copy: edit_functions(copy, *(peer.build for peer in kernel.peers)),
+    "docstrings and comments": lambda kernel, copy: [
+        edit_docstrings_and_comments(in_copy(copy, path))
+        for path in {kernel.source_file, *kernel.device_files,
+                     *(path for path, _ in kernel.schema_definitions)}],
+}
+
+
+@pytest.mark.parametrize(("name", "edited"), [
+    (name, edited) for name in KERNELS for edited in SEARCH_ONLY
+    if edited != "peers" or get_kernel(name).peers])
+def test_editing_what_only_the_search_reads_keeps_a_kernels_hash(tmp_path, monkeypatch, name,
+                                                                 edited):
+    kernel = get_kernel(name)
+    expected = kernel.source_hash()  # of the package's files, before the copy stands in
+    copy = kernels_copy(tmp_path, monkeypatch)
+    assert copied_hash(kernel, copy) == expected
+    SEARCH_ONLY[edited](kernel, copy)
+    assert copied_hash(kernel, copy) == expected
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_editing_a_kernels_device_code_changes_its_hash(tmp_path, monkeypatch, name):
+    kernel = get_kernel(name)
+    expected = kernel.source_hash()  # of the package's files, before the copy stands in
+    copy = kernels_copy(tmp_path, monkeypatch)
+    edit(in_copy(copy, kernel.device_files[0]),
+         lambda node: getattr(node, "name", None) == "compile_kernel")
+    assert copied_hash(kernel, copy) != expected
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_editing_what_the_device_code_imports_changes_a_kernels_hash(tmp_path, monkeypatch,
+                                                                     name):
+    """Each function and class the device module imports from the kernel's other modules
+    (e.g. rmsnorm's _vector_elements and RMSNormConfig), one at a time."""
+    kernel = get_kernel(name)
+    expected = kernel.source_hash()  # of the package's files, before the copy stands in
+    copy = kernels_copy(tmp_path, monkeypatch)
+    imported = device_imports(kernel, copy)
+    assert imported
+    for path, definition in imported:
+        text = path.read_text()
+        edit(path, lambda node, d=definition: getattr(node, "name", None) == d)
+        assert copied_hash(kernel, copy) != expected, definition
+        path.write_text(text)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_a_field_more_in_a_kernels_config_or_problem_changes_its_hash(tmp_path, monkeypatch,
+                                                                       name):
+    """The Config types fix how a stored config reads back; the Problem type what a compile
+    reads. Each of them, one at a time."""
+    kernel = get_kernel(name)
+    expected = kernel.source_hash()  # of the package's files, before the copy stands in
+    copy = kernels_copy(tmp_path, monkeypatch)
+    for path, kind in kernel.schema_definitions:
+        path = in_copy(copy, path)
+        text = path.read_text()
+        edit(path, lambda node, k=kind: isinstance(node, ast.ClassDef) and node.name == k,
+             "; edited: int = 0")
+        assert copied_hash(kernel, copy) != expected, kind
+        path.write_text(text)
 
 
 def test_the_hashed_text_is_the_same_under_every_python_version():
