@@ -13,6 +13,9 @@ from pathlib import Path
 import click
 
 from cutetune.cli.options import (
+    CATALOG_HELP,
+    KERNELS_HELP,
+    PRESETS_HELP,
     KernelName,
     dtype_option,
     kernel_argument,
@@ -20,6 +23,7 @@ from cutetune.cli.options import (
     model_option,
     parse_gpus,
     parse_tokens,
+    token_buckets,
     tokens_option,
 )
 from cutetune.settings import load_settings
@@ -117,7 +121,7 @@ class CutetuneGroup(click.Group):
             raise click.UsageError(str(err)) from None
 
 
-@click.group(cls=CutetuneGroup)
+@click.group(cls=CutetuneGroup, epilog=CATALOG_HELP)
 @click.version_option(version=__version__, prog_name="cutetune")
 @click.option("--db", "db_url", default=None,
               help="SQLAlchemy URL of the results DB [env CUTETUNE_DB; default: a SQLite file "
@@ -131,7 +135,7 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
         else Context(db_url)
 
 
-@cli.command()
+@cli.command(epilog=CATALOG_HELP)
 @kernel_argument
 @model_option
 @dtype_option
@@ -144,7 +148,6 @@ def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device_na
          top: int) -> None:
     """Show the funnel and the roofline ranking; needs no GPU."""
     from cutetune.kernels.registry import get_kernel
-    from cutetune.spaces.buckets import bucket_of
     from cutetune.spaces.space import config_to_json
     from cutetune.tuner.plan import make_plan
     from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
@@ -152,9 +155,11 @@ def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device_na
     kdef = get_kernel(kernel)
     spec = DEVICE_SPECS[device_name]
     ceilings = Ceilings.from_datasheet(spec)
-    for static in _model_problems(kdef, model, dtype):
-        for n in tokens:
-            problem = static.with_tokens(bucket_of(n))
+    statics = _model_problems(kdef, model, dtype)
+    buckets = token_buckets(tokens)
+    for static in statics:
+        for bucket in buckets:
+            problem = static.with_tokens(bucket)
             result = make_plan(kdef, problem, spec, ceilings)
             default = kdef.default_config(problem, spec)
             click.echo(f"{problem.describe()} on {spec.name}")
@@ -166,13 +171,13 @@ def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device_na
             click.echo(f"  default: {config_to_json(default)}")
 
 
-@cli.command()
+@cli.command(epilog=CATALOG_HELP)
 @click.argument("kernel", type=KernelName(), required=False)
 @model_option
 @dtype_option
 @click.option("--tokens", default=TUNE_TOKENS, callback=parse_tokens,
-              help="token counts (one bucket each) [default: every power of two from 1 to "
-                   "32768]")
+              help="token counts, each served by its bucket: the power of two at or above it "
+                   "[default: every power of two from 1 to 32768]")
 @click.option("--trials", default=DEFAULT_BUDGET, show_default=True,
               type=click.IntRange(min=1), help="trial budget per token bucket")
 @click.option("--force", is_flag=True,
@@ -202,7 +207,6 @@ def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple
 
     from cutetune.cli.progress import RunProgress, summary_table, time_split_line
     from cutetune.kernels.registry import get_kernel, kernel_names
-    from cutetune.spaces.buckets import bucket_of
     from cutetune.tuner.isolated import MixedGpusError, Workers
     from cutetune.tuner.model_run import RunOptions, Unit, tune_model
 
@@ -220,7 +224,7 @@ def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple
                                f"visible; this machine shows {visible} (0 to {visible - 1})")
     _require_c_compiler()
     db = obj.open_db(writable=True)
-    buckets = sorted({bucket_of(n) for n in tokens})
+    buckets = token_buckets(tokens)
     workers = Workers(load_settings().cache_dir, sorted({k.compile_function.__module__
                                                           for k in kernels}),
                       seed=seed, trial_timeout_s=trial_timeout, gpus=gpus)
@@ -240,7 +244,7 @@ def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple
     click.echo(time_split_line(workers.split, workers.compile_processes))
 
 
-@cli.command()
+@cli.command(epilog=CATALOG_HELP)
 @kernel_argument
 @model_option
 @dtype_option
@@ -259,6 +263,7 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
     problems = _model_problems(kdef, model, dtype)
     if not torch.cuda.is_available():
         raise click.UsageError("cutetune bench needs a CUDA GPU and none is visible")
+    token_buckets(tokens)  # says which bucket's winner serves a count that is not a bucket
     from cutetune.bench import csv_rows, format_rows, run_bench
 
     if out:
@@ -312,7 +317,7 @@ def _open_for_writing(path: str):
                                  param_hint="--out") from None
 
 
-@cli.command()
+@cli.command(epilog=KERNELS_HELP)
 @kernel_filter
 @click.option("--all-devices", is_flag=True, help="winners of every device, not only this GPU")
 @click.option("--failed", is_flag=True,
@@ -341,7 +346,7 @@ def show(obj: Context, kernel: str | None, all_devices: bool, failed: bool) -> N
     click.echo(frame.to_string(index=False))
 
 
-@cli.command()
+@cli.command(epilog=CATALOG_HELP)
 @click.option("--format", "fmt", type=click.Choice(["json", "csv"]), required=True)
 @kernel_filter
 @click.option("--model", "-m", default=None,
@@ -424,7 +429,7 @@ def import_(obj: Context, path: str, fmt: str | None, skip_invalid: bool) -> Non
 REPORT_PACKAGES = ("matplotlib", "nbformat", "nbclient", "ipykernel", "nbconvert")
 
 
-@cli.command()
+@cli.command(epilog=PRESETS_HELP)
 @model_option
 @dtype_option
 @click.option("--db", "db_url", default=None,
@@ -542,7 +547,7 @@ def cache_clear() -> None:
     click.echo(f"removed {removed} files from {directory}", err=True)
 
 
-@cache.command("build")
+@cache.command("build", epilog=PRESETS_HELP)
 @model_option
 @dtype_option
 @click.option("--device", "device_name", type=click.Choice(["H100 SXM", "H200", "B200"]),

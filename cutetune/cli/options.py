@@ -3,12 +3,23 @@ each bad value one line naming the option, what it got and what it accepts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import click
 
-from cutetune.spaces.buckets import MAX_BUCKET
+from cutetune.kernels.names import KERNEL_NAMES
+from cutetune.spaces.buckets import MAX_BUCKET, bucket_of
+from cutetune.spaces.models import PRESET_NAMES
 
 DEFAULT_TOKENS = "1,8,64,512,4096,32768"
 DTYPES = ("bfloat16", "float16", "float32")
+
+# What --help lists below the options of the commands that take a kernel or a model, from
+# lists that import neither the kernels nor torch, so that --help stays fast.
+KERNELS_HELP = f"Kernels: {', '.join(KERNEL_NAMES)}."
+PRESETS_HELP = (f"Presets for --model: {', '.join(PRESET_NAMES)}; or the path of a Hugging "
+                "Face config.json (or of its folder).")
+CATALOG_HELP = f"{KERNELS_HELP}\n\n{PRESETS_HELP}"
 
 
 class KernelName(click.ParamType):
@@ -35,7 +46,38 @@ def parse_tokens(ctx, param, value: str) -> tuple[int, ...]:
     if not tokens or min(tokens) < 1 or max(tokens) > MAX_BUCKET:
         raise click.BadParameter(f"token counts must be integers from 1 to {MAX_BUCKET}, "
                                  f"got {value!r}")
-    return tokens
+    return tuple(dict.fromkeys(tokens))  # a count given twice is one count
+
+
+def token_buckets(tokens: Sequence[int]) -> tuple[int, ...]:
+    """The buckets that serve `tokens`, each once, in order; a count that is not a bucket is
+    said on stderr with the bucket that serves it, so that --tokens 3 planning bucket 4 is no
+    surprise."""
+    note = bucket_note(tokens)
+    if note:
+        click.echo(note, err=True)
+    return tuple(sorted({bucket_of(n) for n in tokens}))
+
+
+def bucket_note(tokens: Sequence[int]) -> str | None:
+    """One line naming the bucket that serves each count that is not a bucket, e.g. "token
+    count 3 is served by bucket 4; 5 and 7 by bucket 8"; None where every count is one."""
+    served: dict[int, list[int]] = {}
+    for n in sorted(set(tokens)):
+        if bucket_of(n) != n:
+            served.setdefault(bucket_of(n), []).append(n)
+    if not served:
+        return None
+    (bucket, counts), *rest = served.items()
+    plural = len(counts) > 1
+    first = (f"token count{'s' if plural else ''} {_listed(counts)} "
+             f"{'are' if plural else 'is'} served by bucket {bucket}")
+    return "; ".join([first, *(f"{_listed(more)} by bucket {b}" for b, more in rest)])
+
+
+def _listed(counts: list[int]) -> str:
+    names = [str(n) for n in counts]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def parse_gpus(ctx, param, value: str | None) -> tuple[int, ...] | None:
@@ -53,10 +95,12 @@ def parse_gpus(ctx, param, value: str | None) -> tuple[int, ...] | None:
 
 kernel_argument = click.argument("kernel", type=KernelName())
 model_option = click.option("--model", "-m", required=True,
-                            help="preset name (e.g. qwen3-8b) or path of a HF config.json")
+                            help="a preset (listed below) or the path of a HF config.json")
 dtype_option = click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16",
                             show_default=True, help="activation dtype")
 tokens_option = click.option("--tokens", default=DEFAULT_TOKENS, show_default=True,
-                             callback=parse_tokens, help="token counts (one bucket each)")
+                             callback=parse_tokens,
+                             help="token counts, each served by its bucket: the power of two "
+                                  "at or above it")
 kernel_filter = click.option("--kernel", type=KernelName(), default=None,
                              help="only this kernel")

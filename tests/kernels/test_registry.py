@@ -1,5 +1,7 @@
 """The kernel registry: kernels register themselves; unknown names are one clear error."""
 
+from pathlib import Path
+
 import pytest
 
 from cutetune.kernels.registry import UnknownKernelError, get_kernel, kernel_names
@@ -15,3 +17,15 @@ def test_unknown_kernel_lists_the_known_ones():
         get_kernel("rms_norm_typo")
     assert str(info.value) == "unknown kernel 'rms_norm_typo': known kernels are " + ", ".join(
         kernel_names())
+
+
+def test_the_cheap_kernel_list_is_what_the_kernel_modules_register():
+    """cutetune --help lists kernels.names.KERNEL_NAMES without importing the kernels; it must
+    name exactly the kernels of cutetune's own modules (a test may register others)."""
+    import cutetune.kernels
+    from cutetune.kernels.names import KERNEL_NAMES
+
+    package = Path(cutetune.kernels.__file__).resolve().parent
+    registered = [name for name in kernel_names()
+                  if Path(get_kernel(name).source_file).resolve().is_relative_to(package)]
+    assert list(KERNEL_NAMES) == registered

@@ -1,0 +1,18 @@
+"""The names of the kernels cutetune registers, readable without importing any kernel.
+
+The registry (registry.py) knows the kernels only once it has imported every kernel module, and
+with them torch and CuTeDSL: seconds that `cutetune --help`, which lists the kernels, must not
+spend. tests/kernels/test_registry.py fails when this list and the names the kernel modules
+register differ, so a kernel added, renamed or removed without this list is caught.
+"""
+
+from __future__ import annotations
+
+KERNEL_NAMES: tuple[str, ...] = (
+    "gelu_and_mul",
+    "moe_combine",
+    "moe_dispatch",
+    "qk_norm",
+    "rmsnorm",
+    "silu_and_mul",
+)
