@@ -6,18 +6,21 @@
     out, residual = cutetune.fused_add_rmsnorm(x, residual, weight, eps=1e-6)
     h = cutetune.silu_and_mul(gate_up)
 
-The ops (cutetune.ops) import their kernel module (and CuTeDSL) on first use.
+The ops (cutetune.ops) import their kernel module (and CuTeDSL) on first use, and warmup the
+dispatcher's modules.
 """
 
 import importlib
 
-from cutetune.dispatch import current_dispatcher, warmup
 from cutetune.version import __version__
 
-# The public ops (and moe_dispatch's output buffers) and the modules that define them. Each is
-# imported on first use (it imports its kernel module, and CuTeDSL with it), then bound here, so
-# a call costs no more than calling the op's own function.
+# The public ops (and moe_dispatch's output buffers), warmup, and the modules that define them.
+# Each is imported on first use (an op imports its kernel module, and CuTeDSL with it), then bound
+# here, so a call costs no more than calling the op's own function. The dispatcher's modules are
+# most of what `import cutetune` would cost otherwise, which `cutetune --help` must not pay.
 _OPS = {
+    "warmup": "cutetune.dispatch",
+    "current_dispatcher": "cutetune.dispatch",
     "qk_norm": "cutetune.ops.qk_norm",
     "rmsnorm": "cutetune.ops.rmsnorm",
     "fused_add_rmsnorm": "cutetune.ops.rmsnorm",
@@ -42,4 +45,4 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-__all__ = ["__version__", "current_dispatcher", "warmup", *_OPS]
+__all__ = ["__version__", *_OPS]
