@@ -93,6 +93,18 @@ def parse_gpus(ctx, param, value: str | None) -> tuple[int, ...] | None:
     return gpus
 
 
+def fingerprint_or_none(all_devices: bool):
+    """The fingerprint of this GPU, whose winners a command reads; None (every device's) where
+    --all-devices asks or where there is no GPU."""
+    import torch
+
+    if all_devices or not torch.cuda.is_available():
+        return None
+    from cutetune.results_db import DeviceFingerprint
+
+    return DeviceFingerprint.current()
+
+
 kernel_argument = click.argument("kernel", type=KernelName())
 model_option = click.option("--model", "-m", required=True,
                             help="a preset (listed below) or the path of a HF config.json")
@@ -104,3 +116,5 @@ tokens_option = click.option("--tokens", default=DEFAULT_TOKENS, show_default=Tr
                                   "at or above it")
 kernel_filter = click.option("--kernel", type=KernelName(), default=None,
                              help="only this kernel")
+all_devices_option = click.option("--all-devices", is_flag=True,
+                                  help="winners of every device, not only this GPU")

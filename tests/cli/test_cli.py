@@ -193,7 +193,7 @@ def test_tune_on_a_gpu_this_machine_does_not_show_is_one_clear_line(empty_db, tm
 
 
 def test_a_database_that_takes_no_writes_is_one_clear_line(tmp_path):
-    from cutetune.cli.main import Context
+    from cutetune.cli.context import Context
 
     path = tmp_path / "x.db"
     Database.open(f"sqlite:///{path}").dispose()
@@ -204,7 +204,7 @@ def test_a_database_that_takes_no_writes_is_one_clear_line(tmp_path):
 
 
 def test_shown_urls_mask_the_password():
-    from cutetune.cli.main import Context
+    from cutetune.cli.context import Context
 
     shown = Context("postgresql://tuner:s3cret@db.example:5432/cutetune").shown_url
     assert "s3cret" not in shown and shown.startswith("postgresql://tuner:***@db.example")
@@ -363,7 +363,7 @@ def test_bad_db_url_is_one_clear_line(url, command):
 
 
 def test_db_path_that_cannot_be_created_is_one_clear_line_for_a_writer(tmp_path):
-    from cutetune.cli.main import Context
+    from cutetune.cli.context import Context
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -1,0 +1,108 @@
+"""`cutetune cache`: list, clear or fill ahead of time the compiled-artifact cache."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from cutetune.cli.artifacts import artifacts_dir
+from cutetune.cli.context import Context
+from cutetune.cli.options import PRESETS_HELP, dtype_option, model_option
+
+
+@click.group()
+def cache() -> None:
+    """The compiled-artifact cache: list it, clear it, or fill it ahead of time."""
+
+
+@cache.command("ls")
+def cache_ls() -> None:
+    """List the stored artifacts: kernel, arch, problem, config, size."""
+    from cutetune.tuner.artifacts import ArtifactStore
+
+    directory = artifacts_dir()
+    entries = ArtifactStore(directory, "any").entries() if directory.is_dir() else []
+    for entry in entries:
+        click.echo(f"{entry.get('kernel', '?'):<14} {entry.get('arch', '?'):<8} "
+                   f"{entry['bytes'] / 1024:8.1f} KiB  {entry.get('problem', entry['file'])}  "
+                   f"{entry.get('config', '')}")
+    click.echo(f"{len(entries)} artifacts in {directory}", err=True)
+
+
+@cache.command("clear")
+def cache_clear() -> None:
+    """Delete every stored artifact."""
+    from cutetune.tuner.artifacts import clear_artifacts
+
+    directory = artifacts_dir()
+    removed = clear_artifacts(directory) if directory.is_dir() else 0
+    click.echo(f"removed {removed} files from {directory}", err=True)
+
+
+@cache.command("build", epilog=PRESETS_HELP)
+@model_option
+@dtype_option
+@click.option("--device", "device_name", type=click.Choice(["H100 SXM", "H200", "B200"]),
+              default="H200", show_default=True,
+              help="the GPU the artifacts are for (its arch, and its winners in the DB)")
+@click.option("--jobs", default=os.cpu_count() or 1, show_default=True,
+              type=click.IntRange(min=1), help="compile processes")
+@click.pass_obj
+def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: int) -> None:
+    """Compile every point a warmup of the model would serve on DEVICE (its winners stored in
+    the DB, then those shipped with cutetune, the defaults elsewhere) into the cache; runs on
+    a machine without a GPU, for shipping the cache to GPU hosts."""
+    import time
+
+    from cutetune.cli.artifacts import require_c_compiler
+    from cutetune.cli.problems import model_problems
+    from cutetune.dispatch import Dispatcher
+    from cutetune.kernels.code_hash import CODE_HASHES, remember_in
+    from cutetune.kernels.registry import get_kernel, kernel_names
+    from cutetune.results_db import shipped_with_devices, winners_with_devices
+    from cutetune.tuner.artifacts import ArtifactStore, arch_for
+    from cutetune.tuner.roofline import DEVICE_SPECS
+
+    device = DEVICE_SPECS[device_name]
+    # The model, the database and the compiler are checked before the cache directory is
+    # touched (created, or its code-hash memo written), so a mistaken command leaves nothing.
+    work = [(kernel, problems) for kernel in map(get_kernel, kernel_names())
+            if (problems := model_problems(kernel, model, dtype, skip_if_absent=True))]
+    # A build host that never tuned has no database at the default path: it builds the
+    # shipped winners and the defaults. A database someone named must exist.
+    db = obj.open_db(missing_ok=obj.db_is_default)
+    if db is None:
+        click.echo(f"no results database at {obj.shown_url}: building the shipped winners "
+                   "and the defaults", err=True)
+        stored = []
+    else:
+        with obj.reading():
+            stored = winners_with_devices(db)
+        db.dispose()
+    require_c_compiler()
+
+    def for_the_device(pairs):
+        return [winner for stored_on, winner in pairs if _names_device(stored_on.gpu_name, device)
+                and stored_on.compute_capability == device.compute_capability]
+
+    store = ArtifactStore(artifacts_dir(), arch_for(device.compute_capability))
+    if not store.writable():
+        raise click.UsageError(f"the artifact cache {store.directory} cannot be written")
+    remember_in(store.directory / CODE_HASHES)
+    dispatcher = Dispatcher(device, for_the_device(stored), store, compile_processes=jobs,
+                            shipped=for_the_device(shipped_with_devices()))
+    start = time.perf_counter()
+    points, compiled = dispatcher.precompile(work)
+    click.echo(f"{points} points for {store.arch}: {compiled} compiled ({jobs} processes), "
+               f"{points - compiled} already stored, in {time.perf_counter() - start:.1f} s; "
+               f"cache {store.directory}", err=True)
+
+
+def _names_device(gpu_name: str, spec) -> bool:
+    from cutetune.tuner.roofline import device_spec_for
+
+    try:
+        return device_spec_for(gpu_name) == spec
+    except ValueError:
+        return False

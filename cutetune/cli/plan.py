@@ -1,0 +1,51 @@
+"""`cutetune plan`: the funnel and the roofline ranking of a kernel's points, without a GPU."""
+
+from __future__ import annotations
+
+import click
+
+from cutetune.cli.options import (
+    CATALOG_HELP,
+    dtype_option,
+    kernel_argument,
+    model_option,
+    token_buckets,
+    tokens_option,
+)
+from cutetune.cli.problems import model_problems
+
+
+@click.command(epilog=CATALOG_HELP)
+@kernel_argument
+@model_option
+@dtype_option
+@tokens_option
+@click.option("--device", "device_name", type=click.Choice(["H100 SXM", "H200", "B200"]),
+              default="H200", show_default=True, help="device whose roofline to use")
+@click.option("--top", default=5, show_default=True, type=click.IntRange(min=1),
+              help="ranked points shown per bucket")
+def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device_name: str,
+         top: int) -> None:
+    """Show the funnel and the roofline ranking; needs no GPU."""
+    from cutetune.kernels.registry import get_kernel
+    from cutetune.spaces.space import config_to_json
+    from cutetune.tuner.plan import make_plan
+    from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
+
+    kdef = get_kernel(kernel)
+    device = DEVICE_SPECS[device_name]
+    ceilings = Ceilings.from_datasheet(device)
+    statics = model_problems(kdef, model, dtype)
+    buckets = token_buckets(tokens)
+    for static in statics:
+        for bucket in buckets:
+            problem = static.with_tokens(bucket)
+            result = make_plan(kdef, problem, device, ceilings)
+            default = kdef.default_config(problem, device)
+            click.echo(f"{problem.describe()} on {device.name}")
+            click.echo(f"  {result.funnel()}")
+            for rank, point in enumerate(result.kept[:top], 1):
+                mark = "  (default)" if point.config == default else ""
+                click.echo(f"  {rank:>3}. {point.prediction.predicted_us:9.2f} us  "
+                           f"{config_to_json(point.config)}{mark}")
+            click.echo(f"  default: {config_to_json(default)}")

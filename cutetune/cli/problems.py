@@ -1,0 +1,24 @@
+"""A kernel's problems in the model a command names, each way that can fail as one line."""
+
+from __future__ import annotations
+
+import click
+
+
+def model_problems(kernel, model: str, dtype: str, skip_if_absent: bool = False):
+    """The kernel's problems in the model; none, said on stderr, if it does not apply and
+    `skip_if_absent`."""
+    from cutetune.kernels.registry import NotApplicableError
+    from cutetune.spaces.models import UnknownModelError, load_model
+
+    try:
+        return kernel.problems_for_model(load_model(model), dtype)
+    except UnknownModelError as err:
+        raise click.BadParameter(str(err), param_hint="--model") from None
+    except NotApplicableError as err:
+        if skip_if_absent:
+            click.echo(f"skipping {kernel.name}: {err}", err=True)
+            return []
+        raise click.UsageError(str(err)) from None
+    except ValueError as err:  # a size or dtype outside what the kernel's problem accepts
+        raise click.UsageError(f"{kernel.name} cannot serve {model}: {err}") from None
