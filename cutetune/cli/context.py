@@ -15,6 +15,17 @@ class Context:
     # Whether db_url is cutetune's default file rather than a URL given by --db or CUTETUNE_DB.
     db_is_default: bool = False
 
+    @classmethod
+    def for_url(cls, db_url: str | None) -> Context:
+        """The context of a --db value; None (neither --db nor CUTETUNE_DB) is the default
+        file in the cache directory."""
+        if db_url is not None:  # an empty URL is kept, to be refused as one
+            return cls(db_url)
+        from cutetune.settings import load_settings
+
+        settings = load_settings()
+        return cls(settings.db_url, settings.db_is_default)
+
     @property
     def shown_url(self) -> str:
         """The URL with its password masked."""

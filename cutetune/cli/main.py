@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import click
 
-from cutetune.cli.context import Context
 from cutetune.cli.lazy import LazyGroup
-from cutetune.cli.options import CATALOG_HELP
+from cutetune.cli.options import CATALOG_HELP, db_option
 from cutetune.version import __version__
 
 COMMANDS = {
@@ -41,18 +40,9 @@ class CutetuneGroup(LazyGroup):
 
 @click.group(cls=CutetuneGroup, lazy_subcommands=COMMANDS, epilog=CATALOG_HELP)
 @click.version_option(version=__version__, prog_name="cutetune")
-@click.option("--db", "db_url", default=None,
-              help="SQLAlchemy URL of the results DB [env CUTETUNE_DB; default: a SQLite file "
-                   "in ~/.cache/cutetune]")
-@click.pass_context
-def cli(ctx: click.Context, db_url: str | None) -> None:
+@db_option
+def cli() -> None:
     """Autotune CuTeDSL inference kernels and serve the winners."""
-    from cutetune.settings import load_settings
-
-    # An empty --db is kept, to be refused as one, not read as the default.
-    settings = load_settings()
-    ctx.obj = Context(settings.db_url, settings.db_is_default) if db_url is None \
-        else Context(db_url)
 
 
 def main() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import click
+from click.core import ParameterSource
 
+from cutetune.cli.context import Context
 from cutetune.kernels.names import KERNEL_NAMES
 from cutetune.spaces.buckets import MAX_BUCKET, bucket_of
 from cutetune.spaces.models import PRESET_NAMES
@@ -105,6 +107,19 @@ def fingerprint_or_none(all_devices: bool):
     return DeviceFingerprint.current()
 
 
+def _use_db(ctx: click.Context, param: click.Parameter, url: str | None) -> None:
+    # A command's own --db replaces the group's only where it is given on the command line:
+    # CUTETUNE_DB or the default, read again there, would undo a --db given to the group.
+    if ctx.parent is None or ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
+        ctx.obj = Context.for_url(url)
+
+
+# Declared once: the group takes it, and so does `report` (`cutetune report --db URL`, as the
+# report's own help has always shown it).
+db_option = click.option("--db", "db_url", envvar="CUTETUNE_DB", show_envvar=True,
+                         expose_value=False, callback=_use_db,
+                         help="SQLAlchemy URL of the results DB [default: cutetune.db in "
+                              "$CUTETUNE_CACHE_DIR or ~/.cache/cutetune]")
 kernel_argument = click.argument("kernel", type=KernelName())
 model_option = click.option("--model", "-m", required=True,
                             help="a preset (listed below) or the path of a HF config.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from cutetune.cli.context import Context
-from cutetune.cli.options import PRESETS_HELP, dtype_option, model_option
+from cutetune.cli.options import PRESETS_HELP, db_option, dtype_option, model_option
 
 # The packages of the `report` extra, which the HTML report needs (the Markdown one does not).
 REPORT_PACKAGES = ("matplotlib", "nbformat", "nbclient", "ipykernel", "nbconvert")
@@ -14,8 +14,7 @@ REPORT_PACKAGES = ("matplotlib", "nbformat", "nbclient", "ipykernel", "nbconvert
 @click.command(epilog=PRESETS_HELP)
 @model_option
 @dtype_option
-@click.option("--db", "db_url", default=None,
-              help="SQLAlchemy URL of the results DB [default: cutetune's --db]")
+@db_option
 @click.option("--device", default=None,
               help="the device to report on, by (part of) its GPU name [default: the one "
                    "with the most winners for the model]")
@@ -25,8 +24,8 @@ REPORT_PACKAGES = ("matplotlib", "nbformat", "nbclient", "ipykernel", "nbconvert
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="file to write [default: report.html; the Markdown on standard output]")
 @click.pass_obj
-def report(obj: Context, model: str, dtype: str, db_url: str | None, device: str | None,
-           fmt: str, out: str | None) -> None:
+def report(obj: Context, model: str, dtype: str, device: str | None, fmt: str,
+           out: str | None) -> None:
     """Report one model's tuning results from the database: the devices and their ceilings,
     which buckets are tuned, the bench rows against the peers, the winners' configurations,
     the searches, the roofline's predictions and the failures."""
@@ -35,7 +34,6 @@ def report(obj: Context, model: str, dtype: str, db_url: str | None, device: str
     from cutetune.results_db import devices_frame
     from cutetune.spaces.models import UnknownModelError
 
-    obj = Context(db_url) if db_url is not None else obj
     try:
         model_problems(model, dtype)
     except UnknownModelError as err:

@@ -1,5 +1,5 @@
 """The command line follows click's conventions (issue 37, item 4): each command in its own
-module behind a lazily loading group."""
+module behind a lazily loading group, --db declared once with its environment variable."""
 
 from __future__ import annotations
 
@@ -12,6 +12,15 @@ import pytest
 from click.testing import CliRunner
 
 from cutetune.cli.main import COMMANDS, cli
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.output
+    return errors[0]
+
 
 # -- the lazy group ---------------------------------------------------------------------------
 
@@ -57,3 +66,41 @@ def test_help_imports_no_library_a_command_imports_when_it_runs():
 def test_a_command_imports_no_other_commands_module():
     others = tuple(target.split(":")[0] for name, target in COMMANDS.items() if name != "show")
     assert loaded_after(["show", "--help"], others) == []
+
+
+# -- --db -------------------------------------------------------------------------------------
+
+
+def missing_db(tmp_path, name: str) -> str:
+    return f"sqlite:///{tmp_path / name}"
+
+
+@pytest.mark.parametrize(("args", "used"), [
+    (["show"], "env.db"),
+    (["--db", "{group}", "show"], "group.db"),
+    (["report", "--model", "qwen3-8b", "--format", "md"], "env.db"),
+    (["--db", "{group}", "report", "--model", "qwen3-8b", "--format", "md"], "group.db"),
+    (["--db", "{group}", "report", "--model", "qwen3-8b", "--format", "md", "--db", "{own}"],
+     "own.db"),
+    (["report", "--model", "qwen3-8b", "--format", "md", "--db", "{own}"], "own.db"),
+], ids=["env", "group-over-env", "report-env", "report-group-over-env", "report-own-over-group",
+        "report-own-over-env"])
+def test_db_comes_from_the_command_line_then_cutetune_db(tmp_path, monkeypatch, args, used):
+    """--db given to a command (report) wins, then --db given to the group, then CUTETUNE_DB;
+    which one was used shows in the error naming the missing file."""
+    monkeypatch.setenv("CUTETUNE_DB", missing_db(tmp_path, "env.db"))
+    args = [arg.format(group=missing_db(tmp_path, "group.db"), own=missing_db(tmp_path, "own.db"))
+            for arg in args]
+    error = one_error_line(CliRunner().invoke(cli, args))
+    assert f"cannot open the database {missing_db(tmp_path, used)}: no such file" in error
+
+
+def test_db_is_declared_once_with_its_environment_variable():
+    """The group and report take the same option, which names CUTETUNE_DB in their help."""
+    report = cli.get_command(click.Context(cli), "report")
+    group_db, report_db = ([(p.opts, p.envvar, p.help, p.callback) for p in command.params
+                            if p.name == "db_url"] for command in (cli, report))
+    assert group_db == report_db and group_db[0][1] == "CUTETUNE_DB"
+    for args in (["--help"], ["report", "--help"]):
+        assert "[env var: CUTETUNE_DB]" in CliRunner().invoke(cli, args,
+                                                              terminal_width=1000).output
