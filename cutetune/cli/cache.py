@@ -8,7 +8,7 @@ import click
 
 from cutetune.cli.artifacts import artifacts_dir
 from cutetune.cli.context import Context
-from cutetune.cli.options import PRESETS_HELP, dtype_option, model_option
+from cutetune.cli.options import PRESETS_HELP, device_option, dtype_option, model_option
 
 
 @click.group()
@@ -43,13 +43,11 @@ def cache_clear() -> None:
 @cache.command("build", epilog=PRESETS_HELP)
 @model_option
 @dtype_option
-@click.option("--device", "device_name", type=click.Choice(["H100 SXM", "H200", "B200"]),
-              default="H200", show_default=True,
-              help="the GPU the artifacts are for (its arch, and its winners in the DB)")
+@device_option("the GPU the artifacts are for (its arch, and its winners in the DB)")
 @click.option("--jobs", default=os.cpu_count() or 1, show_default=True,
               type=click.IntRange(min=1), help="compile processes")
 @click.pass_obj
-def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: int) -> None:
+def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None:
     """Compile every point a warmup of the model would serve on DEVICE (its winners stored in
     the DB, then those shipped with cutetune, the defaults elsewhere) into the cache; runs on
     a machine without a GPU, for shipping the cache to GPU hosts."""
@@ -62,9 +60,7 @@ def cache_build(obj: Context, model: str, dtype: str, device_name: str, jobs: in
     from cutetune.kernels.registry import get_kernel, kernel_names
     from cutetune.results_db import shipped_with_devices, winners_with_devices
     from cutetune.tuner.artifacts import ArtifactStore, arch_for
-    from cutetune.tuner.roofline import DEVICE_SPECS
 
-    device = DEVICE_SPECS[device_name]
     # The model, the database and the compiler are checked before the cache directory is
     # touched (created, or its code-hash memo written), so a mistaken command leaves nothing.
     work = [(kernel, problems) for kernel in map(get_kernel, kernel_names())

@@ -39,6 +39,30 @@ class KernelName(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
+class DeviceName(click.ParamType):
+    """A GPU of the device table (tuner.roofline.DEVICE_SPECS), by its name there in any case
+    or by the name CUDA gives it ('NVIDIA H100 80GB HBM3'); the value is its DeviceSpec. The
+    table is imported when a value is checked or the option's help is shown, not before."""
+
+    name = "device"
+
+    def get_metavar(self, param, ctx=None) -> str:  # click before 8.2 passes no ctx
+        from cutetune.tuner.roofline import DEVICE_SPECS
+
+        return f"[{'|'.join(DEVICE_SPECS)}]"
+
+    def convert(self, value, param, ctx):
+        from cutetune.tuner.roofline import DEVICE_SPECS, DeviceSpec, device_spec_for
+
+        if isinstance(value, DeviceSpec):
+            return value
+        try:
+            return device_spec_for(value)
+        except ValueError:
+            self.fail(f"unknown device {value!r}: known are {', '.join(DEVICE_SPECS)}", param,
+                      ctx)
+
+
 def parse_tokens(ctx, param, value: str) -> tuple[int, ...]:
     try:
         tokens = tuple(int(part) for part in value.split(","))
@@ -105,6 +129,11 @@ def fingerprint_or_none(all_devices: bool):
     from cutetune.results_db import DeviceFingerprint
 
     return DeviceFingerprint.current()
+
+
+def device_option(help: str, default: str | None = "H200"):
+    return click.option("--device", type=DeviceName(), default=default,
+                        show_default=default is not None, help=help)
 
 
 def _use_db(ctx: click.Context, param: click.Parameter, url: str | None) -> None:

@@ -6,6 +6,7 @@ import click
 
 from cutetune.cli.options import (
     CATALOG_HELP,
+    device_option,
     dtype_option,
     kernel_argument,
     model_option,
@@ -20,20 +21,17 @@ from cutetune.cli.problems import model_problems
 @model_option
 @dtype_option
 @tokens_option
-@click.option("--device", "device_name", type=click.Choice(["H100 SXM", "H200", "B200"]),
-              default="H200", show_default=True, help="device whose roofline to use")
+@device_option("device whose roofline to use")
 @click.option("--top", default=5, show_default=True, type=click.IntRange(min=1),
               help="ranked points shown per bucket")
-def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device_name: str,
-         top: int) -> None:
+def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device, top: int) -> None:
     """Show the funnel and the roofline ranking; needs no GPU."""
     from cutetune.kernels.registry import get_kernel
     from cutetune.spaces.space import config_to_json
     from cutetune.tuner.plan import make_plan
-    from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
+    from cutetune.tuner.roofline import Ceilings
 
     kdef = get_kernel(kernel)
-    device = DEVICE_SPECS[device_name]
     ceilings = Ceilings.from_datasheet(device)
     statics = model_problems(kdef, model, dtype)
     buckets = token_buckets(tokens)

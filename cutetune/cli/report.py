@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from cutetune.cli.context import Context
-from cutetune.cli.options import PRESETS_HELP, db_option, dtype_option, model_option
+from cutetune.cli.options import PRESETS_HELP, db_option, device_option, dtype_option, model_option
 
 # The packages of the `report` extra, which the HTML report needs (the Markdown one does not).
 REPORT_PACKAGES = ("matplotlib", "nbformat", "nbclient", "ipykernel", "nbconvert")
@@ -15,17 +15,15 @@ REPORT_PACKAGES = ("matplotlib", "nbformat", "nbclient", "ipykernel", "nbconvert
 @model_option
 @dtype_option
 @db_option
-@click.option("--device", default=None,
-              help="the device to report on, by (part of) its GPU name [default: the one "
-                   "with the most winners for the model]")
+@device_option("the device to report on [default: the one with the most winners for the "
+               "model]", default=None)
 @click.option("--format", "fmt", type=click.Choice(["html", "md"]), default="html",
               show_default=True,
               help="html: the report notebook run headless, figures embedded; md: its tables")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="file to write [default: report.html; the Markdown on standard output]")
 @click.pass_obj
-def report(obj: Context, model: str, dtype: str, device: str | None, fmt: str,
-           out: str | None) -> None:
+def report(obj: Context, model: str, dtype: str, device, fmt: str, out: str | None) -> None:
     """Report one model's tuning results from the database: the devices and their ceilings,
     which buckets are tuned, the bench rows against the peers, the winners' configurations,
     the searches, the roofline's predictions and the failures."""
@@ -34,6 +32,7 @@ def report(obj: Context, model: str, dtype: str, device: str | None, fmt: str,
     from cutetune.results_db import devices_frame
     from cutetune.spaces.models import UnknownModelError
 
+    device_name = device.name if device is not None else None
     try:
         model_problems(model, dtype)
     except UnknownModelError as err:
@@ -43,7 +42,7 @@ def report(obj: Context, model: str, dtype: str, device: str | None, fmt: str,
     db = obj.open_db()
     try:
         with obj.reading():
-            devices_named(devices_frame(db), device)
+            devices_named(devices_frame(db), device_name)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--device") from None
     finally:
@@ -62,11 +61,11 @@ def report(obj: Context, model: str, dtype: str, device: str | None, fmt: str,
         from cutetune.report.markdown import render_markdown
 
         with obj.reading():
-            data = load_report_data(obj.db_url, model, device, dtype)
+            data = load_report_data(obj.db_url, model, device_name, dtype)
         text = render_markdown(data, on_section=lambda s: click.echo(f"report: {s.title}",
                                                                       err=True))
     else:
-        text = _report_html(obj.db_url, model, device, dtype)
+        text = _report_html(obj.db_url, model, device_name, dtype)
     if out is None:
         click.echo(text, nl=False)
     else:

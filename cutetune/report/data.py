@@ -175,19 +175,28 @@ def is_device(devices: pd.DataFrame, fingerprint: DeviceFingerprint) -> pd.Serie
 
 def devices_named(devices: pd.DataFrame, wanted: str | None) -> list[DeviceFingerprint]:
     """The fingerprints of `devices` (a devices_frame) whose GPU name contains `wanted` in any
-    case; all of them when it is None. Raises ValueError, naming the GPUs there are, where a
-    name matches none."""
+    case, or whose GPU the device table names `wanted` (the CLI's --device: 'H100 SXM' is the
+    NVIDIA H100 80GB HBM3); all of them when it is None. Raises ValueError, naming the GPUs
+    there are, where a name matches none."""
     names = [f.name for f in fields(DeviceFingerprint)]
     fingerprints = [DeviceFingerprint(**{n: row[n] for n in names})
                     for row in devices[names].to_dict("records")]
     if wanted is None:
         return fingerprints
-    named = [f for f in fingerprints if wanted.lower() in f.gpu_name.lower()]
+    named = [f for f in fingerprints
+             if wanted.lower() in f.gpu_name.lower() or _table_name(f.gpu_name) == wanted]
     if not named:
         known = sorted(set(devices["gpu_name"])) or ["none"]
         raise ValueError(f"no device in the database is named like {wanted!r}: the database "
                          f"holds {', '.join(known)}")
     return named
+
+
+def _table_name(gpu_name: str) -> str | None:
+    try:
+        return device_spec_for(gpu_name).name
+    except ValueError:
+        return None
 
 
 def _pick_device(db: Database, devices: pd.DataFrame, problems: tuple[ModelProblem, ...],

@@ -1,17 +1,23 @@
 """The command line follows click's conventions (issue 37, item 4): each command in its own
-module behind a lazily loading group, --db declared once with its environment variable."""
+module behind a lazily loading group, --db declared once with its environment variable, one
+--device type from the device table."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import shutil
 import subprocess
 import sys
 
 import click
 import pytest
 from click.testing import CliRunner
+from h200_results import H200_RESULTS
 
 from cutetune.cli.main import COMMANDS, cli
+from cutetune.results_db import Database, record_ceilings, winners_with_devices
+from cutetune.tuner.roofline import DEVICE_SPECS
 
 
 def one_error_line(result) -> str:
@@ -104,3 +110,46 @@ def test_db_is_declared_once_with_its_environment_variable():
     for args in (["--help"], ["report", "--help"]):
         assert "[env var: CUTETUNE_DB]" in CliRunner().invoke(cli, args,
                                                               terminal_width=1000).output
+
+
+# -- --device ---------------------------------------------------------------------------------
+
+
+def test_device_choices_are_the_device_table():
+    for command in (["plan"], ["cache", "build"], ["report"]):
+        text = CliRunner().invoke(cli, [*command, "--help"], terminal_width=1000).output
+        assert f"--device [{'|'.join(DEVICE_SPECS)}]" in text
+
+
+@pytest.mark.parametrize(("given", "spec"), [
+    ("H200", "H200"), ("h200", "H200"), ("H100 SXM", "H100 SXM"), ("b200", "B200"),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM")])
+def test_a_device_is_named_by_its_table_name_in_any_case_or_its_cuda_name(given, spec):
+    result = CliRunner().invoke(cli, ["plan", "qk_norm", "-m", "qwen3-8b", "--tokens", "1",
+                                      "--top", "1", "--device", given])
+    assert result.exit_code == 0, result.output
+    assert f" on {spec}\n" in result.stdout
+
+
+@pytest.mark.parametrize("command", [["plan", "qk_norm"], ["cache", "build"], ["report"]])
+def test_an_unknown_device_is_one_line_naming_the_known_ones(command):
+    error = one_error_line(CliRunner().invoke(cli, [*command, "-m", "qwen3-8b", "--device",
+                                                    "A100"]))
+    assert "--device" in error and "'A100'" in error
+    assert all(name in error for name in DEVICE_SPECS)
+
+
+def test_report_of_a_device_named_by_its_table_name(tmp_path):
+    """The H100 SXM of the device table is the GPU CUDA names NVIDIA H100 80GB HBM3."""
+    path = tmp_path / "two-devices.db"
+    shutil.copy(H200_RESULTS, path)
+    path.chmod(0o644)
+    db = Database.open(f"sqlite:///{path}")
+    h200 = winners_with_devices(db)[0][0]
+    record_ceilings(db, dataclasses.replace(h200, gpu_name="NVIDIA H100 80GB HBM3"),
+                    {"copy_gbps": 3000.0})
+    db.dispose()
+    result = CliRunner().invoke(cli, ["--db", f"sqlite:///{path}", "report", "-m", "qwen3-8b",
+                                      "--format", "md", "--device", "H100 SXM"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("# Tuning report: qwen3-8b on NVIDIA H100 80GB HBM3")
