@@ -12,8 +12,8 @@ from cutetune.cli.context import Context
 from cutetune.kernels.names import KERNEL_NAMES
 from cutetune.spaces.buckets import MAX_BUCKET, bucket_of
 from cutetune.spaces.models import PRESET_NAMES
+from cutetune.tuner.defaults import DEFAULT_TUNE_TOKENS
 
-DEFAULT_TOKENS = "1,8,64,512,4096,32768"
 DTYPES = ("bfloat16", "float16", "float32")
 
 # What --help lists below the options of the commands that take a kernel or a model, from
@@ -154,10 +154,11 @@ model_option = click.option("--model", "-m", required=True,
                             help="a preset (listed below) or the path of a HF config.json")
 dtype_option = click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16",
                             show_default=True, help="activation dtype")
-tokens_option = click.option("--tokens", default=DEFAULT_TOKENS, show_default=True,
-                             callback=parse_tokens,
-                             help="token counts, each served by its bucket: the power of two "
-                                  "at or above it")
+tokens_option = click.option(
+    "--tokens", default=",".join(map(str, DEFAULT_TUNE_TOKENS)), callback=parse_tokens,
+    help="token counts, each served by its bucket: the power of two at or above it "
+         f"[default: every power of two from {DEFAULT_TUNE_TOKENS[0]} to "
+         f"{DEFAULT_TUNE_TOKENS[-1]}]")
 kernel_filter = click.option("--kernel", type=KernelName(), default=None,
                              help="only this kernel")
 all_devices_option = click.option("--all-devices", is_flag=True,

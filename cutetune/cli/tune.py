@@ -13,22 +13,18 @@ from cutetune.cli.options import (
     dtype_option,
     model_option,
     parse_gpus,
-    parse_tokens,
     token_buckets,
+    tokens_option,
 )
 from cutetune.cli.problems import model_problems
-from cutetune.tuner.defaults import DEFAULT_BUDGET, DEFAULT_TRIAL_TIMEOUT_S, DEFAULT_TUNE_TOKENS
-
-TUNE_TOKENS = ",".join(map(str, DEFAULT_TUNE_TOKENS))
+from cutetune.tuner.defaults import DEFAULT_BUDGET, DEFAULT_TRIAL_TIMEOUT_S
 
 
 @click.command(epilog=CATALOG_HELP)
 @click.argument("kernel", type=KernelName(), required=False)
 @model_option
 @dtype_option
-@click.option("--tokens", default=TUNE_TOKENS, callback=parse_tokens,
-              help="token counts, each served by its bucket: the power of two at or above it "
-                   "[default: every power of two from 1 to 32768]")
+@tokens_option
 @click.option("--trials", default=DEFAULT_BUDGET, show_default=True,
               type=click.IntRange(min=1), help="trial budget per token bucket")
 @click.option("--force", is_flag=True,

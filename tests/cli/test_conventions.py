@@ -1,6 +1,6 @@
 """The command line follows click's conventions (issue 37, item 4): each command in its own
 module behind a lazily loading group, --db declared once with its environment variable, one
---device type from the device table."""
+--device type from the device table, one --tokens default."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from h200_results import H200_RESULTS
 
 from cutetune.cli.main import COMMANDS, cli
 from cutetune.results_db import Database, record_ceilings, winners_with_devices
+from cutetune.tuner.defaults import DEFAULT_TUNE_TOKENS
 from cutetune.tuner.roofline import DEVICE_SPECS
 
 
@@ -153,3 +154,18 @@ def test_report_of_a_device_named_by_its_table_name(tmp_path):
                                       "--format", "md", "--device", "H100 SXM"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("# Tuning report: qwen3-8b on NVIDIA H100 80GB HBM3")
+
+
+# -- --tokens ---------------------------------------------------------------------------------
+
+
+def test_every_command_taking_tokens_has_the_same_default():
+    default = "[default: every power of two from 1 to 32768]"
+    for command in ("plan", "tune", "bench"):
+        text = CliRunner().invoke(cli, [command, "--help"], terminal_width=1000).output
+        assert default in " ".join(text.split()), command
+    result = CliRunner().invoke(cli, ["plan", "qk_norm", "-m", "qwen3-8b", "--top", "1"])
+    assert result.exit_code == 0, result.output
+    planned = [line.split("tokens=")[1].split(")")[0] for line in result.stdout.splitlines()
+               if line.startswith("QKNormProblem")]
+    assert planned == [str(n) for n in DEFAULT_TUNE_TOKENS]
