@@ -1,24 +1,29 @@
 """What `cutetune tune` shows while it runs and when it ends.
 
 On stderr: one status line for the run (trials done of those planned, ETA, the bucket in hand,
-its trial k of n and best so far), rewritten in place on a terminal; a line per finished
-bucket. On stdout at the end: the summary table and where the time went.
+its trial k of n and best so far), drawn by tqdm and rewritten in place on a terminal; a line
+per finished bucket. On stdout at the end: the summary table and where the time went.
 """
 
 from __future__ import annotations
 
+import math
 import sys
-import time
 from collections.abc import Sequence
 from typing import TextIO
 
 import click
+from tqdm import tqdm
 
 from cutetune.tuner.isolated import TimeSplit
 from cutetune.tuner.model_run import BucketSummary, PendingBucket
 from cutetune.tuner.roofline import Ceilings
 from cutetune.tuner.study import TrialOutcome
 from cutetune.tuner.tune import BucketPlan
+
+# The head of the status line and of each finished bucket's line; the ETA is at the mean rate
+# since the start (smoothing=0), as trials of one bucket take alike and buckets differ.
+STATUS = "[{n_fmt}/{total_fmt} trials, ETA {remaining}] {desc}"
 
 
 def _problem_label(problem) -> str:
@@ -35,52 +40,47 @@ def _bucket_key(planned: BucketPlan) -> tuple:
 
 
 class RunProgress:
-    """The model run's Observer."""
+    """The model run's Observer; as a context manager it clears the status line at the end."""
 
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty()
-        self.planned_trials = 0
-        self.done = 0
-        self.started_at = time.monotonic()
+        self._bar: tqdm | None = None
         # Trials done and expected of each bucket in hand (one per GPU worker).
         self._buckets: dict[tuple, list[int]] = {}
 
-    def _eta(self) -> str:
-        if not self.done:
-            return "?"
-        rate = (time.monotonic() - self.started_at) / self.done
-        return _duration(rate * max(0, self.planned_trials - self.done))
+    def __enter__(self) -> RunProgress:
+        return self
 
-    def _echo(self, line: str) -> None:
-        if self.live:  # rewrite the status line; clear what a longer one left
-            click.echo(f"\r{line}\x1b[K", file=self.stream, nl=False)
-        else:
-            click.echo(line, file=self.stream)
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
     def started(self, fingerprint, ceilings: Ceilings, pending: Sequence[PendingBucket],
                 skipped: int) -> None:
-        self.planned_trials = sum(bucket.trials for bucket in pending)
-        self.started_at = time.monotonic()
+        planned = sum(bucket.trials for bucket in pending)
         click.echo(f"{fingerprint.gpu_name} ({fingerprint.sm_count} SMs): copy ceiling "
                    f"{ceilings.copy_gbps:.0f} GB/s, launch floor {ceilings.launch_floor_us:.2f} us"
-                   f"; {len(pending)} buckets to tune ({self.planned_trials} trials at most), "
+                   f"; {len(pending)} buckets to tune ({planned} trials at most), "
                    f"{skipped} stored already", file=self.stream)
+        # On a log the status line is never drawn (its delay never passes): a line per trial
+        # would bury the buckets' lines. tqdm still counts and times the trials for them.
+        self._bar = tqdm(total=planned, file=self.stream, bar_format=STATUS, smoothing=0,
+                         mininterval=0, miniters=1, dynamic_ncols=True, leave=False,
+                         delay=0 if self.live else math.inf)
 
     def bucket_started(self, planned: BucketPlan, expected_trials: int) -> None:
         self._buckets[_bucket_key(planned)] = [0, expected_trials]
 
     def trial(self, planned: BucketPlan, outcome: TrialOutcome,
               best: TrialOutcome | None) -> None:
-        self.done += 1
         counts = self._buckets[_bucket_key(planned)]
         counts[0] += 1
-        if not self.live:
-            return
         best_text = f"best {best.measurement.median_us:.2f} us" if best else "no point ok yet"
-        self._echo(f"[{self.done}/{self.planned_trials} trials, ETA {self._eta()}] "
-                   f"{planned.kernel.name} {_problem_label(planned.problem)} "
-                   f"{planned.bucket} tokens: trial {counts[0]} of {counts[1]}, {best_text}")
+        self._bar.set_description_str(
+            f"{planned.kernel.name} {_problem_label(planned.problem)} {planned.bucket} tokens: "
+            f"trial {counts[0]} of {counts[1]}, {best_text}", refresh=False)
+        self._bar.update()
 
     def bucket_finished(self, summary: BucketSummary) -> None:
         self._buckets.pop((summary.kernel, summary.problem, summary.bucket), None)
@@ -88,12 +88,15 @@ class RunProgress:
             result = f"{summary.median_us:.2f} us"
         else:
             result = summary.status + (f" ({summary.note})" if summary.note else "")
-        line = (f"[{self.done}/{self.planned_trials} trials, ETA {self._eta()}] "
-                f"{summary.kernel} {_problem_label(summary.problem)} {summary.bucket} tokens: "
-                f"{result}, {summary.trials} trials, {summary.failures} failed")
-        self._echo(line)
-        if self.live:
-            click.echo(file=self.stream)
+        # The status line's head, whole (the status line itself is cut to the terminal).
+        line = self._bar.format_meter(**{
+            **self._bar.format_dict, "ncols": None,
+            "prefix": f"{summary.kernel} {_problem_label(summary.problem)} {summary.bucket} "
+                      f"tokens: {result}, {summary.trials} trials, {summary.failures} failed"})
+        if self.live:  # above the status line, which tqdm draws again below it
+            tqdm.write(line, file=self.stream)
+        else:
+            click.echo(line, file=self.stream)
 
 
 def summary_table(rows: Sequence[BucketSummary]) -> str:

@@ -79,12 +79,12 @@ def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple
                       seed=seed, trial_timeout_s=trial_timeout, gpus=gpus)
     click.echo(f"tuning {len(units)} problems of {model} x {len(buckets)} buckets "
                f"({trials} trials each at most); results in {obj.shown_url}", err=True)
-    progress = RunProgress()
     try:
-        summaries = tune_model(units, buckets, db, workers,
-                               RunOptions(trials, seed, force, retry_failed), progress)
+        with RunProgress() as progress:
+            summaries = tune_model(units, buckets, db, workers,
+                                   RunOptions(trials, seed, force, retry_failed), progress)
     except KeyboardInterrupt:
-        click.echo("\ninterrupted: every finished bucket and trial is stored; the same "
+        click.echo("interrupted: every finished bucket and trial is stored; the same "
                    "command continues", err=True)
         sys.exit(130)
     except MixedGpusError as err:

@@ -65,8 +65,7 @@ def test_buckets_in_hand_at_once_count_their_own_trials():
 
     stream = Terminal()
     progress = RunProgress(stream)
-    progress.started(FINGERPRINT, CEILINGS, [], 0)
-    progress.planned_trials = 6
+    progress.started(FINGERPRINT, CEILINGS, [SimpleNamespace(trials=3)] * 2, 0)
     one, two = (SimpleNamespace(kernel=qk.KERNEL, problem=PROBLEM.with_tokens(b), bucket=b)
                 for b in (1, 2))
     progress.bucket_started(one, 3)
