@@ -234,22 +234,6 @@ def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[i
     return BenchRun(fingerprint.gpu_name, copy_gbps, empty_us, tuple(rows))
 
 
-def format_rows(rows: Sequence[BenchRow]) -> str:
-    """One problem's rows as a text table, with ours' speedup over the best peer."""
-    lines = [rows[0].problem.describe(),
-             f"  {'implementation':<24} {'us':>9} {'IQR':>6} {'GB/s':>7} {'% copy':>7}  note"]
-    for r in rows:
-        if r.median_us is None:
-            lines.append(f"  {r.implementation:<24} {'-':>9} {'':>6} {'':>7} {'':>7}  {r.note}")
-        else:
-            lines.append(f"  {r.implementation:<24} {r.median_us:9.2f} {r.iqr_us:6.2f} "
-                         f"{r.gbps:7.0f} {r.pct_of_copy:6.1f}%  {r.note}")
-    speedup = speedup_over_best_peer(rows)
-    if speedup is not None:
-        lines.append(f"  cutetune vs best peer: {speedup:.2f}x")
-    return "\n".join(lines)
-
-
 def csv_rows(kernel: KernelDef, run: BenchRun) -> list[dict[str, Any]]:
     out = []
     for r in run.rows:

@@ -15,7 +15,6 @@ from cutetune.bench import (
     TUNED_NAME,
     BenchRow,
     candidates,
-    format_rows,
     speedup_over_best_peer,
 )
 from cutetune.dispatch import Dispatcher
@@ -79,11 +78,3 @@ def test_speedup_is_best_peer_over_tuned_or_else_default(problem):
     assert speedup_over_best_peer(rows) == pytest.approx(2.5)
     assert speedup_over_best_peer(rows[1:]) == pytest.approx(5.0 / 3.0)
     assert speedup_over_best_peer(rows[:2]) is None
-
-
-def test_format_rows_shows_untimed_rows_with_their_note(problem):
-    text = format_rows([row(problem, TUNED_NAME, 2.0), row(problem, "quack", 5.0),
-                        row(problem, "liger", None)])
-    assert problem.describe() in text
-    assert "not run: missing" in text
-    assert "cutetune vs best peer: 2.50x" in text

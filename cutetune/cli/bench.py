@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import click
 
 from cutetune.cli.context import Context
@@ -38,7 +40,7 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
     if not torch.cuda.is_available():
         raise click.UsageError("cutetune bench needs a CUDA GPU and none is visible")
     token_buckets(tokens)  # says which bucket's winner serves a count that is not a bucket
-    from cutetune.bench import csv_rows, format_rows, run_bench
+    from cutetune.bench import csv_rows, run_bench
 
     if out:
         check_output(out)
@@ -47,7 +49,7 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
     click.echo(f"benchmarking {kernel} for {model} ({len(problems)} problems x {len(tokens)} "
                f"token counts); measuring the copy ceiling first ...", err=True)
     result = run_bench(kdef, problems, tokens, db,
-                       on_problem=lambda rows: click.echo(format_rows(rows) + "\n"),
+                       on_problem=lambda rows: click.echo(bench_table(rows) + "\n"),
                        on_candidate=lambda line: click.echo(line, err=True),
                        cache_dir=load_settings().cache_dir)
     click.echo(f"{result.gpu_name}: copy ceiling {result.copy_gbps:.0f} GB/s; empty kernel "
@@ -63,3 +65,20 @@ def bench(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, 
             writer.writerows(rows)
         click.echo(f"wrote {out}", err=True)
 
+
+def bench_table(rows: Sequence) -> str:
+    """One problem's bench rows (cutetune.bench.BenchRow) as a table under the problem, with
+    ours' speedup over the best peer."""
+    from cutetune.bench import speedup_over_best_peer
+    from cutetune.cli.table import render_table
+
+    cells = [(r.implementation, "-", "", "", "", r.note) if r.median_us is None else
+             (r.implementation, f"{r.median_us:.2f}", f"{r.iqr_us:.2f}", f"{r.gbps:.0f}",
+              f"{r.pct_of_copy:.1f}%", r.note) for r in rows]
+    lines = [rows[0].problem.describe(),
+             render_table(("implementation", "us", "IQR", "GB/s", "% copy", "note"), cells,
+                          right={"us", "IQR", "GB/s", "% copy"}, indent="  ")]
+    speedup = speedup_over_best_peer(rows)
+    if speedup is not None:
+        lines.append(f"  cutetune vs best peer: {speedup:.2f}x")
+    return "\n".join(lines)

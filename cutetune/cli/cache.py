@@ -19,14 +19,17 @@ def cache() -> None:
 @cache.command("ls")
 def cache_ls() -> None:
     """List the stored artifacts: kernel, arch, problem, config, size."""
+    from cutetune.cli.table import render_table
     from cutetune.tuner.artifacts import ArtifactStore
 
     directory = artifacts_dir()
     entries = ArtifactStore(directory, "any").entries() if directory.is_dir() else []
-    for entry in entries:
-        click.echo(f"{entry.get('kernel', '?'):<14} {entry.get('arch', '?'):<8} "
-                   f"{entry['bytes'] / 1024:8.1f} KiB  {entry.get('problem', entry['file'])}  "
-                   f"{entry.get('config', '')}")
+    if entries:
+        click.echo(render_table(
+            ("kernel", "arch", "KiB", "problem", "config"),
+            ((entry.get("kernel", "?"), entry.get("arch", "?"), f"{entry['bytes'] / 1024:.1f}",
+              entry.get("problem", entry["file"]), entry.get("config", ""))
+             for entry in entries), right={"KiB"}))
     click.echo(f"{len(entries)} artifacts in {directory}", err=True)
 
 

@@ -26,6 +26,7 @@ from cutetune.cli.problems import model_problems
               help="ranked points shown per bucket")
 def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device, top: int) -> None:
     """Show the funnel and the roofline ranking; needs no GPU."""
+    from cutetune.cli.table import render_table
     from cutetune.kernels.registry import get_kernel
     from cutetune.spaces.space import config_to_json
     from cutetune.tuner.plan import make_plan
@@ -42,8 +43,10 @@ def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device, t
             default = kdef.default_config(problem, device)
             click.echo(f"{problem.describe()} on {device.name}")
             click.echo(f"  {result.funnel()}")
-            for rank, point in enumerate(result.kept[:top], 1):
-                mark = "  (default)" if point.config == default else ""
-                click.echo(f"  {rank:>3}. {point.prediction.predicted_us:9.2f} us  "
-                           f"{config_to_json(point.config)}{mark}")
+            ranked = [(f"{rank}.", f"{point.prediction.predicted_us:.2f}",
+                       config_to_json(point.config)
+                       + ("  (default)" if point.config == default else ""))
+                      for rank, point in enumerate(result.kept[:top], 1)]
+            click.echo(render_table(("rank", "predicted us", "config"), ranked,
+                                    right={"rank", "predicted us"}, indent="  "))
             click.echo(f"  default: {config_to_json(default)}")

@@ -15,6 +15,7 @@ from typing import TextIO
 import click
 from tqdm import tqdm
 
+from cutetune.cli.table import render_table
 from cutetune.tuner.isolated import TimeSplit
 from cutetune.tuner.model_run import BucketSummary, PendingBucket
 from cutetune.tuner.roofline import Ceilings
@@ -104,19 +105,15 @@ def summary_table(rows: Sequence[BucketSummary]) -> str:
     ceiling for memory-bound kernels), speedup over the default, trials, failures."""
     header = ("kernel", "problem", "tokens", "status", "us", "% roof", "vs default", "trials",
               "failed", "winner")
-    lines = [header]
-    for row in rows:
-        lines.append((
-            row.kernel, _problem_label(row.problem), str(row.bucket),
-            row.status + (f" ({row.note})" if row.note and row.median_us is None else ""),
-            f"{row.median_us:.2f}" if row.median_us is not None else "-",
-            f"{row.pct_roofline:.1f}" if row.pct_roofline is not None else "-",
-            f"{row.speedup:.2f}x" if row.speedup is not None else "-",
-            str(row.trials), str(row.failures),
-            _config_label(row.winner_json) if row.winner_json else "-"))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
-                     .rstrip() for line in lines)
+    cells = [(row.kernel, _problem_label(row.problem), str(row.bucket),
+              row.status + (f" ({row.note})" if row.note and row.median_us is None else ""),
+              f"{row.median_us:.2f}" if row.median_us is not None else "-",
+              f"{row.pct_roofline:.1f}" if row.pct_roofline is not None else "-",
+              f"{row.speedup:.2f}x" if row.speedup is not None else "-",
+              str(row.trials), str(row.failures),
+              _config_label(row.winner_json) if row.winner_json else "-") for row in rows]
+    return render_table(header, cells, right={"tokens", "us", "% roof", "vs default", "trials",
+                                              "failed"})
 
 
 def _config_label(config_json: str) -> str:
