@@ -71,6 +71,10 @@ class Family:
 _DENSE = {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_act": "silu",
           "rms_norm_eps": 1e-6, "hidden_size": 4096}
 
+_GEMMA = {**{k: v for k, v in _DENSE.items() if k != "hidden_act"}, "hidden_size": 2304,
+          "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+          "head_dim": 256, "intermediate_size": 9216, "hidden_activation": "gelu_pytorch_tanh"}
+
 FAMILIES: tuple[Family, ...] = (
     Family(("llama",), {**_DENSE, "num_key_value_heads": None, "head_dim": None,
                         "intermediate_size": 11008}),
@@ -141,12 +145,11 @@ FAMILIES: tuple[Family, ...] = (
             "kv_lora_rank": 512, "mlp_layer_types": None},
            aliases={"num_local_experts": "n_routed_experts"}, mlp="layer_types",
            experts_field="n_routed_experts", shared_experts="count", mla_norm_eps=1e-6),
-    # Gemma 3's norms scale by (1 + w); its MLP's activation is hidden_activation.
-    Family(("gemma3_text", "gemma3"),
-           {**{k: v for k, v in _DENSE.items() if k != "hidden_act"}, "hidden_size": 2304,
-            "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
-            "head_dim": 256, "intermediate_size": 9216, "hidden_activation": "gelu_pytorch_tanh"},
-           norm_weight_bias=1.0, qk_norm="per_head", activation_field="hidden_activation"),
+    # Gemma's norms scale by (1 + w); its MLP's activation is hidden_activation. Gemma 3
+    # normalises q and k per head, Gemma 2 does not.
+    Family(("gemma2",), _GEMMA, norm_weight_bias=1.0, activation_field="hidden_activation"),
+    Family(("gemma3_text", "gemma3"), _GEMMA, norm_weight_bias=1.0, qk_norm="per_head",
+           activation_field="hidden_activation"),
 )
 
 FAMILY_OF_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
