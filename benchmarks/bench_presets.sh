@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bench data BENCHMARKS.md is generated from: `cutetune bench` of every kernel on the preset
 # models it serves (served by the shipped winners where cutetune ships them; the heuristic
-# default elsewhere), at the bench's default token counts, beside torch and the peers.
+# default elsewhere), at six token counts from decode to prefill, beside torch and the peers.
 #
 #   benchmarks/bench_presets.sh OUT_DIR COMMIT DATE [KERNEL:MODEL ...]
 #
@@ -19,6 +19,8 @@ if [ ${#pairs[@]} -eq 0 ]; then
            moe_dispatch:deepseek-v3 moe_combine:deepseek-v3
            gelu_and_mul:benchmarks/models/gemma-2-2b/config.json)
 fi
+# The token counts of every table in BENCHMARKS.md (bench's default is every bucket).
+tokens=1,8,64,512,4096,32768
 mkdir -p "$out"
 machine=$(python3 -c "import torch; print(torch.cuda.get_device_name())")
 for pair in "${pairs[@]}"; do
@@ -27,10 +29,10 @@ for pair in "${pairs[@]}"; do
     [ "$name" = config.json ] && name=$(basename "$(dirname "$model")")
     file=bench-$name-$kernel-$commit.csv
     echo "$(date +%T) bench $kernel $model"
-    if python3 -m cutetune.cli.main bench "$kernel" --model "$model" --out "$out/$file" \
-        > "$out/${file%.csv}.log" 2>&1; then
-        echo "$file,bench,$commit,$date,one $machine,cutetune bench $kernel --model $model --out F" \
-            >> "$out/index-rows.csv"
+    if python3 -m cutetune.cli.main bench "$kernel" --model "$model" --tokens "$tokens" \
+        --out "$out/$file" > "$out/${file%.csv}.log" 2>&1; then
+        echo "$file,bench,$commit,$date,one $machine,\"cutetune bench $kernel --model $model" \
+            "--tokens $tokens --out F\"" >> "$out/index-rows.csv"
     else
         echo "bench $pair failed: see ${file%.csv}.log"
     fi
