@@ -29,7 +29,7 @@ class Dim:
 
 @dataclass(frozen=True)
 class Value:
-    """A scalar argument (int, float, bool, str or None), by type and value."""
+    """A scalar argument (int, float, bool, str, a dtype or None), by type and value."""
 
     argument: str
 
@@ -59,8 +59,9 @@ class FastCall:
     compiled kernel; `tokens`: the dim holding the call's token count; `fields`: each static
     field of the problem and its reading. What the fast path checks before it launches, beyond
     the launcher's own checks: the rows of each of `disjoint_rows` (2-d tensors) do not overlap;
-    no dim of `nonempty` is zero; `rows_per_token`, where given, holds. Every kernel it serves
-    is a valid point at its bucket's largest token count, and so at fewer."""
+    no dim of `nonempty` is zero; `rows_per_token`, where given, holds. `keyed`: scalar arguments
+    (None, int, float, bool, str or a dtype) the key holds beyond the static fields. Every kernel
+    it serves is a valid point at its bucket's largest token count, and so at fewer."""
 
     arguments: tuple[str, ...]
     launched: int
@@ -69,6 +70,7 @@ class FastCall:
     disjoint_rows: tuple[str, ...] = ()
     nonempty: tuple[Dim, ...] = ()
     rows_per_token: RowsPerToken | None = None
+    keyed: tuple[str, ...] = ()
     # (compiled, CUDA device) -> the TVM-FFI function the fast path may call there, or None,
     # for kernels whose launch checks more than their function does (KernelDef.bind); None:
     # the compiled kernel is that function.
@@ -79,7 +81,7 @@ class FastCall:
             raise ValueError(f"launched {self.launched} must be 1..{len(self.arguments)}")
         named = [r.argument for r in self.fields.values() if not isinstance(r, Constant)]
         named += [self.tokens.argument, *self.disjoint_rows,
-                  *(d.argument for d in self.nonempty)]
+                  *(d.argument for d in self.nonempty), *self.keyed]
         if self.rows_per_token is not None:
             named.append(self.rows_per_token.argument)
         unknown = sorted(set(named) - set(self.arguments))

@@ -94,6 +94,10 @@ bool KeyOf(Route& route, const TVMFFIAny* arguments, bool intern, Key* key) {
         case ffi::TypeIndex::kTVMFFIInt:
         case ffi::TypeIndex::kTVMFFIBool:
         case ffi::TypeIndex::kTVMFFIFloat: payload = a.v_int64; break;
+        case ffi::TypeIndex::kTVMFFIDataType:
+          payload = (static_cast<int64_t>(a.v_dtype.code) << 32) |
+                    (static_cast<int64_t>(a.v_dtype.bits) << 16) | a.v_dtype.lanes;
+          break;
         case ffi::TypeIndex::kTVMFFISmallStr:
         case ffi::TypeIndex::kTVMFFIStr: {
           std::string text(

@@ -55,8 +55,9 @@ class Route:
 
     def __init__(self, kernel: KernelDef, fast_call: FastCall):
         fast_call.check_fields(kernel.problem_type)
-        words = 1 + sum(2 if isinstance(r, Value) else 0 if isinstance(r, Constant) else 1
-                        for r in fast_call.fields.values())
+        words = 1 + 2 * len(fast_call.keyed) + sum(
+            2 if isinstance(r, Value) else 0 if isinstance(r, Constant) else 1
+            for r in fast_call.fields.values())
         if words > _KEY_WORDS:
             raise ValueError(f"the fast call of {kernel.name} reads a key of {words} words; "
                              f"fast_path.cc holds {_KEY_WORDS}")
@@ -78,6 +79,7 @@ class Route:
             kind = (_DTYPE if isinstance(reading, DType) else
                     _VALUE if isinstance(reading, Value) else _DIM)
             readings += [kind, index[reading.argument], getattr(reading, "dim", 0)]
+        readings += [r for name in fast.keyed for r in (_VALUE, index[name], 0)]
         nonempty = [n for d in fast.nonempty for n in (index[d.argument], d.dim)]
         rows = fast.rows_per_token
         self.call, self._remember, self._forget = library.make_route(

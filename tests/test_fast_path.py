@@ -350,3 +350,21 @@ def test_a_call_the_route_does_not_serve_allocates_its_outputs_once(served, monk
     for _ in range(2):
         moe_dispatch.moe_dispatch(bf16(3, 2048), ids(3), 128)
     assert len(allocated) == 2 and len(served.launcher.calls) == 2
+
+
+def test_a_keyed_argument_is_served_only_with_a_value_a_checked_call_had():
+    route = fast_path.Route(RMSNORM_KERNEL, FastCall(
+        arguments=("x", "out", "eps", "weight_bias", "fused_add", "out_dtype"), launched=2,
+        tokens=Dim("x", 0),
+        fields={"dtype": DType("x"), "out_dtype": DType("out"), "hidden": Dim("x", 1),
+                "eps": Value("eps"), "weight_bias": Value("weight_bias"),
+                "fused_add": Value("fused_add")},
+        keyed=("out_dtype",)))
+    launcher = Launcher()
+    x, out = bf16(2, 64), torch.zeros(2, 64)
+    route.remember((x, out, 1e-6, 0.0, False, torch.float32),
+                   [tvm_ffi.convert(launcher)] * len(BUCKETS), None, 0)
+    assert route.call(x, out, 1e-6, 0.0, False, torch.float32) is True
+    assert route.call(x, out, 1e-6, 0.0, False, None) is False
+    assert route.call(x, out, 1e-6, 0.0, False, torch.bfloat16) is False
+    assert len(launcher.calls) == 1
