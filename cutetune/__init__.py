@@ -12,37 +12,41 @@ dispatcher's modules.
 
 import importlib
 
-from cutetune.version import __version__
+from cutetune.version import __version__ as __version__
 
-# The public ops (and moe_dispatch's output buffers), warmup, and the modules that define them.
-# Each is imported on first use (an op imports its kernel module, and CuTeDSL with it), then bound
-# here, so a call costs no more than calling the op's own function. The dispatcher's modules are
-# most of what `import cutetune` would cost otherwise, which `cutetune --help` must not pay.
-_OPS = {
-    "warmup": "cutetune.dispatch",
-    "current_dispatcher": "cutetune.dispatch",
-    "qk_norm": "cutetune.ops.qk_norm",
-    "rmsnorm": "cutetune.ops.rmsnorm",
-    "fused_add_rmsnorm": "cutetune.ops.rmsnorm",
-    "silu_and_mul": "cutetune.ops.activation",
-    "gelu_and_mul": "cutetune.ops.activation",
-    "moe_dispatch": "cutetune.ops.moe_dispatch",
-    "moe_dispatch_buffers": "cutetune.ops.moe_dispatch",
-    "moe_combine": "cutetune.ops.moe_combine",
-}
+# warmup and current_dispatcher, and the public ops (cutetune.ops' registry: importing it imports
+# every op, with torch and their kernels' declarations), are each bound here on first use, so a
+# call costs no more than calling the function itself. The dispatcher's modules are most of what
+# `import cutetune` would cost otherwise, which `cutetune --help` must not pay.
+_DISPATCH = ("warmup", "current_dispatcher")
 
 
 def __getattr__(name: str):
-    module = _OPS.get(name)
-    if module is None:
+    if name == "__all__":
+        return ["__version__", *_DISPATCH, *_public_ops()]
+    if name in _DISPATCH:
+        value = getattr(importlib.import_module("cutetune.dispatch"), name)
+    elif name.startswith("_") or _is_submodule(name):  # no op: asking imports nothing
         raise AttributeError(f"module 'cutetune' has no attribute {name!r}")
-    op = getattr(importlib.import_module(module), name)
-    globals()[name] = op
-    return op
+    else:
+        value = _public_ops().get(name)
+        if value is None:
+            raise AttributeError(f"module 'cutetune' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def _is_submodule(name: str) -> bool:
+    """Whether `name` is a module of the package (`from cutetune import cli` asks the package
+    before importing it)."""
+    import pkgutil
+
+    return any(module.name == name for module in pkgutil.iter_modules(__path__))
+
+
+def _public_ops() -> dict:
+    return importlib.import_module("cutetune.ops.registry").public_functions()
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
-
-
-__all__ = ["__version__", *_OPS]
+    return sorted(__getattr__("__all__"))

@@ -12,14 +12,15 @@ and stored for the next start; at warmup, the points missing from the cache are 
 in parallel processes (one per CPU at most), so that a cold start costs the slowest compiles,
 not their sum.
 
-The ops' fast path (cutetune.fast_path): an op's checked path (its full input checks, then
-`lookup`) passes its route and the call's arguments, and the dispatcher gives the route the row
-it served, so that later calls with the same key go from the route straight to the compiled
-kernel. The kernel checks its own arguments before it launches (TVM-FFI: each tensor's dtype,
-shape, strides, alignment and device against what it was compiled for), so a call it accepts is
-one it computes correctly; a call it refuses goes down the checked path, whose error names the
-fault. Calls served by the default, with no tokens or beyond the largest bucket always take the
-checked path, so `report()` counts them.
+The ops' fast path (cutetune.fast_path): an op's checked path (cutetune.ops.serve: its full
+input checks, then `serving`) is given the kernel that serves the call and the row of kernels its
+route may serve for the static problem, which it gives the route with the call's arguments, so
+that later calls with the same key go from the route straight to the compiled kernel. The
+dispatcher never sees an op's arguments. The kernel checks its own arguments before it launches
+(TVM-FFI: each tensor's dtype, shape, strides, alignment and device against what it was compiled
+for), so a call it accepts is one it computes correctly; a call it refuses goes down the checked
+path, whose error names the fault. Calls served by the default, with no tokens or beyond the
+largest bucket always take the checked path, so `report()` counts them.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cutetune.fast_path import Route, forget_all, load_library
+from cutetune.fast_path import forget_all, load_library
 from cutetune.kernels.code_hash import CODE_HASHES, remember_in
 from cutetune.kernels.registry import KernelDef
 from cutetune.kernels.stored import UnusablePoint, stored_point
@@ -61,6 +62,17 @@ class ProblemTable:
     problem: Problem
     entries: tuple[BucketEntry, ...]
     warmed_up: bool
+
+
+@dataclass(frozen=True)
+class Served:
+    """What serves one call: `compiled`, the kernel of its bucket, and `route_row`, what the op's
+    route may serve for later calls of its static problem (the kernel of each bucket, None where
+    the default serves it), or None where this call must not teach the route (the default
+    serves it, or it has more tokens than the largest bucket: such calls are counted)."""
+
+    compiled: Any
+    route_row: tuple[Any, ...] | None
 
 
 @dataclass(frozen=True)
@@ -266,13 +278,26 @@ class Dispatcher:
 
     # -- serving (hot path) ---------------------------------------------------------------
 
-    def lookup(self, kernel: KernelDef, static_tuple: tuple, num_tokens: int,
-               route: Route | None = None, arguments: Sequence[Any] = ()):
+    def lookup(self, kernel: KernelDef, static_tuple: tuple, num_tokens: int):
         """The compiled kernel for a call of the problem whose `static_tuple` this is (the
         ops build it with `Problem.static_tuple_of`); the problem itself is built only on a
-        miss. An op's checked path passes its `route` and the call's `arguments` (those of
-        its route, on a CUDA device): where a tuned kernel serves the call, the route is
-        given the row, and serves the later calls with the same key."""
+        miss."""
+        row, index = self._served_row(kernel, static_tuple, num_tokens)
+        return row[index][0]
+
+    def serving(self, kernel: KernelDef, static_tuple: tuple, num_tokens: int) -> Served:
+        """`lookup`'s kernel, and the row the op's route may serve later calls of the problem
+        from (cutetune.ops.serve gives it to the route)."""
+        row, index = self._served_row(kernel, static_tuple, num_tokens)
+        compiled, is_default = row[index]
+        if is_default or num_tokens > MAX_BUCKET:
+            return Served(compiled, None)
+        return Served(compiled, tuple(None if default else served for served, default in row))
+
+    def _served_row(self, kernel: KernelDef, static_tuple: tuple,
+                    num_tokens: int) -> tuple[tuple[Any, ...], int]:
+        """The problem's row (installed on a miss) and the index of the call's bucket in it; the
+        call counted where the default serves it or it is beyond the largest bucket."""
         key = (kernel.name, static_tuple)
         row = self._rows.get(key)
         if row is None:
@@ -281,17 +306,11 @@ class Dispatcher:
                         "(run cutetune tune, then warmup)", kernel.name, problem.describe())
             row = self._install(kernel, problem, False, key)
         index = bucket_index(num_tokens)
-        compiled, is_default = row[index]
-        if is_default:
+        if row[index][1]:
             self._default_calls[(kernel.name, static_tuple, BUCKETS[index])] += 1
         if num_tokens > MAX_BUCKET:  # served by the largest bucket, and said so in the report
             self._beyond_calls[key] += 1
-        elif route is not None and not is_default:  # the route serves such calls once told
-            route.remember(arguments, tuple(None if default else served
-                                            for served, default in row),
-                           kernel.problem_type.from_static_tuple(static_tuple, num_tokens),
-                           arguments[0].get_device())
-        return compiled
+        return row, index
 
     # -- reporting ------------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 // The ops' fast path (cutetune/fast_path.py builds and loads this file): one route per kernel,
 // a TVM-FFI function the op calls with its arguments. It reads the key its kernel's FastCall
 // declares (dtypes, dims and scalar values of the arguments, and the device) straight from the
-// converted arguments, finds the row of compiled kernels the dispatcher remembered under that
-// key, picks the token bucket, checks what the launcher does not (row overlap, non-empty dims,
-// rows that grow with the tokens) and calls the kernel with the leading arguments. It returns
-// false, having launched nothing, wherever the op's checked path must take the call.
+// converted arguments, finds the row of compiled kernels the op's checked path remembered under
+// that key (what the dispatcher serves), picks the token bucket, checks what the launcher does
+// not (row overlap, non-empty dims, rows that grow with the tokens) and calls the kernel with the
+// leading arguments. It returns false, having launched nothing, wherever the op's checked path
+// must take the call.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/function.h>

@@ -1,16 +1,17 @@
 """The ops' fast path: one route per kernel, in C++ (fast_path.cc), that takes an op's call from
 its arguments straight to the compiled kernel the dispatcher serves for it.
 
-An op calls its route first (`_ROUTE.call(*arguments)`, the arguments its FastCall names,
-cutetune/fast_call.py). The route reads the call's key from the arguments TVM-FFI has already
-converted, finds the row of kernels remembered under it, picks the token bucket and launches;
-it returns False, having launched nothing, where the op's checked path must take the call: a
-key not remembered, no tokens, more than the largest bucket, a bucket served by the default
-(which `Dispatcher.lookup` counts), or a check the kernel does not make failing. A call the
-kernel refuses raises its error (TypeError or ValueError), and the op then takes the checked
-path, whose error names the fault. The checked path's `Dispatcher.lookup` gives the route the
-row it served, under the call's key. TVM-FFI sets the call's stream to torch's current stream
-for the route's call, and the kernel, called from within it, launches on that stream.
+The function that serves an op (cutetune.ops.serve) calls its route first (`route.call(
+*arguments)`, the arguments its FastCall names, cutetune/fast_call.py). The route reads the
+call's key from the arguments TVM-FFI has already converted, finds the row of kernels remembered
+under it, picks the token bucket and launches; it returns False, having launched nothing, where
+the op's checked path must take the call: a key not remembered, no tokens, more than the largest
+bucket, a bucket served by the default (which the dispatcher counts), or a check the kernel does
+not make failing. A call the kernel refuses raises its error (TypeError or ValueError) before it
+launches, and the op then takes the checked path, whose error names the fault. The checked path
+gives the route (`remember`) the row the dispatcher served, under the call's key. TVM-FFI sets
+the call's stream to torch's current stream for the route's call, and the kernel, called from
+within it, launches on that stream.
 
 The C++ is compiled once per machine into the settings' cache dir (a few seconds; `warmup` does
 it, so that an engine's first call does not wait), with $CXX (else c++). Where it cannot be,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 import tvm_ffi
+from op_problems import call_problems, public_call
 
 from cutetune import dispatch, fast_path
 from cutetune.dispatch import Dispatcher
@@ -22,16 +23,19 @@ from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, Cooperative
 from cutetune.kernels.qk_norm import KERNEL as QK_KERNEL
 from cutetune.kernels.rmsnorm import KERNEL as RMSNORM_KERNEL
 from cutetune.ops import activation, moe_combine, moe_dispatch, qk_norm, rmsnorm
+from cutetune.ops.registry import route_of
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
 
 
 class Launcher:
     """A compiled kernel's stand-in: records the data pointers of each call's tensors;
     refuses, with the error type TVM-FFI raises, the calls whose tensors do not share the
-    first one's dtype (int32 and fp32 tensors aside, as the MoE kernels take them)."""
+    first one's dtype (int32 and fp32 tensors aside, as the MoE kernels take them); raises
+    `failure`, where set, once it has launched."""
 
     def __init__(self):
         self.calls = []
+        self.failure: Exception | None = None
 
     def __call__(self, *tensors):
         views = [torch.from_dlpack(t) for t in tensors if t is not None]
@@ -39,6 +43,8 @@ class Launcher:
         if any(t.dtype is not rows[0].dtype for t in rows):
             raise ValueError("Mismatched Tensor on argument #1, expected dtype=bfloat16")
         self.calls.append(tuple(t.data_ptr() for t in views))
+        if self.failure is not None:
+            raise self.failure
 
 
 @dataclass
@@ -64,8 +70,9 @@ def served(monkeypatch) -> Served:
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(moe_dispatch, "_workspace", lambda device, local: None)
     # The stand-in is no CompiledDispatch: the route calls it as it is.
-    monkeypatch.setattr(moe_dispatch._ROUTE, "fast_call", dataclasses.replace(
-        moe_dispatch._ROUTE.fast_call, launch_function=None))
+    dispatch_route = route_of("moe_dispatch")
+    monkeypatch.setattr(dispatch_route, "fast_call", dataclasses.replace(
+        dispatch_route.fast_call, launch_function=None))
     dispatch.set_current(served.dispatcher)
     yield served
     dispatch.set_current(None)
@@ -77,23 +84,6 @@ def bf16(*shape):
 
 def ids(tokens, top_k=8):
     return torch.zeros(tokens, top_k, dtype=torch.int32)
-
-
-OPS = {
-    "silu_and_mul": (activation, lambda t: activation.silu_and_mul(bf16(t, 3072),
-                                                                   out=bf16(t, 1536))),
-    "gelu_and_mul": (activation, lambda t: activation.gelu_and_mul(bf16(t, 3072),
-                                                                   approximate="tanh")),
-    "rmsnorm": (rmsnorm, lambda t: rmsnorm.rmsnorm(bf16(t, 4096), bf16(4096))),
-    "fused_add_rmsnorm": (rmsnorm, lambda t: rmsnorm.fused_add_rmsnorm(
-        bf16(t, 4096), bf16(t, 4096), bf16(4096), eps=1e-5)),
-    "qk_norm": (qk_norm, lambda t: qk_norm.qk_norm(bf16(t, 32, 128), bf16(t, 8, 128),
-                                                   bf16(128), bf16(128))),
-    "moe_dispatch": (moe_dispatch, lambda t: moe_dispatch.moe_dispatch(
-        bf16(t, 2048), ids(t), 128, expert_range=(32, 96))),
-    "moe_combine": (moe_combine, lambda t: moe_combine.moe_combine(
-        bf16(t * 8 + 64 * 15, 2048), ids(t), torch.zeros(t, 8), experts=128)),
-}
 
 
 def counting_checks(monkeypatch, module) -> list:
@@ -108,24 +98,35 @@ def counting_checks(monkeypatch, module) -> list:
     return checked
 
 
-@pytest.mark.parametrize("op", OPS)
+def counting_lookups(monkeypatch) -> list:
+    """The calls that reach the dispatcher: those of the checked path that launch."""
+    looked = []
+    serving = Dispatcher.serving
+
+    def counted(self, *args):
+        looked.append(args)
+        return serving(self, *args)
+
+    monkeypatch.setattr(Dispatcher, "serving", counted)
+    return looked
+
+
+@pytest.mark.parametrize("op", sorted(call_problems()))
 def test_later_calls_with_a_key_skip_the_checks(op, served, monkeypatch):
-    module, call = OPS[op]
-    checked = counting_checks(monkeypatch, module)
-    call(3)
-    call(5)
-    call(1)
+    checked = counting_lookups(monkeypatch)
+    public_call(op, 3)()
+    public_call(op, 5)()
+    public_call(op, 1)()
     assert len(checked) == 1
     assert len(served.launcher.calls) == 3
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", sorted(call_problems()))
 def test_a_new_dispatcher_starts_from_the_checked_path(op, served, monkeypatch):
-    module, call = OPS[op]
-    call(2)
+    public_call(op, 2)()
     dispatch.set_current(Dispatcher(None))
-    checked = counting_checks(monkeypatch, module)
-    call(2)
+    checked = counting_lookups(monkeypatch)
+    public_call(op, 2)()
     assert len(checked) == 1
 
 
@@ -145,10 +146,10 @@ def test_each_field_of_the_key_sends_a_changed_call_down_the_checked_path(served
               for t in (q, k, w, w, 1e-6, 0.0)),  # dtype
     ]
     for arguments in changed:
-        assert qk_norm._ROUTE.call(*arguments) is False
+        assert route_of("qk_norm").call(*arguments) is False
         qk_norm.qk_norm(*arguments)
     assert len(checked) == len(changed)
-    assert qk_norm._ROUTE.call(q, k, w, w, 1e-6, 0.0) is True
+    assert route_of("qk_norm").call(q, k, w, w, 1e-6, 0.0) is True
 
 
 def test_a_call_the_kernel_refuses_gets_the_checks_error(served):
@@ -215,6 +216,25 @@ def test_an_out_dtype_other_than_outs_takes_the_checked_path(served):
     assert len(served.launcher.calls) == 1
 
 
+def test_an_out_dtype_that_is_outs_is_served_by_the_route(served, monkeypatch):
+    x, weight = bf16(2, 4096), bf16(4096)
+    looked = counting_lookups(monkeypatch)
+    for _ in range(2):
+        rmsnorm.rmsnorm(x, weight, out=torch.zeros(2, 4096), out_dtype=torch.float32)
+    for _ in range(2):  # the out allocated in out_dtype: the same key
+        assert rmsnorm.rmsnorm(x, weight, out_dtype=torch.float32).dtype is torch.float32
+    assert len(looked) == 1 and len(served.launcher.calls) == 4
+
+
+@pytest.mark.parametrize("op", sorted(call_problems()))
+def test_an_error_the_kernel_raises_once_launched_propagates_and_is_not_run_again(op, served):
+    public_call(op, 2)()  # the checked path, which tells the route
+    served.launcher.failure = RuntimeError("an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        public_call(op, 2)()
+    assert len(served.launcher.calls) == 2
+
+
 def test_calls_served_by_the_default_take_the_checked_path_and_are_counted(served,
                                                                            monkeypatch):
     served.default_buckets = {4}
@@ -253,7 +273,7 @@ def test_a_route_reads_every_static_field_once():
     with pytest.raises(ValueError, match=r"readings name \['y'\]"):
         FastCall(arguments=("x",), launched=1, tokens=Dim("y", 0), fields={})
     with pytest.raises(ValueError, match="kernel qk_norm has a route already"):
-        fast_path.route(QK_KERNEL, qk_norm._ROUTE.fast_call)
+        fast_path.route(QK_KERNEL, route_of("qk_norm").fast_call)
 
 
 def test_moe_dispatch_serves_a_grid_only_where_it_fits_the_device(monkeypatch):
@@ -302,10 +322,11 @@ def test_a_kernel_that_wraps_its_function_is_served_through_it():
         def __tvm_ffi_object__(self):
             return function
 
-    assert activation._GELU_ROUTE._function(Wrapped(), 0) is function
-    assert activation._GELU_ROUTE._function(function, 0) is function
-    assert activation._GELU_ROUTE._function(Launcher(), 0) is None
-    assert activation._GELU_ROUTE._function(None, 0) is None
+    gelu_route = route_of("gelu_and_mul")
+    assert gelu_route._function(Wrapped(), 0) is function
+    assert gelu_route._function(function, 0) is function
+    assert gelu_route._function(Launcher(), 0) is None
+    assert gelu_route._function(None, 0) is None
 
 
 def test_a_cache_dir_that_cannot_be_written_builds_in_a_temporary_one(monkeypatch, tmp_path,

@@ -23,7 +23,7 @@ MAY_IMPORT = {
     "kernels": {"spaces", "atomic_file"},
     "tuner": {"spaces", "kernels", "results_db", "atomic_file"},
     # What fixes a kernel's problem in an op's call, declared beside each op; the ops' fast
-    # path (C++ routes) keyed by it, which the dispatcher tells what it serves.
+    # path (C++ routes) keyed by it, which an op's checked path tells what the dispatcher serves.
     "fast_call": set(),
     "fast_path": {"spaces", "kernels", "fast_call", "settings"},
     "dispatch": {"spaces", "kernels", "tuner", "results_db", "settings", "fast_path"},

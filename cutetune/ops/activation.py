@@ -1,29 +1,14 @@
-"""cutetune.silu_and_mul and cutetune.gelu_and_mul, served by the dispatcher."""
+"""cutetune.silu_and_mul and cutetune.gelu_and_mul: one op per kernel, declared alike."""
 
 from __future__ import annotations
 
 import torch
-from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
 from cutetune.fast_call import Dim, DType, FastCall, Value
-from cutetune.fast_path import Route, route
-from cutetune.kernels.activation import (
-    GELU_FORMS,
-    GELU_KERNEL,
-    SILU_KERNEL,
-)
+from cutetune.kernels.activation import GELU_FORMS, GELU_KERNEL, SILU_KERNEL
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.registry import KernelDef
-from cutetune.ops.cpu import write_reference
-
-# x is (tokens, 2 * intermediate): its width fixes the intermediate width.
-_GATED = {"dtype": DType("x"), "intermediate": Dim("x", 1)}
-_SILU_ROUTE = route(SILU_KERNEL, FastCall(
-    arguments=("x", "out"), launched=2, tokens=Dim("x", 0), fields=_GATED))
-_GELU_ROUTE = route(GELU_KERNEL, FastCall(
-    arguments=("x", "out", "approximate"), launched=2, tokens=Dim("x", 0),
-    fields={**_GATED, "approximate": Value("approximate")}))
+from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 
 def _check_inputs(op: str, x: torch.Tensor,
@@ -82,31 +67,6 @@ def _check_rows(name: str, t: torch.Tensor, element_bytes: int) -> None:
         raise ValueError(f"{name} must start 16-byte aligned")
 
 
-def _act_and_mul(kernel: KernelDef, route: Route, x: torch.Tensor,
-                 out: torch.Tensor | None, **static: str) -> torch.Tensor:
-    """The op's call: its fast path (cutetune.fast_path), which also takes the `static`
-    fields beyond dtype and intermediate; else the checked path."""
-    result = out  # allocated here where None, it serves the checked path too
-    try:
-        if result is None:
-            result = _new_out(x)
-        if route.call(x, result, *static.values()):
-            return result
-    except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
-        pass
-    dtype, tokens, intermediate, device = _check_inputs(kernel.name, x, out)
-    if out is None:
-        out = x.new_empty((tokens, intermediate)) if result is None else result
-    if tokens == 0:
-        return out
-    key = kernel.problem_type.static_tuple_of(dtype=dtype, intermediate=intermediate, **static)
-    if device < 0:
-        write_reference(kernel, key, tokens, {"x": x}, {"out": out})
-        return out
-    current_dispatcher().lookup(kernel, key, tokens, route, (x, out, *static.values()))(x, out)
-    return out
-
-
 def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """silu(x[:, :I]) * x[:, I:] for x of shape (tokens, 2I), in one launch on the current
     stream; computed in fp32, written to `out` (tokens, I) in x's dtype (allocated when None).
@@ -116,11 +76,7 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     `cutetune.warmup` loaded one, else the heuristic default. On CPU tensors the op computes
     with the kernel's fp32 reference instead (cutetune.ops.cpu). Under torch.compile the call
     is the custom op cutetune::silu_and_mul."""
-    if is_compiling():
-        out = _new_out(x) if out is None else out
-        _SILU_OP(x, out)
-        return out
-    return _act_and_mul(SILU_KERNEL, _SILU_ROUTE, x, out)
+    return _SILU_AND_MUL((x, out))
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
@@ -130,26 +86,63 @@ def gelu_and_mul(x: torch.Tensor, approximate: str = "none",
     torch.compile: the custom op cutetune::gelu_and_mul)."""
     if approximate not in GELU_FORMS:
         raise ValueError(f"approximate must be one of {GELU_FORMS}, got {approximate!r}")
-    if is_compiling():
-        out = _new_out(x) if out is None else out
-        _GELU_OP(x, out, approximate)
-        return out
-    return _act_and_mul(GELU_KERNEL, _GELU_ROUTE, x, out, approximate=approximate)
+    return _GELU_AND_MUL((x, out, approximate))
 
 
-def _new_out(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((x.shape[0], x.shape[1] // 2))
+def _allocated(x: torch.Tensor, out: None, *static: str) -> tuple[tuple, torch.Tensor]:
+    out = x.new_empty((x.shape[0], x.shape[1] // 2))
+    return (x, out, *static), out
+
+
+def _checked(kernel: KernelDef, fields: tuple[str, ...] = ()):
+    """The checks of `kernel`'s op, whose call is (x, out, *the static `fields` beyond dtype
+    and intermediate, each passed as the argument of its name)."""
+
+    def checked(x: torch.Tensor, out: torch.Tensor | None, *rest) -> Checked:
+        *values, allocated = rest
+        dtype, tokens, intermediate, device = _check_inputs(kernel.name, x, out)
+        if out is None:
+            out = x.new_empty((tokens, intermediate)) if allocated is None else allocated
+        if tokens == 0:
+            return Checked(out)
+        key = kernel.problem_type.static_tuple_of(
+            dtype=dtype, intermediate=intermediate, **dict(zip(fields, values, strict=True)))
+        return Checked(out, (x, out, *values), key, tokens, device)
+
+    return checked
 
 
 def _silu_into(x: torch.Tensor, out: torch.Tensor) -> None:
-    _act_and_mul(SILU_KERNEL, _SILU_ROUTE, x, out)
+    silu_and_mul(x, out)
 
 
 def _gelu_into(x: torch.Tensor, out: torch.Tensor, approximate: str) -> None:
-    _act_and_mul(GELU_KERNEL, _GELU_ROUTE, x, out, approximate=approximate)
+    gelu_and_mul(x, approximate, out)
 
 
-_SILU_OP = torch.library.custom_op("cutetune::silu_and_mul", _silu_into, mutates_args=("out",))
-_SILU_OP.register_fake(lambda x, out: None)
-_GELU_OP = torch.library.custom_op("cutetune::gelu_and_mul", _gelu_into, mutates_args=("out",))
-_GELU_OP.register_fake(lambda x, out, approximate: None)
+# x is (tokens, 2 * intermediate): its width fixes the intermediate width.
+_GATED = {"dtype": DType("x"), "intermediate": Dim("x", 1)}
+
+_SILU_AND_MUL = register(OpDef(
+    kernel=SILU_KERNEL,
+    fast_call=FastCall(arguments=("x", "out"), launched=2, tokens=Dim("x", 0), fields=_GATED),
+    check=_checked(SILU_KERNEL),
+    functions=(silu_and_mul,),
+    custom_ops=(CustomOp("silu_and_mul", _silu_into, mutates=("out",)),),
+    calls=lambda t, problem: {"silu_and_mul": lambda: silu_and_mul(t["x"], out=t["out"])},
+    output="out",
+    prepare=_allocated,
+))
+
+_GELU_AND_MUL = register(OpDef(
+    kernel=GELU_KERNEL,
+    fast_call=FastCall(arguments=("x", "out", "approximate"), launched=2, tokens=Dim("x", 0),
+                       fields={**_GATED, "approximate": Value("approximate")}),
+    check=_checked(GELU_KERNEL, ("approximate",)),
+    functions=(gelu_and_mul,),
+    custom_ops=(CustomOp("gelu_and_mul", _gelu_into, mutates=("out",)),),
+    calls=lambda t, problem: {"gelu_and_mul": lambda: gelu_and_mul(
+        t["x"], approximate=problem.approximate, out=t["out"])},
+    output="out",
+    prepare=_allocated,
+))

@@ -5,16 +5,18 @@ cutetune's ops run, and be tested, on a machine without a GPU; it is correct, no
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import torch
 
 from cutetune.kernels.registry import KernelDef
+from cutetune.spaces.problem import Problem
 
 
-def write_reference(kernel: KernelDef, static: tuple, num_tokens: int,
-                    inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
-    """Write the kernel's reference results (fp32) for the call the op was about to look up
-    into `outputs`, by output name, as the kernel writes them."""
-    problem = kernel.problem_type.from_static_tuple(static, num_tokens)
-    expected = kernel.reference(inputs, problem)
-    for name, tensor in outputs.items():
-        tensor.copy_(expected[name])
+def write_reference(kernel: KernelDef, problem: Problem, tensors: Mapping[str, torch.Tensor],
+                    outputs: Iterable[str]) -> None:
+    """Write the kernel's reference results (fp32) for `problem` into the `outputs` of its
+    `tensors` (the kernel's arguments by name), in that order, as the kernel writes them."""
+    expected = kernel.reference(tensors, problem)
+    for name in outputs:
+        tensors[name].copy_(expected[name])

@@ -1,33 +1,18 @@
-"""cutetune.moe_combine: the weighted sum back, served by the dispatcher."""
+"""cutetune.moe_combine: the weighted sum of the experts' rows back into each token's."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
 from cutetune.fast_call import Constant, Dim, DType, FastCall, Value
-from cutetune.fast_path import route
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_combine import KERNEL, MAX_TOP_K
 from cutetune.kernels.moe_common import DEFAULT_PAD, MOE_DTYPES, MoEProblem
-from cutetune.ops.cpu import write_reference
+from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 _VECTOR_BYTES = 16
-
-# The kernel does not check that out's rows do not overlap, nor that there are expert rows
-# (none is the checked path's case): the route does. zero_padding: see the checked path.
-_ROUTE = route(KERNEL, FastCall(
-    arguments=("expert_out", "row_of", "topk_weights", "out", "experts", "pad", "expert_begin",
-               "expert_end"), launched=4,
-    tokens=Dim("row_of", 0),
-    fields={"dtype": DType("expert_out"), "hidden": Dim("expert_out", 1),
-            "experts": Value("experts"), "top_k": Dim("row_of", 1), "pad": Value("pad"),
-            "expert_begin": Value("expert_begin"), "expert_end": Value("expert_end"),
-            "zero_padding": Constant(False)},
-    disjoint_rows=("out",), nonempty=(Dim("expert_out", 0),)))
 
 
 def _check_inputs(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
@@ -122,32 +107,19 @@ def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: to
     loaded one, else the heuristic default. On CPU tensors the op computes with the kernel's
     fp32 reference instead (cutetune.ops.cpu). Under torch.compile the call is the custom op
     cutetune::moe_combine."""
-    if is_compiling():
-        if out is None:
-            out = expert_out.new_empty((row_of.shape[0], expert_out.shape[1]))
-        _COMBINE_OP(expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
-                    expert_end)
-        return out
-    # Eager: the fast path (cutetune.fast_path), else the checked path.
-    result = out  # allocated here where None, it serves the checked path too
-    try:
-        if result is None:
-            result = expert_out.new_empty((row_of.shape[0], expert_out.shape[1]))
-        if _ROUTE.call(expert_out, row_of, topk_weights, result, experts, pad, expert_begin,
-                       expert_end):
-            return result
-    except (AttributeError, IndexError, TypeError, ValueError):  # the checks name the fault
-        pass
-    return _checked(expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
-                    expert_end, result)
+    return _MOE_COMBINE((expert_out, row_of, topk_weights, out, experts, pad, expert_begin,
+                         expert_end))
+
+
+def _allocated(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
+               out: None, *given: int | None) -> tuple[tuple, torch.Tensor]:
+    out = expert_out.new_empty((row_of.shape[0], expert_out.shape[1]))
+    return (expert_out, row_of, topk_weights, out, *given), out
 
 
 def _checked(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
              out: torch.Tensor | None, experts: int | None, pad: int, expert_begin: int,
-             expert_end: int | None, allocated: torch.Tensor | None) -> torch.Tensor:
-    """The checked path: the inputs checked, then the kernel the dispatcher serves (whose
-    lookup tells the route of a tuned one). `allocated`: the output the fast path allocated
-    where out is None (None where it allocated none)."""
+             expert_end: int | None, allocated: torch.Tensor | None) -> Checked:
     given = (experts, pad, expert_begin, expert_end)
     device = _check_inputs(expert_out, row_of, topk_weights, out)
     tokens, top_k = row_of.shape
@@ -155,25 +127,17 @@ def _checked(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch
     if out is None:
         out = expert_out.new_empty((tokens, hidden)) if allocated is None else allocated
     if tokens == 0:
-        return out
+        return Checked(out)
     if capacity == 0:
         # No expert rows: every pair is skipped.
-        return out.zero_()
+        return Checked(out.zero_())
     experts = top_k if experts is None else experts
     expert_end = experts if expert_end is None else expert_end
     # The layout's zero_padding is dispatch's concern: combine never reads padding rows.
     static = MoEProblem.static_tuple_of(
         dtype=DTYPE_NAMES[expert_out.dtype], hidden=hidden, experts=experts, top_k=top_k,
         pad=pad, expert_begin=expert_begin, expert_end=expert_end, zero_padding=False)
-    if device < 0:
-        write_reference(KERNEL, static, tokens, {
-            "expert_out": expert_out, "row_of": row_of, "topk_weights": topk_weights},
-            {"out": out})
-        return out
-    arguments = (expert_out, row_of, topk_weights, out)
-    current_dispatcher().lookup(KERNEL, static, tokens, _ROUTE, (*arguments, *given))(
-        *arguments)
-    return out
+    return Checked(out, (expert_out, row_of, topk_weights, out, *given), static, tokens, device)
 
 
 def _combine_into(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
@@ -183,6 +147,25 @@ def _combine_into(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: 
                 expert_begin=expert_begin, expert_end=expert_end)
 
 
-_COMBINE_OP = torch.library.custom_op("cutetune::moe_combine", _combine_into,
-                                      mutates_args=("out",))
-_COMBINE_OP.register_fake(lambda *args: None)
+# The kernel does not check that out's rows do not overlap, nor that there are expert rows
+# (none is the checked path's case): the route does. zero_padding: see the checked path.
+_MOE_COMBINE = register(OpDef(
+    kernel=KERNEL,
+    fast_call=FastCall(
+        arguments=("expert_out", "row_of", "topk_weights", "out", "experts", "pad",
+                   "expert_begin", "expert_end"), launched=4,
+        tokens=Dim("row_of", 0),
+        fields={"dtype": DType("expert_out"), "hidden": Dim("expert_out", 1),
+                "experts": Value("experts"), "top_k": Dim("row_of", 1), "pad": Value("pad"),
+                "expert_begin": Value("expert_begin"), "expert_end": Value("expert_end"),
+                "zero_padding": Constant(False)},
+        disjoint_rows=("out",), nonempty=(Dim("expert_out", 0),)),
+    check=_checked,
+    functions=(moe_combine,),
+    custom_ops=(CustomOp("moe_combine", _combine_into, mutates=("out",)),),
+    calls=lambda t, problem: {"moe_combine": lambda: moe_combine(
+        t["expert_out"], t["row_of"], t["topk_weights"], t["out"], experts=problem.experts,
+        pad=problem.pad, expert_begin=problem.expert_begin, expert_end=problem.expert_end)},
+    output="out",
+    prepare=_allocated,
+))

@@ -1,4 +1,4 @@
-"""cutetune.moe_dispatch: the token shuffle of a local MoE layer, served by the dispatcher."""
+"""cutetune.moe_dispatch: the token shuffle of a local MoE layer."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ from dataclasses import dataclass
 import torch
 from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
 from cutetune.fast_call import Dim, DType, FastCall, RowsPerToken, Value
-from cutetune.fast_path import route
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_common import MOE_DTYPES, MoEProblem, dispatch_capacity
 from cutetune.kernels.moe_dispatch import KERNEL
 from cutetune.kernels.moe_dispatch.common import MAX_LOCAL_EXPERTS, workspace_words
 from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, CooperativeGridError
-from cutetune.ops.cpu import write_reference
+from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 
 @dataclass(frozen=True)
@@ -144,33 +142,23 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
     a CUDA graph, call the op once on the capture stream (the usual warm-up), so that its
     workspace is not allocated inside the capture. Under torch.compile the call is the custom
     op cutetune::moe_dispatch (cutetune::moe_dispatch_into with `out`)."""
-    if is_compiling():
-        begin, end = (None, None) if expert_range is None else expert_range
-        if out is None:
-            return DispatchResult(*_DISPATCH_OP(x, topk_ids, num_experts, pad, begin, end,
-                                                validate, zero_padding))
-        _DISPATCH_INTO_OP(x, topk_ids, out.dispatched, out.counts, out.offsets, out.row_of,
-                          out.error, num_experts, pad, begin, end, validate, zero_padding)
-        return out
-    # Eager: the fast path (cutetune.fast_path), else the checked path.
-    result = out  # allocated here where None, it serves the checked path too
-    try:
-        device = x.get_device()
-        if device >= 0:  # the workspace is a CUDA tensor; CPU calls take the checked path
-            begin, end = (0, num_experts) if expert_range is None else expert_range
-            if result is None:
-                result = _allocate(x, x.shape[0], x.shape[1], topk_ids.shape[1], end - begin,
-                                   pad)
-            if _ROUTE.call(x, topk_ids, result.row_of, result.dispatched, result.counts,
-                           result.offsets, result.error, _workspace(device, end - begin),
-                           num_experts, pad, begin, end, zero_padding):
-                return _validated(result, validate, num_experts)
-    # The checks name the fault (sizes the outputs cannot have, from a bad expert_range or pad,
-    # fail their allocation with RuntimeError).
-    except (AttributeError, IndexError, RuntimeError, TypeError, ValueError):
-        pass
-    return _checked(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding, out,
-                    result)
+    return _validated(_MOE_DISPATCH((x, topk_ids, num_experts, pad, expert_range, validate,
+                                     zero_padding, out)), validate, num_experts)
+
+
+def _prepared(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
+              expert_range: tuple[int, int] | None, validate: bool, zero_padding: bool,
+              out: DispatchResult | None) -> tuple[tuple | None, DispatchResult | None]:
+    """The route's arguments, the outputs allocated where out is None; none on the CPU (the
+    workspace is a CUDA tensor)."""
+    device = x.get_device()
+    if device < 0:
+        return None, None
+    begin, end = (0, num_experts) if expert_range is None else expert_range
+    if out is None:
+        out = _allocate(x, x.shape[0], x.shape[1], topk_ids.shape[1], end - begin, pad)
+    return (x, topk_ids, out.row_of, out.dispatched, out.counts, out.offsets, out.error,
+            _workspace(device, end - begin), num_experts, pad, begin, end, zero_padding), out
 
 
 def _launch_function(compiled: CompiledDispatch, device: int):
@@ -185,28 +173,9 @@ def _launch_function(compiled: CompiledDispatch, device: int):
     return compiled.fn
 
 
-# The kernel checks every buffer but the dispatched rows, which it takes as enough: the route
-# holds them to the capacity (moe_common.dispatch_capacity, linear in the tokens).
-_ROUTE = route(KERNEL, FastCall(
-    arguments=("x", "topk_ids", "row_of", "dispatched", "counts", "offsets", "error",
-               "workspace", "num_experts", "pad", "expert_begin", "expert_end",
-               "zero_padding"), launched=8,
-    tokens=Dim("x", 0),
-    fields={"dtype": DType("x"), "hidden": Dim("x", 1), "experts": Value("num_experts"),
-            "top_k": Dim("topk_ids", 1), "pad": Value("pad"),
-            "expert_begin": Value("expert_begin"), "expert_end": Value("expert_end"),
-            "zero_padding": Value("zero_padding")},
-    rows_per_token=RowsPerToken("dispatched", lambda p: (
-        p.top_k, dispatch_capacity(0, p.top_k, p.local_experts, p.pad))),
-    launch_function=_launch_function))
-
-
 def _checked(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
              expert_range: tuple[int, int] | None, validate: bool, zero_padding: bool,
-             out: DispatchResult | None, allocated: DispatchResult | None) -> DispatchResult:
-    """The checked path: the inputs checked, then the kernel the dispatcher serves (whose
-    lookup tells the route of a tuned one). `allocated`: the outputs the fast path allocated
-    where out is None (None where it allocated none)."""
+             out: DispatchResult | None, allocated: DispatchResult | None) -> Checked:
     if not isinstance(zero_padding, bool):
         raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
     dtype, begin, end, device = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
@@ -222,21 +191,17 @@ def _checked(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int
         result.counts.zero_()
         result.offsets.zero_()
         result.error.zero_()
-        return result
+        return Checked(result)
     static = MoEProblem.static_tuple_of(
         dtype=dtype, hidden=hidden, experts=num_experts, top_k=top_k, pad=pad,
         expert_begin=begin, expert_end=end, zero_padding=zero_padding)
-    if device < 0:
-        capacity = dispatch_capacity(tokens, top_k, end - begin, pad)
-        write_reference(KERNEL, static, tokens, {"x": x, "topk_ids": topk_ids}, {
-            "dispatched": result.dispatched[:capacity], "counts": result.counts,
-            "offsets": result.offsets, "row_of": result.row_of, "error": result.error})
-    else:
-        arguments = (x, topk_ids, result.row_of, result.dispatched, result.counts,
-                     result.offsets, result.error, _workspace(device, end - begin))
-        current_dispatcher().lookup(KERNEL, static, tokens, _ROUTE, (
-            *arguments, num_experts, pad, begin, end, zero_padding))(*arguments)
-    return _validated(result, validate, num_experts)
+    # On the CPU the reference fills the capacity's rows of dispatched, the kernel's layout.
+    dispatched = (result.dispatched if device >= 0
+                  else result.dispatched[:dispatch_capacity(tokens, top_k, end - begin, pad)])
+    workspace = _workspace(device, end - begin) if device >= 0 else None
+    return Checked(result, (x, topk_ids, result.row_of, dispatched, result.counts,
+                            result.offsets, result.error, workspace, num_experts, pad, begin, end,
+                            zero_padding), static, tokens, device)
 
 
 def _allocate(x: torch.Tensor, tokens: int, hidden: int, top_k: int, local: int,
@@ -286,7 +251,9 @@ def _checked_out(out: DispatchResult, x: torch.Tensor, top_k: int, local: int,
 
 
 def _validated(result: DispatchResult, validate: bool, num_experts: int) -> DispatchResult:
-    if validate and int(result.error.item()):
+    """`result`, where validate asks, checked for the flag the kernel raises (under
+    torch.compile the custom op's eager call checks it)."""
+    if validate and not is_compiling() and int(result.error.item()):
         raise ValueError(f"topk_ids holds expert ids outside [0, {num_experts}): those pairs "
                          "were skipped (row -1)")
     return result
@@ -324,10 +291,54 @@ def _dispatch_into(x: torch.Tensor, topk_ids: torch.Tensor, dispatched: torch.Te
                  DispatchResult(dispatched, counts, offsets, row_of, error))
 
 
-_DISPATCH_OP = torch.library.custom_op("cutetune::moe_dispatch", _dispatch_tensors,
-                                       mutates_args=())
-_DISPATCH_OP.register_fake(_dispatch_shapes)
-_DISPATCH_INTO_OP = torch.library.custom_op(
-    "cutetune::moe_dispatch_into", _dispatch_into,
-    mutates_args=("dispatched", "counts", "offsets", "row_of", "error"))
-_DISPATCH_INTO_OP.register_fake(lambda *args: None)
+def _traced(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
+            expert_range: tuple[int, int] | None, validate: bool, zero_padding: bool,
+            out: DispatchResult | None) -> DispatchResult:
+    """The call as torch.compile records it: the custom op that allocates the outputs, else
+    the one that writes `out`."""
+    begin, end = (None, None) if expert_range is None else expert_range
+    if out is None:
+        return DispatchResult(*torch.ops.cutetune.moe_dispatch(
+            x, topk_ids, num_experts, pad, begin, end, validate, zero_padding))
+    torch.ops.cutetune.moe_dispatch_into(
+        x, topk_ids, out.dispatched, out.counts, out.offsets, out.row_of, out.error,
+        num_experts, pad, begin, end, validate, zero_padding)
+    return out
+
+
+def _calls(t, problem: MoEProblem):
+    buffers = DispatchResult(t["dispatched"], t["counts"], t["offsets"], t["row_of"],
+                             t["error"])
+    return {f"moe_dispatch{suffix}": lambda out=out: moe_dispatch(
+        t["x"], t["topk_ids"], problem.experts, pad=problem.pad,
+        expert_range=(problem.expert_begin, problem.expert_end),
+        zero_padding=problem.zero_padding, out=out)
+        for suffix, out in (("", None), (" into buffers", buffers))}
+
+
+# The kernel checks every buffer but the dispatched rows, which it takes as enough: the route
+# holds them to the capacity (moe_common.dispatch_capacity, linear in the tokens).
+_MOE_DISPATCH = register(OpDef(
+    kernel=KERNEL,
+    fast_call=FastCall(
+        arguments=("x", "topk_ids", "row_of", "dispatched", "counts", "offsets", "error",
+                   "workspace", "num_experts", "pad", "expert_begin", "expert_end",
+                   "zero_padding"), launched=8,
+        tokens=Dim("x", 0),
+        fields={"dtype": DType("x"), "hidden": Dim("x", 1), "experts": Value("num_experts"),
+                "top_k": Dim("topk_ids", 1), "pad": Value("pad"),
+                "expert_begin": Value("expert_begin"), "expert_end": Value("expert_end"),
+                "zero_padding": Value("zero_padding")},
+        rows_per_token=RowsPerToken("dispatched", lambda p: (
+            p.top_k, dispatch_capacity(0, p.top_k, p.local_experts, p.pad))),
+        launch_function=_launch_function),
+    check=_checked,
+    functions=(moe_dispatch, moe_dispatch_buffers),
+    custom_ops=(
+        CustomOp("moe_dispatch", _dispatch_tensors, fake=_dispatch_shapes),
+        CustomOp("moe_dispatch_into", _dispatch_into,
+                 mutates=("dispatched", "counts", "offsets", "row_of", "error"))),
+    calls=_calls,
+    prepare=_prepared,
+    traced=_traced,
+))

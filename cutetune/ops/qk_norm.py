@@ -1,22 +1,13 @@
-"""cutetune.qk_norm: per-head RMSNorm of q and k in place, served by the dispatcher."""
+"""cutetune.qk_norm: per-head RMSNorm of q and k in place."""
 
 from __future__ import annotations
 
 import torch
-from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
 from cutetune.fast_call import Dim, DType, FastCall, Value
-from cutetune.fast_path import route
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormProblem
-from cutetune.ops.cpu import write_reference
-
-_ROUTE = route(KERNEL, FastCall(
-    arguments=("q", "k", "q_weight", "k_weight", "eps", "weight_bias"), launched=4,
-    tokens=Dim("q", 0),
-    fields={"dtype": DType("q"), "head_dim": Dim("q", 2), "q_heads": Dim("q", 1),
-            "kv_heads": Dim("k", 1), "eps": Value("eps"), "weight_bias": Value("weight_bias")}))
+from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
@@ -80,37 +71,20 @@ def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: 
     device and token bucket when `cutetune.warmup` loaded one, else the heuristic default.
     On CPU tensors the op computes with the kernel's fp32 reference instead (cutetune.ops.cpu).
     Under torch.compile the call is the custom op cutetune::qk_norm (no graph break)."""
-    if is_compiling():
-        _QK_NORM_OP(q, k, q_weight, k_weight, float(eps), float(weight_bias))
-        return q, k
-    # Eager: the fast path (cutetune.fast_path), else the checked path.
-    try:
-        if _ROUTE.call(q, k, q_weight, k_weight, eps, weight_bias):
-            return q, k
-    except (TypeError, ValueError):  # refused by the kernel: the checks say why
-        pass
-    _checked(q, k, q_weight, k_weight, eps, weight_bias)
+    _QK_NORM((q, k, q_weight, k_weight, eps, weight_bias))
     return q, k
 
 
 def _checked(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-             eps: float, weight_bias: float) -> None:
-    """The checked path: the inputs checked, then the kernel the dispatcher serves (whose
-    lookup tells the route of a tuned one)."""
+             eps: float, weight_bias: float, allocated: None) -> Checked:
     device = _check_inputs(q, k, q_weight, k_weight)
     tokens = q.shape[0]
     if tokens == 0:
-        return
+        return Checked(None)
     static = QKNormProblem.static_tuple_of(
         dtype=DTYPE_NAMES[q.dtype], head_dim=q.shape[2], q_heads=q.shape[1],
         kv_heads=k.shape[1], eps=float(eps), weight_bias=float(weight_bias))
-    if device < 0:
-        write_reference(KERNEL, static, tokens, {
-            "q": q, "k": k, "q_weight": q_weight, "k_weight": k_weight}, {"q": q, "k": k})
-        return
-    current_dispatcher().lookup(KERNEL, static, tokens, _ROUTE,
-                                (q, k, q_weight, k_weight, eps, weight_bias))(
-        q, k, q_weight, k_weight)
+    return Checked(None, (q, k, q_weight, k_weight, eps, weight_bias), static, tokens, device)
 
 
 def _qk_norm_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
@@ -119,6 +93,18 @@ def _qk_norm_op(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
     qk_norm(q, k, q_weight, k_weight, eps, weight_bias)
 
 
-_QK_NORM_OP = torch.library.custom_op("cutetune::qk_norm", _qk_norm_op,
-                                      mutates_args=("q", "k"))
-_QK_NORM_OP.register_fake(lambda q, k, q_weight, k_weight, eps, weight_bias: None)
+_QK_NORM = register(OpDef(
+    kernel=KERNEL,
+    fast_call=FastCall(
+        arguments=("q", "k", "q_weight", "k_weight", "eps", "weight_bias"), launched=4,
+        tokens=Dim("q", 0),
+        fields={"dtype": DType("q"), "head_dim": Dim("q", 2), "q_heads": Dim("q", 1),
+                "kv_heads": Dim("k", 1), "eps": Value("eps"),
+                "weight_bias": Value("weight_bias")}),
+    check=_checked,
+    functions=(qk_norm,),
+    custom_ops=(CustomOp("qk_norm", _qk_norm_op, mutates=("q", "k")),),
+    calls=lambda t, problem: {"qk_norm": lambda: qk_norm(
+        t["q"], t["k"], t["q_weight"], t["k_weight"], eps=problem.eps,
+        weight_bias=problem.weight_bias)},
+))

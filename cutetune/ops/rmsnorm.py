@@ -1,30 +1,18 @@
-"""cutetune.rmsnorm and cutetune.fused_add_rmsnorm, served by the dispatcher."""
+"""cutetune.rmsnorm and cutetune.fused_add_rmsnorm: one op, the kernel's plain and fused
+forms."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
 from cutetune.fast_call import Dim, DType, FastCall, Value
-from cutetune.fast_path import route
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.rmsnorm import KERNEL, MAX_HIDDEN, MIN_HIDDEN, MIN_VECTOR_BITS, RMSNormProblem
-from cutetune.ops.cpu import write_reference
+from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 _VECTOR_BYTES = 16
-
-# The plain form passes x as its residual (the kernel ignores it). The kernel does not check
-# that the rows it writes do not overlap: the route does.
-_ROUTE = route(KERNEL, FastCall(
-    arguments=("x", "residual", "weight", "out", "eps", "weight_bias", "fused_add"), launched=4,
-    tokens=Dim("x", 0),
-    fields={"dtype": DType("x"), "out_dtype": DType("out"), "hidden": Dim("x", 1),
-            "eps": Value("eps"), "weight_bias": Value("weight_bias"),
-            "fused_add": Value("fused_add")},
-    disjoint_rows=("x", "residual", "out")))
 
 
 def _row_strides(named) -> str:
@@ -112,44 +100,6 @@ def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.
     return out_dtype, device
 
 
-def _run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-         weight_bias: float, out_dtype: torch.dtype | None,
-         out: torch.Tensor | None) -> torch.Tensor:
-    """The op's call: its fast path (cutetune.fast_path), else the checked path. The fast
-    path reads the output dtype from out, so a call whose out_dtype differs from out's takes
-    the checked path, which says so."""
-    fused = residual is not None
-    result = out  # allocated here where None, it serves the checked path too
-    try:
-        if result is None:
-            result = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
-        if (out_dtype is None or out_dtype is result.dtype) and _ROUTE.call(
-                x, residual if fused else x, weight, result, eps, weight_bias, fused):
-            return result
-    except (AttributeError, TypeError, ValueError):  # the checks name the fault
-        pass
-    out_dtype, device = _check_inputs(x, residual, weight, out, out_dtype)
-    rows, hidden = x.shape
-    if out is None:
-        out = (torch.empty((rows, hidden), dtype=out_dtype, device=x.device) if result is None
-               else result)
-    if rows == 0:
-        return out
-    static = RMSNormProblem.static_tuple_of(
-        dtype=DTYPE_NAMES[x.dtype], out_dtype=DTYPE_NAMES[out_dtype], hidden=hidden,
-        eps=float(eps), weight_bias=float(weight_bias), fused_add=fused)
-    if device < 0:
-        write_reference(KERNEL, static, rows,
-                        {"x": x, "residual": residual if fused else x, "weight": weight},
-                        {"residual": residual, "out": out} if fused else {"out": out})
-        return out
-    # The plain form ignores its residual argument: x fills it.
-    arguments = (x, residual if fused else x, weight, out)
-    current_dispatcher().lookup(KERNEL, static, rows, _ROUTE,
-                                (*arguments, eps, weight_bias, fused))(*arguments)
-    return out
-
-
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_bias: float = 0.0,
             out_dtype: torch.dtype | None = None,
             out: torch.Tensor | None = None) -> torch.Tensor:
@@ -162,9 +112,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_bia
     default. On CPU tensors the op computes with the kernel's fp32 reference instead (same
     output dtype and in-place writes; cutetune.ops.cpu). Under torch.compile the call is the
     custom op cutetune::rmsnorm."""
-    if is_compiling():
-        return _compiled_run(x, None, weight, eps, weight_bias, out_dtype, out)
-    return _run(x, None, weight, eps, weight_bias, out_dtype, out)
+    # The plain form passes x as its residual (the kernel ignores it).
+    return _RMSNORM((x, x, weight, out, eps, weight_bias, False, out_dtype))
 
 
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -176,26 +125,79 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     Under torch.compile the call is the custom op cutetune::rmsnorm."""
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
-    if is_compiling():
-        return _compiled_run(x, residual, weight, eps, weight_bias, out_dtype, out), residual
-    return _run(x, residual, weight, eps, weight_bias, out_dtype, out), residual
+    return _RMSNORM((x, residual, weight, out, eps, weight_bias, True, out_dtype)), residual
 
 
-def _compiled_run(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                  eps: float, weight_bias: float, out_dtype: torch.dtype | None,
-                  out: torch.Tensor | None) -> torch.Tensor:
-    """`_run` as torch.compile sees it: `out` allocated here, then the custom op writes it."""
+def _allocated(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: None,
+               eps: float, weight_bias: float, fused_add: bool,
+               out_dtype: torch.dtype | None) -> tuple[tuple, torch.Tensor]:
+    out = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
+    return (x, residual, weight, out, eps, weight_bias, fused_add, out_dtype), out
+
+
+def _checked(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+             out: torch.Tensor | None, eps: float, weight_bias: float, fused_add: bool,
+             out_dtype: torch.dtype | None, allocated: torch.Tensor | None) -> Checked:
+    given_residual = residual if fused_add else None
+    resolved_dtype, device = _check_inputs(x, given_residual, weight, out, out_dtype)
+    rows, hidden = x.shape
+    if out is None:
+        out = (torch.empty((rows, hidden), dtype=resolved_dtype, device=x.device)
+               if allocated is None else allocated)
+    if rows == 0:
+        return Checked(out)
+    static = RMSNormProblem.static_tuple_of(
+        dtype=DTYPE_NAMES[x.dtype], out_dtype=DTYPE_NAMES[resolved_dtype], hidden=hidden,
+        eps=float(eps), weight_bias=float(weight_bias), fused_add=fused_add)
+    return Checked(out, (x, residual, weight, out, eps, weight_bias, fused_add, out_dtype),
+                   static, rows, device)
+
+
+def _traced(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+            out: torch.Tensor | None, eps: float, weight_bias: float, fused_add: bool,
+            out_dtype: torch.dtype | None) -> torch.Tensor:
+    """The call as torch.compile records it: `out` allocated here, then the custom op writes
+    it (the plain form passes no residual, so that x is not taken for written)."""
     if out is None:
         out = x.new_empty(x.shape, dtype=out_dtype or x.dtype)
-    _RMSNORM_OP(x, residual, weight, out, float(eps), float(weight_bias))
+    torch.ops.cutetune.rmsnorm(x, residual if fused_add else None, weight, out, eps,
+                               weight_bias)
     return out
 
 
 def _rmsnorm_into(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                   out: torch.Tensor, eps: float, weight_bias: float) -> None:
-    _run(x, residual, weight, eps, weight_bias, None, out)
+    _RMSNORM((x, x if residual is None else residual, weight, out, eps, weight_bias,
+              residual is not None, None))
 
 
-_RMSNORM_OP = torch.library.custom_op("cutetune::rmsnorm", _rmsnorm_into,
-                                      mutates_args=("residual", "out"))
-_RMSNORM_OP.register_fake(lambda x, residual, weight, out, eps, weight_bias: None)
+def _calls(t, problem: RMSNormProblem):
+    if problem.fused_add:
+        return {"fused_add_rmsnorm": lambda: fused_add_rmsnorm(
+            t["x"], t["residual"], t["weight"], eps=problem.eps,
+            weight_bias=problem.weight_bias, out=t["out"])}
+    return {"rmsnorm": lambda: rmsnorm(t["x"], t["weight"], eps=problem.eps,
+                                       weight_bias=problem.weight_bias, out=t["out"])}
+
+
+# The kernel does not check that the rows it writes do not overlap: the route does. The key
+# holds out_dtype as given, so a call whose out_dtype and out disagree is never served by it.
+_RMSNORM = register(OpDef(
+    kernel=KERNEL,
+    fast_call=FastCall(
+        arguments=("x", "residual", "weight", "out", "eps", "weight_bias", "fused_add",
+                   "out_dtype"), launched=4,
+        tokens=Dim("x", 0),
+        fields={"dtype": DType("x"), "out_dtype": DType("out"), "hidden": Dim("x", 1),
+                "eps": Value("eps"), "weight_bias": Value("weight_bias"),
+                "fused_add": Value("fused_add")},
+        disjoint_rows=("x", "residual", "out"), keyed=("out_dtype",)),
+    check=_checked,
+    functions=(rmsnorm, fused_add_rmsnorm),
+    custom_ops=(CustomOp("rmsnorm", _rmsnorm_into, mutates=("residual", "out")),),
+    calls=_calls,
+    output="out",
+    prepare=_allocated,
+    traced=_traced,
+    writes=lambda problem: ("residual", "out") if problem.fused_add else ("out",),
+))

@@ -1,0 +1,62 @@
+"""Every registered op (cutetune.ops.registry) with the static problems real models give its
+kernel: those of the presets and of the committed Hugging Face configs, one per static key. The
+tests that cover every op iterate these, so that a new op is covered once it is registered."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import cutetune.ops  # noqa: F401  (registers every op)
+from cutetune.kernels.registry import NotApplicableError
+from cutetune.ops.registry import OpDef, ops
+from cutetune.spaces.models import PRESET_NAMES, load_model
+from cutetune.spaces.problem import Problem
+
+HF_CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+
+
+@functools.cache
+def op_problems() -> tuple[tuple[OpDef, Problem], ...]:
+    """(op, static problem) for every static problem of every op's kernel the models give."""
+    models = [load_model(name) for name in PRESET_NAMES]
+    models += [load_model(str(path)) for path in sorted(HF_CONFIGS.glob("*.json"))]
+    found = []
+    for op in ops():
+        problems = {}
+        for model in models:
+            try:
+                given = op.kernel.problems_for_model(model, "bfloat16")
+            except NotApplicableError:
+                continue
+            problems.update((p.static_key(), p) for p in given)
+        assert problems, f"no model in the presets or {HF_CONFIGS} uses op {op.name}"
+        found += [(op, problem) for problem in problems.values()]
+    return tuple(found)
+
+
+@functools.cache
+def call_problems() -> dict[str, tuple[OpDef, Problem]]:
+    """For each public call of the ops (by OpDef.calls' name), the first op and problem that
+    make it."""
+    found: dict[str, tuple[OpDef, Problem]] = {}
+    for op, problem in op_problems():
+        for name in public_calls(op, problem, 1):
+            found.setdefault(name, (op, problem))
+    return found
+
+
+def public_calls(op: OpDef, problem: Problem, tokens: int) -> dict[str, Callable[[], Any]]:
+    """The op's public calls, by name, of fresh CPU inputs of `problem` at `tokens` tokens."""
+    at = problem.with_tokens(tokens)
+    return dict(op.calls(op.kernel.make_inputs(at, "cpu", torch.Generator().manual_seed(0)), at))
+
+
+def public_call(name: str, tokens: int) -> Callable[[], Any]:
+    """The public call `name` (a key of call_problems) of fresh inputs at `tokens` tokens."""
+    op, problem = call_problems()[name]
+    return public_calls(op, problem, tokens)[name]
