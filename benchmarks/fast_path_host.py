@@ -1,10 +1,13 @@
 """The host time of each public op's fast path where no GPU is: a dispatcher made to serve the
 fast path's C++ function that does nothing (fast_path.do_nothing) at every bucket, with CPU
-tensors taken for CUDA ones, so that each op's first call tells its route; then, per op, a
-loop of the public op on CPU tensors shaped like a one-token qwen3-30b-a3b decode step against
-a loop of that function called directly with the kernel's arguments (min of 7 rounds of 100000
-calls each). What the op's own Python and its route cost this machine, to set beside the H200
-host's (op_host_overhead.py, its no-launch column); a shape read is timed alike.
+tensors taken for CUDA ones, so that each op's first call tells its route; then, for every op
+the registry holds (cutetune.ops.registry) and every static problem of a one-token
+qwen3-30b-a3b decode step its kernel has, a loop of the op's public calls (OpDef.calls) of the
+kernel's inputs against a loop of that function called directly with the kernel's arguments
+(min of 7 rounds of 100000 calls each). What the op's own Python and its route cost this
+machine, to set beside the H200 host's (op_host_overhead.py, its no-launch column); a shape
+read is timed alike. An op that prepares every call for its route (moe_dispatch, whose
+workspace is a CUDA tensor) needs a GPU, and is left out.
 
     python3 benchmarks/fast_path_host.py
 """
@@ -15,13 +18,17 @@ import time
 from collections.abc import Callable
 
 import torch
+from op_host_overhead import launch_arguments
 
-import cutetune
 from cutetune import dispatch, fast_path
 from cutetune.dispatch import Dispatcher
+from cutetune.kernels.registry import NotApplicableError
+from cutetune.ops.registry import ops
 from cutetune.spaces.buckets import BUCKETS
+from cutetune.spaces.models import load_model
 
 CALLS, ROUNDS = 100_000, 7
+MODEL = "qwen3-30b-a3b"
 
 
 def per_call_us(call: Callable[[], object]) -> float:
@@ -35,28 +42,24 @@ def per_call_us(call: Callable[[], object]) -> float:
 
 
 def op_calls() -> dict[str, tuple[Callable[[], object], tuple]]:
-    """Each op's call, with the arguments its compiled kernel would be given."""
-    bf16, int32 = torch.bfloat16, torch.int32
-    q, k = torch.zeros(1, 32, 128, dtype=bf16), torch.zeros(1, 4, 128, dtype=bf16)
-    w = torch.zeros(128, dtype=bf16)
-    x, residual, out = (torch.zeros(1, 2048, dtype=bf16) for _ in range(3))
-    weight = torch.zeros(2048, dtype=bf16)
-    gate_up, act = torch.zeros(1, 1536, dtype=bf16), torch.zeros(1, 768, dtype=bf16)
-    expert_out = torch.zeros(8 + 128 * 15, 2048, dtype=bf16)
-    row_of = torch.zeros(1, 8, dtype=int32)
-    topk_weights, combined = torch.zeros(1, 8), torch.zeros(1, 2048, dtype=bf16)
-    return {
-        "qk_norm": (lambda: cutetune.qk_norm(q, k, w, w, eps=1e-6), (q, k, w, w)),
-        "rmsnorm": (lambda: cutetune.rmsnorm(x, weight, eps=1e-6, out=out),
-                    (x, x, weight, out)),
-        "fused_add_rmsnorm": (lambda: cutetune.fused_add_rmsnorm(x, residual, weight,
-                                                                 eps=1e-6, out=out),
-                              (x, residual, weight, out)),
-        "silu_and_mul": (lambda: cutetune.silu_and_mul(gate_up, out=act), (gate_up, act)),
-        "moe_combine": (lambda: cutetune.moe_combine(expert_out, row_of, topk_weights,
-                                                     combined, experts=128),
-                        (expert_out, row_of, topk_weights, combined)),
-    }
+    """Each op's public calls of its kernel's CPU inputs for MODEL's problems at one token,
+    with the arguments its compiled kernel would be given (those `kernel.launch` passes)."""
+    shape = load_model(MODEL)
+    calls: dict[str, tuple[Callable[[], object], tuple]] = {}
+    for op in ops():
+        if op.prepare is not None and op.output is None:
+            continue
+        try:
+            problems = op.kernel.problems_for_model(shape, "bfloat16")
+        except NotApplicableError:
+            continue
+        for static in problems:
+            problem = static.with_tokens(1)
+            tensors = op.kernel.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
+            arguments = launch_arguments(op.kernel, tensors)
+            for name, call in op.calls(tensors, problem).items():
+                calls.setdefault(name, (call, arguments))
+    return calls
 
 
 def serve(stand_in) -> None:
@@ -95,12 +98,12 @@ def main() -> None:
         call()  # the checked path, which tells the op's route
         if not routed(call):
             raise SystemExit(f"{op} does not take the fast path this script times")
-    print(f"{'op':18s} added over the bare call")
+    print(f"{'op':26s} added over the bare call")
     for op, (call, arguments) in calls.items():
         added = per_call_us(call) - per_call_us(lambda a=arguments: nothing(*a))
-        print(f"{op:18s} {added:.3f} us", flush=True)
+        print(f"{op:26s} {added:.3f} us", flush=True)
     t = torch.zeros(1, 2048)
-    print(f"{'t.shape':18s} {per_call_us(lambda: t.shape):.3f} us")
+    print(f"{'t.shape':26s} {per_call_us(lambda: t.shape):.3f} us")
 
 
 if __name__ == "__main__":

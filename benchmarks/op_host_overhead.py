@@ -1,7 +1,8 @@
 """The host time each public op adds over the bare compiled call (BENCHMARKS.md, "Host time per
-call"): after `cutetune.warmup(MODEL)`, for each kernel the model uses, at one token (a decode
-step, where host time matters), a loop of 2000 calls of the public op (its route to the
-compiled kernel, cutetune.fast_path) and a loop of 2000 bare calls of the compiled kernel
+call"): after `cutetune.warmup(MODEL)`, for each op of the registry (cutetune.ops.registry)
+whose kernel the model uses, at one token (a decode step, where host time matters), a loop of
+2000 of the op's public calls of its kernel's inputs (OpDef.calls: its route to the compiled
+kernel, cutetune.fast_path) and a loop of 2000 bare calls of the compiled kernel
 the dispatcher serves for that call, given its arguments positionally (those `kernel.launch`
 passes it, read from the tensors once beforehand), each after 200 warm-up calls and ended by
 one synchronize; the per-call difference is the op's cost. Each op's loop and its bare loop
@@ -29,45 +30,11 @@ import torch
 
 import cutetune
 from cutetune import fast_path
-from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
-from cutetune.ops.moe_dispatch import DispatchResult
+from cutetune.kernels.registry import NotApplicableError, get_kernel
+from cutetune.ops.registry import ops
 from cutetune.spaces.models import load_model
 
 CALLS, WARMUP_CALLS, ROUNDS = 2000, 200, 15
-
-
-def op_calls(tensors: dict, problem) -> dict[str, Callable[[], object]]:
-    """The public op calls of one kernel's inputs, by op name (rmsnorm's problem is either the
-    plain or the fused form)."""
-    t = tensors
-    name = type(problem).__name__
-    if name == "QKNormProblem":
-        return {"qk_norm": lambda: cutetune.qk_norm(t["q"], t["k"], t["q_weight"],
-                                                    t["k_weight"], eps=problem.eps)}
-    if name == "RMSNormProblem" and problem.fused_add:
-        return {"fused_add_rmsnorm": lambda: cutetune.fused_add_rmsnorm(
-            t["x"], t["residual"], t["weight"], eps=problem.eps, out=t["out"])}
-    if name == "RMSNormProblem":
-        return {"rmsnorm": lambda: cutetune.rmsnorm(t["x"], t["weight"], eps=problem.eps,
-                                                    out=t["out"])}
-    if name == "SiluAndMulProblem":
-        return {"silu_and_mul": lambda: cutetune.silu_and_mul(t["x"], out=t["out"])}
-    if name == "GeluAndMulProblem":
-        return {"gelu_and_mul": lambda: cutetune.gelu_and_mul(
-            t["x"], approximate=problem.approximate, out=t["out"])}
-    if name == "MoEProblem" and "expert_out" in t:
-        return {"moe_combine": lambda: cutetune.moe_combine(
-            t["expert_out"], t["row_of"], t["topk_weights"], t["out"], experts=problem.experts,
-            pad=problem.pad, expert_begin=problem.expert_begin, expert_end=problem.expert_end)}
-    if name == "MoEProblem":
-        buffers = DispatchResult(t["dispatched"], t["counts"], t["offsets"], t["row_of"],
-                                 t["error"])
-        return {f"moe_dispatch{suffix}": lambda out=out: cutetune.moe_dispatch(
-            t["x"], t["topk_ids"], problem.experts, pad=problem.pad,
-            expert_range=(problem.expert_begin, problem.expert_end),
-            zero_padding=problem.zero_padding, out=out)
-            for suffix, out in (("", None), (" into buffers", buffers))}
-    raise ValueError(f"no public op call written for {name}")
 
 
 def launch_arguments(kernel, tensors: dict) -> tuple:
@@ -120,8 +87,8 @@ def main() -> None:
     do_nothing = fast_path.do_nothing()
     device = torch.device("cuda")
     rows = []
-    for name in kernel_names():
-        kernel = get_kernel(name)
+    for op_def in ops():
+        kernel = op_def.kernel
         try:
             problems = kernel.problems_for_model(load_model(args.model), "bfloat16")
         except NotApplicableError:
@@ -132,7 +99,7 @@ def main() -> None:
             compiled = dispatcher.lookup(kernel, problem.static_tuple(), 1)
             arguments = launch_arguments(kernel, tensors)
             bare_call = functools.partial(compiled, *arguments)
-            for op, call in op_calls(tensors, problem).items():
+            for op, call in op_def.calls(tensors, problem).items():
                 bare, public = [], []
                 for _ in range(ROUNDS):
                     bare.append(per_call_us(bare_call))

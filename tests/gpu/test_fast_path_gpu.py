@@ -6,8 +6,6 @@ stream, which the route's call takes) and replayed in a CUDA graph captured ther
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 import sys
 from pathlib import Path
 
@@ -15,17 +13,16 @@ import pytest
 import torch
 from compiled_points import compile_all, compiled
 
-import cutetune.ops
-from cutetune import dispatch, fast_path
+from cutetune import dispatch
 from cutetune.dispatch import DEFAULT, TUNED, Dispatcher
-from cutetune.kernels.registry import NotApplicableError, get_kernel
+from cutetune.kernels.registry import NotApplicableError
+from cutetune.ops.registry import get_op, ops
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import device_spec_for
 from cutetune.tuner.verify import check_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from fast_path_host import routed  # noqa: E402
-from op_host_overhead import op_calls  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 TOKENS = 5
@@ -79,22 +76,17 @@ def _outputs(op: str, tensors: dict, returned) -> dict:
                           for f in dataclasses.fields(returned)}}
 
 
-# Every kernel a public op routes (the test kernels other tests register have none): each op's
-# module declares its route when imported.
-for op_module in pkgutil.iter_modules(cutetune.ops.__path__):
-    importlib.import_module(f"cutetune.ops.{op_module.name}")
-
-
-@pytest.mark.parametrize("name", sorted(fast_path._ROUTES))
+@pytest.mark.parametrize("name", sorted(op.name for op in ops()))
 def test_routed_calls_compute_the_reference_on_a_side_stream_and_in_a_graph(name, all_tuned):
-    kernel = get_kernel(name)
+    kernel = get_op(name).kernel
     for problem in _problems(kernel):
         tensors, _ = _inputs(kernel, problem, seed=0)
-        for op in op_calls(tensors, problem):
+        for op in get_op(name).calls(tensors, problem):
             _check_routed(kernel, problem, op)
 
 
 def _check_routed(kernel, problem, op: str) -> None:
+    op_calls = get_op(kernel.name).calls
     tensors, _ = _inputs(kernel, problem, seed=0)
     op_calls(tensors, problem)[op]()  # the checked path, which tells the route
     torch.cuda.synchronize()
