@@ -13,7 +13,7 @@ import sys
 import cutetune
 from cutetune.dispatch import Dispatcher
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
-from cutetune.ops import activation, moe_combine, moe_dispatch, qk_norm, rmsnorm
+import cutetune.ops  # every op
 from cutetune.spaces.models import PRESETS
 from cutetune.tuner.roofline import device_spec_for
 
