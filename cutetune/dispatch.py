@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cutetune.build.artifacts import ARTIFACTS_DIR, NO_COMPILER, ArtifactStore, arch_for, c_compiler
 from cutetune.fast_path import forget_all, load_library
 from cutetune.kernels.code_hash import CODE_HASHES, remember_in
 from cutetune.kernels.registry import KernelDef
@@ -41,7 +42,6 @@ from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.models import ModelShape, load_model
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.artifacts import ARTIFACTS_DIR, NO_COMPILER, ArtifactStore, arch_for, c_compiler
 
 log = logging.getLogger("cutetune.dispatch")
 
@@ -216,7 +216,7 @@ class Dispatcher:
             for point in missing.values():
                 self.store.compile(*point)
             return len(points), len(missing)
-        from cutetune.tuner.compile_pool import CompilePool
+        from cutetune.build.compile_pool import CompilePool
 
         modules = sorted({kernel.compile_function.__module__ for kernel, _ in work})
         start = time.perf_counter()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutetune.build.publish import find_published, publish
 from cutetune.fast_call import Constant, DType, FastCall, Value
 from cutetune.kernels.registry import KernelDef
 
@@ -205,25 +206,13 @@ def _build_plan() -> _Build:
                   library_dir, stem)
 
 
-def _content_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-
-
-def _sound_library(stem: Path) -> Path | None:
-    """The stored library of `stem` whose content matches its name; others are removed."""
-    for path in stem.parent.glob(f"{stem.name}-*.so"):
-        if path.name == f"{stem.name}-{_content_digest(path)}.so":
-            return path
-        log.warning("cutetune: %s is damaged; building the fast path again", path)
-        path.unlink(missing_ok=True)
-    return None
-
-
 def _load_or_build():
     import tvm_ffi
 
     plan = _build_plan()
-    library = _sound_library(plan.stem)
+    library, damaged = find_published(plan.stem)
+    for path in damaged:
+        log.warning("cutetune: %s is damaged; building the fast path again", path)
     if library is None:
         try:
             plan.stem.parent.mkdir(parents=True, exist_ok=True)
@@ -240,21 +229,16 @@ def _load_or_build():
 
 
 def _build(plan: _Build, directory: Path) -> Path:
-    """Compile into a temporary file in `directory`, then rename it to its name there
-    (processes that build at once each rename a whole library)."""
-    fd, temporary = tempfile.mkstemp(suffix=".so", dir=directory)
-    os.close(fd)
-    arguments = [plan.compiler, "-std=c++17", "-O2", "-fPIC", "-shared", "-o", temporary,
-                 str(SOURCE), *(f"-I{path}" for path in plan.includes),
-                 f"-L{plan.library_dir}", f"-Wl,-rpath,{plan.library_dir}", "-ltvm_ffi"]
-    try:
+    """Compile the library and publish it in `directory` under its name there."""
+
+    def compile_to(library: Path) -> None:
+        arguments = [plan.compiler, "-std=c++17", "-O2", "-fPIC", "-shared", "-o", str(library),
+                     str(SOURCE), *(f"-I{path}" for path in plan.includes),
+                     f"-L{plan.library_dir}", f"-Wl,-rpath,{plan.library_dir}", "-ltvm_ffi"]
         done = subprocess.run(arguments, capture_output=True, text=True)
         if done.returncode:
             said = (done.stderr or done.stdout).strip().splitlines()
             raise FastPathUnavailable(f"{plan.compiler} failed: "
                                       f"{said[-1] if said else done.returncode}")
-        library = directory / f"{plan.stem.name}-{_content_digest(Path(temporary))}.so"
-        os.replace(temporary, library)
-        return library
-    finally:
-        Path(temporary).unlink(missing_ok=True)
+
+    return publish(directory / plan.stem.name, compile_to)

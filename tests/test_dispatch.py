@@ -440,7 +440,7 @@ def test_a_cold_warmup_compiles_in_parallel_and_a_warm_one_loads_every_point(qwe
     the cache at the first start, loaded from it at the next, and served the same."""
     import os
 
-    from cutetune.tuner.artifacts import ArtifactStore
+    from cutetune.build.artifacts import ArtifactStore
 
     kernel = qk.KERNEL
     stored = [winner(kernel, qwen3_8b, 8, SMALL), winner(kernel, qwen3_8b, 4096, LARGE)]

@@ -17,6 +17,7 @@ import tvm_ffi
 from op_problems import call_problems, public_call
 
 from cutetune import dispatch, fast_path
+from cutetune.build.publish import find_published
 from cutetune.dispatch import Dispatcher
 from cutetune.fast_call import Constant, Dim, DType, FastCall, Value
 from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, CooperativeGridError
@@ -312,7 +313,7 @@ def test_a_damaged_library_is_never_loaded_but_built_again(monkeypatch, tmp_path
     assert not damaged.exists()
     assert "is damaged; building the fast path again" in caplog.text
     [built] = plan.stem.parent.glob("*.so")
-    assert fast_path._sound_library(plan.stem) == built
+    assert find_published(plan.stem) == (built, [])
 
 
 def test_a_kernel_that_wraps_its_function_is_served_through_it():

@@ -21,19 +21,22 @@ MAY_IMPORT = {
     # An import checks each winner's point against today's kernels (kernels.stored).
     "results_db": {"spaces", "kernels"},
     "kernels": {"spaces", "atomic_file"},
-    "tuner": {"spaces", "kernels", "results_db", "atomic_file"},
+    # Points built into files and processes: the artifact store, the compile pool, supervised
+    # worker processes, and the one way a built file is published.
+    "build": {"spaces", "kernels", "atomic_file"},
+    "tuner": {"spaces", "kernels", "results_db", "atomic_file", "build"},
     # What fixes a kernel's problem in an op's call, declared beside each op; the ops' fast
     # path (C++ routes) keyed by it, which an op's checked path tells what the dispatcher serves.
     "fast_call": set(),
-    "fast_path": {"spaces", "kernels", "fast_call", "settings"},
-    "dispatch": {"spaces", "kernels", "tuner", "results_db", "settings", "fast_path"},
+    "fast_path": {"spaces", "kernels", "fast_call", "settings", "build"},
+    "dispatch": {"spaces", "kernels", "tuner", "results_db", "settings", "fast_path", "build"},
     "ops": {"spaces", "kernels", "dispatch", "fast_call", "fast_path"},
     "bench": {"spaces", "kernels", "tuner", "results_db", "dispatch"},
     # The tuning report reads the database and asks the dispatcher and the planner what they
     # would do with it; only the CLI runs it.
     "report": {"spaces", "kernels", "tuner", "results_db", "dispatch", "bench", "settings"},
-    "cli": {"spaces", "kernels", "tuner", "results_db", "dispatch", "ops", "bench", "settings",
-            "version", "report"},
+    "cli": {"spaces", "kernels", "build", "tuner", "results_db", "dispatch", "ops", "bench",
+            "settings", "version", "report"},
     # Other libraries' models served by the public ops; nothing in cutetune imports them.
     "integrations": {"spaces", "kernels", "dispatch", "ops"},
     "__init__": {"dispatch", "ops", "version"},

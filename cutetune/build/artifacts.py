@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cutetune.atomic_file import write_atomically
+from cutetune.build.publish import find_published, publish
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
@@ -59,9 +60,8 @@ def _toolchain() -> str:
     return " ".join([*versions, platform.system(), platform.machine()])
 
 
-def _digest(text: str | bytes) -> str:
-    data = text.encode() if isinstance(text, str) else text
-    return hashlib.sha256(data).hexdigest()
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
@@ -101,12 +101,9 @@ class ArtifactStore:
 
     def find(self, kernel: KernelDef, problem: Problem, config: Any) -> Path | None:
         """The point's artifact if a sound one is stored; an unsound one is deleted."""
-        for path in self.directory.glob(f"{self.key(kernel, problem, config)}-*.so"):
-            if _digest(path.read_bytes())[:16] == _name_parts(path)[1]:
-                return path
-            path.unlink(missing_ok=True)
-            self.counts.unsound += 1
-        return None
+        path, unsound = find_published(self.directory / self.key(kernel, problem, config))
+        self.counts.unsound += len(unsound)
+        return path
 
     def stored_keys(self) -> set[str]:
         """The keys of the artifacts stored here, from the file names alone (`find` checks a
@@ -148,13 +145,15 @@ class ArtifactStore:
                     "config": config_to_json(config), "arch": self.arch,
                     "toolchain": _toolchain()}
         write_atomically(self.directory / f"{key}.json", json.dumps(manifest).encode())
-        with tempfile.TemporaryDirectory(dir=self.directory) as scratch:
-            exported, library = Path(scratch) / "point.o", Path(scratch) / "point.so"
+        libraries = runtime_libraries(self.directory)
+
+        def build(library: Path) -> None:
+            exported = library.with_suffix(".o")
             function.export_to_c(str(exported), function_name=_function_name(key),
                                  export_only_tvm_ffi_symbols=True)
-            _link(compiler, exported, library, runtime_libraries(self.directory))
-            final = self.directory / f"{key}-{_digest(library.read_bytes())[:16]}.so"
-            os.replace(library, final)
+            _link(compiler, exported, library, libraries)
+
+        final = publish(self.directory / key, build)
         self.counts.compiled += 1
         self.counts.compile_s += time.perf_counter() - start
         return final, function

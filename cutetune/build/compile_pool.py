@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutetune.build.artifacts import ArtifactStore
+from cutetune.build.supervised import ProcessLost, SupervisedProcess
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.artifacts import ArtifactStore
-from cutetune.tuner.supervised import ProcessLost, SupervisedProcess
 
 COMPILE_TIMEOUT_S = 300.0
 _ASKED, _AHEAD = 0, 1  # queue priorities: a point a study waits for, a point compiled ahead
@@ -53,8 +53,8 @@ class CompileHandler:
     def __call__(self, request: tuple[str, Problem, Any]) -> CompileResult:
         from cutlass.base_dsl.common import DSLBaseError
 
+        from cutetune.build.errors import first_line
         from cutetune.kernels.registry import get_kernel
-        from cutetune.tuner.trials import first_line
 
         name, problem, config = request
         start = time.perf_counter()
@@ -71,7 +71,7 @@ class CompilePool:
 
     def __init__(self, store: ArtifactStore, processes: int, kernel_modules: Sequence[str],
                  timeout_s: float = COMPILE_TIMEOUT_S,
-                 handler: str = "cutetune.tuner.compile_pool:CompileHandler"):
+                 handler: str = "cutetune.build.compile_pool:CompileHandler"):
         self.store = store
         self.timeout_s = timeout_s
         self.cpu_seconds = 0.0  # the compiles', summed over processes

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from cutetune.tuner.interrupt import raise_if_interrupted
+from cutetune.build.interrupt import raise_if_interrupted
 
 _SPAWN = multiprocessing.get_context("spawn")
 _POLL_S = 0.5

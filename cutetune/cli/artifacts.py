@@ -9,14 +9,14 @@ import click
 
 
 def artifacts_dir() -> Path:
+    from cutetune.build.artifacts import ARTIFACTS_DIR
     from cutetune.settings import load_settings
-    from cutetune.tuner.artifacts import ARTIFACTS_DIR
 
     return load_settings().cache_dir / ARTIFACTS_DIR
 
 
 def require_c_compiler() -> None:
-    from cutetune.tuner.artifacts import NO_COMPILER, c_compiler
+    from cutetune.build.artifacts import NO_COMPILER, c_compiler
 
     if c_compiler() is None:
         raise click.UsageError(NO_COMPILER)

@@ -19,8 +19,8 @@ def cache() -> None:
 @cache.command("ls")
 def cache_ls() -> None:
     """List the stored artifacts: kernel, arch, problem, config, size."""
+    from cutetune.build.artifacts import ArtifactStore
     from cutetune.cli.table import render_table
-    from cutetune.tuner.artifacts import ArtifactStore
 
     directory = artifacts_dir()
     entries = ArtifactStore(directory, "any").entries() if directory.is_dir() else []
@@ -36,7 +36,7 @@ def cache_ls() -> None:
 @cache.command("clear")
 def cache_clear() -> None:
     """Delete every stored artifact."""
-    from cutetune.tuner.artifacts import clear_artifacts
+    from cutetune.build.artifacts import clear_artifacts
 
     directory = artifacts_dir()
     removed = clear_artifacts(directory) if directory.is_dir() else 0
@@ -56,13 +56,13 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
     a machine without a GPU, for shipping the cache to GPU hosts."""
     import time
 
+    from cutetune.build.artifacts import ArtifactStore, arch_for
     from cutetune.cli.artifacts import require_c_compiler
     from cutetune.cli.problems import model_problems
     from cutetune.dispatch import Dispatcher
     from cutetune.kernels.code_hash import CODE_HASHES, remember_in
     from cutetune.kernels.registry import get_kernel, kernel_names
     from cutetune.results_db import shipped_with_devices, winners_with_devices
-    from cutetune.tuner.artifacts import ArtifactStore, arch_for
 
     # The model, the database and the compiler are checked before the cache directory is
     # touched (created, or its code-hash memo written), so a mistaken command leaves nothing.

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutetune.build.artifacts import ArtifactStore, arch_for
+from cutetune.build.supervised import Fatal
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.artifacts import ArtifactStore, arch_for
 from cutetune.tuner.measure import Measurement
-from cutetune.tuner.supervised import Fatal
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class GpuWorker:
         """Fatal with the CUDA error if this process can no longer run anything on the GPU."""
         import torch
 
-        from cutetune.tuner.trials import first_line
+        from cutetune.build.errors import first_line
 
         try:
             torch.cuda.synchronize()

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cutetune.build.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
+from cutetune.build.compile_pool import COMPILE_TIMEOUT_S, CompilePool
+from cutetune.build.interrupt import raise_if_interrupted
+from cutetune.build.supervised import ProcessLost, SupervisedProcess
 from cutetune.kernels.registry import KernelDef
 from cutetune.results_db.fingerprint import serves_here
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
-from cutetune.tuner.compile_pool import COMPILE_TIMEOUT_S, CompilePool
 from cutetune.tuner.defaults import DEFAULT_TRIAL_TIMEOUT_S
-from cutetune.tuner.interrupt import raise_if_interrupted
 from cutetune.tuner.measure import (
     MAX_INPUT_SETS,
     REPEATS,
@@ -34,12 +35,11 @@ from cutetune.tuner.measure import (
 )
 from cutetune.tuner.roofline import Ceilings, DeviceSpec, predict
 from cutetune.tuner.study import TrialFailure
-from cutetune.tuner.supervised import ProcessLost, SupervisedProcess
 
 SLOWDOWN_ALLOWED = 10.0
 CEILINGS_TIMEOUT_S = 300.0
 GPU_WORKER = "cutetune.tuner.gpu_worker:GpuWorker"
-COMPILER = "cutetune.tuner.compile_pool:CompileHandler"
+COMPILER = "cutetune.build.compile_pool:CompileHandler"
 
 
 def default_compile_processes() -> int:

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 from optuna.storages import BaseStorage
 
+from cutetune.build.interrupt import request_stop, safe_points
+from cutetune.build.supervised import ProcessLost
 from cutetune.kernels.registry import KernelDef
 from cutetune.results_db import (
     Database,
@@ -44,7 +46,6 @@ from cutetune.results_db import (
 )
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.interrupt import request_stop, safe_points
 from cutetune.tuner.isolated import Workers
 from cutetune.tuner.roofline import Ceilings, DeviceSpec, device_spec_for, percent_of_roofline
 from cutetune.tuner.study import (
@@ -55,7 +56,6 @@ from cutetune.tuner.study import (
     ranked_candidates,
 )
 from cutetune.tuner.study_storage import open_storage
-from cutetune.tuner.supervised import ProcessLost
 from cutetune.tuner.tune import BucketPlan, plan_bucket, tune_bucket
 
 TUNED, STORED, NO_WINNER, FAILED = "tuned", "stored", "no winner", "failed"

@@ -27,9 +27,9 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
+from cutetune.build.interrupt import raise_if_interrupted
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.interrupt import raise_if_interrupted
 from cutetune.tuner.measure import Measurement
 from cutetune.tuner.plan import Plan
 from cutetune.tuner.study_storage import (

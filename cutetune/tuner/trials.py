@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 from cutlass.base_dsl.common import DSLBaseError
 
+from cutetune.build.errors import first_line
 from cutetune.kernels.registry import KernelDef, VerificationError
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
@@ -33,7 +33,6 @@ from cutetune.tuner.verify import verify
 DRIFT_CORRECTED_BELOW_US = 5.0
 
 
-_COLOUR_CODE = re.compile(r"\x1b\[[0-9;]*m")
 
 # One compile serves every token count, so the runners of one tuning process (one per bucket)
 # share their compiles: (kernel, static problem, config JSON) -> compiled kernel.
@@ -144,8 +143,3 @@ def drift_corrected(measured: Measurement, reference_now_us: float,
     shift = reference_now_us - reference_first_us
     return dataclasses.replace(measured, median_us=measured.median_us - shift)
 
-
-def first_line(err: Exception) -> str:
-    """The first line of an error's message, without the colour codes CuTeDSL puts in."""
-    text = _COLOUR_CODE.sub("", str(err)).strip()
-    return text.splitlines()[0] if text else type(err).__name__

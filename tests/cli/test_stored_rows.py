@@ -66,7 +66,7 @@ def test_cache_build_skips_each_unusable_winner_in_one_line(unusable_db, tmp_pat
                                                             monkeypatch):
     """The points a warmup would serve are compiled (here recorded, not compiled): the usable
     winners', never an unusable one's."""
-    from cutetune.tuner.artifacts import ArtifactStore
+    from cutetune.build.artifacts import ArtifactStore
 
     compiled = []
     monkeypatch.setattr(ArtifactStore, "compile", lambda store, kernel, problem, config:

@@ -57,8 +57,8 @@ def _pool():
     if not _POOL:
         import torch
 
-        from cutetune.tuner.artifacts import ArtifactStore, arch_for
-        from cutetune.tuner.compile_pool import CompilePool
+        from cutetune.build.artifacts import ArtifactStore, arch_for
+        from cutetune.build.compile_pool import CompilePool
 
         major, minor = torch.cuda.get_device_capability()
         directory = Path(tempfile.mkdtemp(prefix="cutetune-gpu-tests-"))

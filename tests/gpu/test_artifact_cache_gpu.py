@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cutetune.build.artifacts import ArtifactStore, arch_for
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import DeviceFingerprint
 from cutetune.spaces.models import PRESETS, load_model
-from cutetune.tuner.artifacts import ArtifactStore, arch_for
 from cutetune.tuner.roofline import device_spec_for
 from cutetune.tuner.verify import check_outputs
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from fault_kernel import KERNEL, FaultConfig, FaultProblem
 
+from cutetune.build.artifacts import RUNTIME_LIBRARIES, ArtifactStore, clear_artifacts
+from cutetune.build.compile_pool import CompileHandler, CompilePool, CompileResult
+from cutetune.build.publish import content_digest
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.artifacts import RUNTIME_LIBRARIES, ArtifactStore, _digest, clear_artifacts
-from cutetune.tuner.compile_pool import CompileHandler, CompilePool, CompileResult
 
 PROBLEM = FaultProblem(num_tokens=1)
 OK, OTHER = FaultConfig("ok", 1), FaultConfig("ok", 2)
@@ -90,7 +91,7 @@ def test_a_loaded_artifact_imports_no_cutedsl(tmp_path):
 import sys
 from pathlib import Path
 from fault_kernel import KERNEL, FaultConfig, FaultProblem
-from cutetune.tuner.artifacts import ArtifactStore
+from cutetune.build.artifacts import ArtifactStore
 store = ArtifactStore(Path({str(tmp_path)!r}), {os.environ["CUTE_DSL_ARCH"]!r})
 loaded = store.load(KERNEL, FaultProblem(num_tokens=1), FaultConfig("ok", 1))
 print(callable(loaded), store.counts.unsound, [m for m in sys.modules if m.startswith("cutlass")])
@@ -103,10 +104,11 @@ def test_an_artifact_that_does_not_load_is_dropped_and_compiled_again(tmp_path):
     store = ArtifactStore(tmp_path, os.environ["CUTE_DSL_ARCH"])
     path = store.compile(KERNEL, PROBLEM, OK)
     # Sound by its digest, but no library: what another platform's file would look like.
-    junk = b"not a shared library"
-    foreign = path.with_name(f"{store.key(KERNEL, PROBLEM, OK)}-{_digest(junk)[:16]}.so")
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"not a shared library")
+    foreign = path.with_name(f"{store.key(KERNEL, PROBLEM, OK)}-{content_digest(junk)}.so")
     path.unlink()
-    foreign.write_bytes(junk)
+    junk.rename(foreign)
     assert callable(store.get(KERNEL, PROBLEM, OK))
     assert (store.counts.unsound, store.counts.compiled) == (1, 2)
     assert not foreign.exists()

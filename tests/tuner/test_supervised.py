@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cutetune.tuner.supervised import ProcessLost, SupervisedProcess
+from cutetune.build.supervised import ProcessLost, SupervisedProcess
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_a_child_does_not_run_the_parents_main_module_again(tmp_path):
         "from pathlib import Path\n"
         "with Path(__file__).with_suffix('.runs').open('a') as runs:\n"
         "    runs.write('run\\n')\n"
-        "from cutetune.tuner.supervised import SupervisedProcess\n"
+        "from cutetune.build.supervised import SupervisedProcess\n"
         "child = SupervisedProcess('toy_handler:Toy', ('hi',))\n"
         "print(child.start()[0])\n"
         "child.stop()\n")

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from cutetune.tuner.supervised import Fatal
+from cutetune.build.supervised import Fatal
 
 
 class Toy:
