@@ -19,8 +19,8 @@ import cutlass.cute as cute
 import torch
 from cutlass import BFloat16, Int32
 
+from cutetune.device.measure import time_interleaved
 from cutetune.kernels.device.compiling import compile_launcher, fake_compact, fake_rows
-from cutetune.tuner.measure import time_interleaved
 
 VEC, THREADS = 8, 256
 

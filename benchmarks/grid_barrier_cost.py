@@ -16,10 +16,10 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
+from cutetune.device.measure import time_in_graph
 from cutetune.kernels.moe_dispatch.common import WS_BARRIER
 from cutetune.kernels.moe_dispatch.device import grid_barrier
 from cutetune.kernels.moe_dispatch.launcher import check_cooperative_grid
-from cutetune.tuner.measure import time_in_graph
 
 BARRIERS = (0, 1, 2, 4)
 

@@ -49,8 +49,8 @@ from qwen3_moe_standin import (  # noqa: E402
     transformers_or_stub,
 )
 
+from cutetune.device.measure import summarise, time_events  # noqa: E402
 from cutetune.integrations.transformers import follows, patch, unpatch  # noqa: E402
-from cutetune.tuner.measure import summarise, time_events  # noqa: E402
 
 DECODE_BATCHES = (1, 8, 64)
 PREFILL_TOKENS = 4096

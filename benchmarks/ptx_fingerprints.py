@@ -29,11 +29,11 @@ def points() -> list[tuple[str, str, str]]:
     """(kernel, static key, config JSON) of every point to fingerprint, sorted."""
     from covering_points import covering_configs
 
+    from cutetune.device.specs import device_spec_for
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
     from cutetune.results_db import shipped_with_devices
     from cutetune.spaces.models import PRESETS
     from cutetune.spaces.space import config_to_json
-    from cutetune.tuner.roofline import device_spec_for
 
     spec = device_spec_for("NVIDIA H200")
     found = {(w.kernel_name, w.static_key, w.config_json): None

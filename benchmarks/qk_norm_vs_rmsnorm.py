@@ -17,14 +17,14 @@ import csv
 
 import torch
 
+from cutetune.device.measure import input_sets_for, time_in_graph
+from cutetune.device.specs import device_spec_for
 from cutetune.dispatch import Dispatcher
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels import rmsnorm as rms
 from cutetune.results_db import Database, DeviceFingerprint, winners
 from cutetune.spaces.models import load_model
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.measure import input_sets_for, time_in_graph
-from cutetune.tuner.roofline import device_spec_for
 
 MODELS = ("qwen3-8b", "qwen3-30b-a3b")
 TOKENS = (1, 8, 64, 512, 4096, 32768)

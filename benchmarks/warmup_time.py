@@ -54,6 +54,8 @@ print(json.dumps({"seconds": seconds, "points": sum(s.points for s in stats),
 
 def store_winners(model: str, db_url: str) -> int:
     """A winner at every bucket of every problem the model's kernels have; the number stored."""
+    from cutetune.device.funnel import make_plan
+    from cutetune.device.specs import Ceilings, device_spec_for
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
     from cutetune.results_db import (
         Database,
@@ -62,11 +64,9 @@ def store_winners(model: str, db_url: str) -> int:
         TuningResult,
         record_tuning_result,
     )
+    from cutetune.spaces.buckets import DEFAULT_TUNE_TOKENS
     from cutetune.spaces.models import load_model
     from cutetune.spaces.space import config_to_json
-    from cutetune.tuner.defaults import DEFAULT_TUNE_TOKENS
-    from cutetune.tuner.plan import make_plan
-    from cutetune.tuner.roofline import Ceilings, device_spec_for
 
     fingerprint = DeviceFingerprint.current()
     spec = device_spec_for(fingerprint.gpu_name)

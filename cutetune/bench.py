@@ -20,6 +20,16 @@ from typing import Any
 
 import torch
 
+from cutetune.device.ceilings import measure_copy_gbps, measure_launch_floor_us, time_copy_of
+from cutetune.device.measure import (
+    INTERLEAVED_ROUNDS,
+    Measurement,
+    input_sets_for,
+    time_interleaved,
+    with_fresh_outputs,
+)
+from cutetune.device.specs import DeviceSpec, device_spec_for
+from cutetune.device.verify import check_outputs
 from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, Dispatcher, artifact_store
 from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors, VerificationError
 from cutetune.results_db import (
@@ -34,16 +44,6 @@ from cutetune.results_db import (
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.ceilings import measure_copy_gbps, measure_launch_floor_us, time_copy_of
-from cutetune.tuner.measure import (
-    INTERLEAVED_ROUNDS,
-    Measurement,
-    input_sets_for,
-    time_interleaved,
-    with_fresh_outputs,
-)
-from cutetune.tuner.roofline import DeviceSpec, device_spec_for
-from cutetune.tuner.verify import check_outputs
 
 TUNED_NAME = "cutetune tuned"
 DEFAULT_NAME = "cutetune default"

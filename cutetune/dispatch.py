@@ -433,7 +433,7 @@ def _current_device_spec():
     """The spec of the GPU in use; None where no GPU is visible."""
     import torch
 
-    from cutetune.tuner.roofline import device_spec_for
+    from cutetune.device.specs import device_spec_for
 
     if not torch.cuda.is_available():
         return None
@@ -446,6 +446,7 @@ def warmup(model: str | ModelShape, dtype: str = "bfloat16",
     result the dispatcher that `cutetune.qk_norm` and the other ops call through. `model` is
     a preset name, the path of a Hugging Face config.json, or a ModelShape (e.g.
     `cutetune.spaces.models.model_from_hf_config` of a loaded model's config)."""
+    from cutetune.device.specs import device_spec_for
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
     from cutetune.results_db import (
         Database,
@@ -454,7 +455,6 @@ def warmup(model: str | ModelShape, dtype: str = "bfloat16",
         winners_to_serve,
     )
     from cutetune.settings import load_settings
-    from cutetune.tuner.roofline import device_spec_for
 
     shape = model if isinstance(model, ModelShape) else load_model(model)
     fingerprint = DeviceFingerprint.current()

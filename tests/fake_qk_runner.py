@@ -3,9 +3,9 @@ what stores and shows its results."""
 
 from __future__ import annotations
 
+from cutetune.device.measure import Measurement
+from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.results_db import DeviceFingerprint
-from cutetune.tuner.measure import Measurement
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
 from cutetune.tuner.study import TrialFailure
 
 SPEC = DEVICE_SPECS["H200"]

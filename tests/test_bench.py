@@ -17,11 +17,11 @@ from cutetune.bench import (
     candidates,
     speedup_over_best_peer,
 )
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.dispatch import Dispatcher
 from cutetune.kernels import qk_norm as qk
 from cutetune.spaces.models import load_model
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.roofline import DEVICE_SPECS
 
 SPEC = DEVICE_SPECS["H200"]
 TUNED = qk.QKNormConfig(vector_bits=64, heads_per_warp=2, warps_per_block=2)

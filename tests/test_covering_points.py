@@ -116,9 +116,9 @@ def test_covering_configs_lead_with_the_defaults_at_the_given_buckets():
 def test_the_points_of_several_forms_cover_every_form_and_its_knobs():
     """moe_dispatch's forms share knob names: the form is a knob of its own, so each form,
     and each value of each of its knobs, is among the covering points."""
+    from cutetune.device.specs import DEVICE_SPECS
     from cutetune.kernels.moe_dispatch import KERNEL as DISPATCH
     from cutetune.spaces.space import config_to_dict
-    from cutetune.tuner.roofline import DEVICE_SPECS
 
     (static,) = DISPATCH.problems_for_model(load_model("mixtral-8x7b"), "bfloat16")
     problem = static.with_tokens(64)

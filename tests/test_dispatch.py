@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from stored_winners import winner
 
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED, Dispatcher, nearest_tuned
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.registry import KernelDef
@@ -24,7 +25,6 @@ from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
 from cutetune.spaces.models import load_model
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
-from cutetune.tuner.roofline import DEVICE_SPECS
 
 SPEC = DEVICE_SPECS["H200"]
 STALE_HASH = "0123456789abcdef"
@@ -547,10 +547,10 @@ def test_warmup_skips_each_unusable_stored_winner_in_one_line(tmp_path, caplog, 
     from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
 
     from cutetune import dispatch
+    from cutetune.device.specs import device_spec_for
     from cutetune.results_db import Database, DeviceFingerprint
     from cutetune.results_db.export import check_import
     from cutetune.results_db.queries import record_tuning_results
-    from cutetune.tuner.roofline import device_spec_for
 
     url = f"sqlite:///{tmp_path / 'stored.db'}"
     db = Database.open(url)

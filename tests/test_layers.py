@@ -15,28 +15,32 @@ PACKAGE = Path(cutetune.__file__).parent
 MAY_IMPORT = {
     "settings": set(),
     "version": set(),
-    # Files written whole, for the code-hash memo (kernels) and the artifacts (tuner).
+    # Files written whole, for the code-hash memo (kernels).
     "atomic_file": set(),
     "spaces": set(),
     # An import checks each winner's point against today's kernels (kernels.stored).
     "results_db": {"spaces", "kernels"},
     "kernels": {"spaces", "atomic_file"},
+    # The device model: specs and ceilings, the roofline and its funnel, timing, verification.
+    "device": {"spaces", "kernels"},
     # Points built into files and processes: the artifact store, the compile pool, supervised
     # worker processes, and the one way a built file is published.
     "build": {"spaces", "kernels", "atomic_file"},
-    "tuner": {"spaces", "kernels", "results_db", "atomic_file", "build"},
+    # The search and the run; nothing below it and nothing of the runtime imports it.
+    "tuner": {"spaces", "kernels", "results_db", "atomic_file", "device", "build"},
     # What fixes a kernel's problem in an op's call, declared beside each op; the ops' fast
     # path (C++ routes) keyed by it, which an op's checked path tells what the dispatcher serves.
     "fast_call": set(),
     "fast_path": {"spaces", "kernels", "fast_call", "settings", "build"},
-    "dispatch": {"spaces", "kernels", "tuner", "results_db", "settings", "fast_path", "build"},
+    "dispatch": {"spaces", "kernels", "device", "build", "results_db", "settings", "fast_path"},
     "ops": {"spaces", "kernels", "dispatch", "fast_call", "fast_path"},
-    "bench": {"spaces", "kernels", "tuner", "results_db", "dispatch"},
-    # The tuning report reads the database and asks the dispatcher and the planner what they
-    # would do with it; only the CLI runs it.
-    "report": {"spaces", "kernels", "tuner", "results_db", "dispatch", "bench", "settings"},
-    "cli": {"spaces", "kernels", "build", "tuner", "results_db", "dispatch", "ops", "bench",
-            "settings", "version", "report"},
+    "bench": {"spaces", "kernels", "device", "results_db", "dispatch"},
+    # The tuning report reads the database and asks the serving plan and the device model's
+    # funnel what they would do with it; it compiles nothing, and only the CLI runs it.
+    "report": {"spaces", "kernels", "device", "results_db", "dispatch", "bench", "settings"},
+    # The CLI's plan and tune commands are the search's front end: the one layer above tuner.
+    "cli": {"spaces", "kernels", "device", "build", "tuner", "results_db", "dispatch", "ops",
+            "bench", "settings", "version", "report"},
     # Other libraries' models served by the public ops; nothing in cutetune imports them.
     "integrations": {"spaces", "kernels", "dispatch", "ops"},
     "__init__": {"dispatch", "ops", "version"},

@@ -99,7 +99,7 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
 
 
 def _names_device(gpu_name: str, spec) -> bool:
-    from cutetune.tuner.roofline import device_spec_for
+    from cutetune.device.specs import device_spec_for
 
     try:
         return device_spec_for(gpu_name) == spec

@@ -21,8 +21,8 @@ def import_(obj: Context, path: str, fmt: str | None, skip_invalid: bool) -> Non
     """Store the winners of a `cutetune export` file (served only on the GPU each was
     measured on), each row checked as a freshly tuned winner is; all or nothing unless
     --skip-invalid."""
+    from cutetune.device.specs import device_spec_for
     from cutetune.results_db import check_import, store_import
-    from cutetune.tuner.roofline import device_spec_for
 
     fmt = fmt or {".json": "json", ".csv": "csv"}.get(Path(path).suffix.lower())
     if fmt is None:

@@ -10,9 +10,8 @@ from click.core import ParameterSource
 
 from cutetune.cli.context import Context
 from cutetune.kernels.names import KERNEL_NAMES
-from cutetune.spaces.buckets import MAX_BUCKET, bucket_of
+from cutetune.spaces.buckets import DEFAULT_TUNE_TOKENS, MAX_BUCKET, bucket_of
 from cutetune.spaces.models import PRESET_NAMES
-from cutetune.tuner.defaults import DEFAULT_TUNE_TOKENS
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -40,19 +39,19 @@ class KernelName(click.ParamType):
 
 
 class DeviceName(click.ParamType):
-    """A GPU of the device table (tuner.roofline.DEVICE_SPECS), by its name there in any case
+    """A GPU of the device table (cutetune.device.specs.DEVICE_SPECS), by its name there in any case
     or by the name CUDA gives it ('NVIDIA H100 80GB HBM3'); the value is its DeviceSpec. The
     table is imported when a value is checked or the option's help is shown, not before."""
 
     name = "device"
 
     def get_metavar(self, param, ctx=None) -> str:  # click before 8.2 passes no ctx
-        from cutetune.tuner.roofline import DEVICE_SPECS
+        from cutetune.device.specs import DEVICE_SPECS
 
         return f"[{'|'.join(DEVICE_SPECS)}]"
 
     def convert(self, value, param, ctx):
-        from cutetune.tuner.roofline import DEVICE_SPECS, DeviceSpec, device_spec_for
+        from cutetune.device.specs import DEVICE_SPECS, DeviceSpec, device_spec_for
 
         if isinstance(value, DeviceSpec):
             return value

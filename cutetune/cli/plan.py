@@ -27,10 +27,10 @@ from cutetune.cli.problems import model_problems
 def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device, top: int) -> None:
     """Show the funnel and the roofline ranking; needs no GPU."""
     from cutetune.cli.table import render_table
+    from cutetune.device.funnel import make_plan
+    from cutetune.device.specs import Ceilings
     from cutetune.kernels.registry import get_kernel
     from cutetune.spaces.space import config_to_json
-    from cutetune.tuner.plan import make_plan
-    from cutetune.tuner.roofline import Ceilings
 
     kdef = get_kernel(kernel)
     ceilings = Ceilings.from_datasheet(device)

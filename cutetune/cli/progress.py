@@ -16,9 +16,9 @@ import click
 from tqdm import tqdm
 
 from cutetune.cli.table import render_table
+from cutetune.device.specs import Ceilings
 from cutetune.tuner.isolated import TimeSplit
 from cutetune.tuner.model_run import BucketSummary, PendingBucket
-from cutetune.tuner.roofline import Ceilings
 from cutetune.tuner.study import TrialOutcome
 from cutetune.tuner.tune import BucketPlan
 

@@ -25,7 +25,7 @@ class Cost:
 
 def resident_blocks_per_sm(cost: Cost, spec: Any) -> int:
     """Blocks of this cost one SM holds at once, by threads, registers, shared memory and the
-    block limit of `spec` (a tuner.roofline.DeviceSpec)."""
+    block limit of `spec` (a cutetune.device.specs.DeviceSpec)."""
     by_threads = spec.max_threads_per_sm // cost.threads_per_block
     by_registers = spec.registers_per_sm // (cost.registers_per_thread * cost.threads_per_block)
     by_smem = spec.smem_per_sm // cost.smem_per_block if cost.smem_per_block else by_threads

@@ -1,7 +1,7 @@
 """What the tuning report reads: one model's rows of the results database, as frames.
 
 Only the database is read (winners, trials, ceilings, bench rows); the kernels are imported for
-the model's problems, and the dispatcher and the tuner's planner are asked which bucket each
+the model's problems, and the dispatcher and the device model's funnel are asked which bucket each
 winner serves and which buckets were searched exhaustively, so that the report shows what
 cutetune itself would do rather than a second reading of its rules.
 """
@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from cutetune.device.funnel import candidates_of, make_plan
+from cutetune.device.specs import Ceilings, device_spec_for
 from cutetune.dispatch import Dispatcher
 from cutetune.kernels.registry import KernelDef, NotApplicableError, get_kernel, kernel_names
 from cutetune.kernels.stored import UnusablePoint, stored_point
@@ -33,14 +35,10 @@ from cutetune.results_db import (
     winners_to_serve,
     winners_with_devices,
 )
-from cutetune.spaces.buckets import check_bucket
+from cutetune.spaces.buckets import DEFAULT_TUNE_TOKENS, check_bucket
 from cutetune.spaces.models import load_model
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.defaults import DEFAULT_TUNE_TOKENS
-from cutetune.tuner.plan import make_plan
-from cutetune.tuner.roofline import Ceilings, device_spec_for
-from cutetune.tuner.study import candidates_of
 
 log = logging.getLogger("cutetune.report")
 

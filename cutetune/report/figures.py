@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from cutetune.bench import COPY_NAME, TUNED_NAME
+from cutetune.device.funnel import PRUNE_FACTOR
 from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED
 from cutetune.report.data import ReportData
 from cutetune.report.tables import (
@@ -26,7 +27,6 @@ from cutetune.report.tables import (
     section,
     speedups,
 )
-from cutetune.tuner.plan import PRUNE_FACTOR
 
 SOURCES = (TUNED, SHIPPED, NEAREST, DEFAULT)
 SOURCE_COLOURS = ("#2ca02c", "#1f77b4", "#ffbf00", "#d62728")

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from cutetune.bench import COPY_NAME, DEFAULT_NAME, OURS, TUNED_NAME
+from cutetune.device.funnel import PRUNE_FACTOR
 from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED
 from cutetune.report.data import ReportData, is_device, knob_columns
-from cutetune.tuner.plan import PRUNE_FACTOR
 
 # The trial counts after which the search table reads the best found so far.
 SEARCH_CHECKPOINTS = (1, 4, 8)

@@ -139,9 +139,9 @@ def check_import(text: str, fmt: str, device_spec: Callable[[str], Any]) -> Chec
     and finite non-negative iqr, GB/s and percent of roofline where given; a measurement time
     with its time zone; every device field given (sm_count a positive integer) and a GPU
     cutetune has a DeviceSpec of. `device_spec` gives the DeviceSpec of a GPU name, ValueError
-    for one it has none of (tuner.roofline.device_spec_for: the tuner imports results_db, so
-    results_db takes it from its caller). Writes nothing; raises ValueError only for text that
-    is no export at all (not JSON, the CSV columns missing)."""
+    for one it has none of (cutetune.device.specs.device_spec_for, which the caller passes).
+    Writes nothing; raises ValueError only for text that is no export at all (not JSON, the
+    CSV columns missing)."""
     records = _records(text, fmt)
     kept: dict[tuple, tuple[DeviceFingerprint, TuningResult]] = {}
     duplicates, refused = 0, []

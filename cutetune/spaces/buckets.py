@@ -9,6 +9,9 @@ from __future__ import annotations
 
 MAX_BUCKET = 1 << 20
 BUCKETS: tuple[int, ...] = tuple(1 << i for i in range(MAX_BUCKET.bit_length()))
+# The buckets tuned, benched and reported by default: every power of two from decode (1 token)
+# to long prefill.
+DEFAULT_TUNE_TOKENS: tuple[int, ...] = tuple(1 << i for i in range(16))
 
 
 def bucket_of(num_tokens: int) -> int:

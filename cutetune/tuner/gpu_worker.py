@@ -18,8 +18,8 @@ from typing import Any
 
 from cutetune.build.artifacts import ArtifactStore, arch_for
 from cutetune.build.supervised import Fatal
+from cutetune.device.measure import Measurement
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.measure import Measurement
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class GpuWorker:
             raise RuntimeError("the GPU worker sees no CUDA device")
         for module in kernel_modules:
             importlib.import_module(module)
-        from cutetune.tuner.roofline import device_spec_for
+        from cutetune.device.specs import device_spec_for
 
         major, minor = torch.cuda.get_device_capability()
         self.store = ArtifactStore(Path(directory), arch_for(f"{major}.{minor}"))
@@ -60,7 +60,7 @@ class GpuWorker:
         return getattr(self, verb)(*arguments)
 
     def ceilings(self) -> dict[str, float]:
-        from cutetune.tuner.ceilings import measure_ceilings
+        from cutetune.device.ceilings import measure_ceilings
 
         return measure_ceilings()
 

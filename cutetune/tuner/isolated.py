@@ -22,18 +22,19 @@ from cutetune.build.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
 from cutetune.build.compile_pool import COMPILE_TIMEOUT_S, CompilePool
 from cutetune.build.interrupt import raise_if_interrupted
 from cutetune.build.supervised import ProcessLost, SupervisedProcess
-from cutetune.kernels.registry import KernelDef
-from cutetune.results_db.fingerprint import serves_here
-from cutetune.spaces.problem import Problem
-from cutetune.tuner.defaults import DEFAULT_TRIAL_TIMEOUT_S
-from cutetune.tuner.measure import (
+from cutetune.device.measure import (
     MAX_INPUT_SETS,
     REPEATS,
     TARGET_GRAPH_US,
     WARMUP_REPLAYS,
     Measurement,
 )
-from cutetune.tuner.roofline import Ceilings, DeviceSpec, predict
+from cutetune.device.roofline import predict
+from cutetune.device.specs import Ceilings, DeviceSpec
+from cutetune.kernels.registry import KernelDef
+from cutetune.results_db.fingerprint import serves_here
+from cutetune.spaces.problem import Problem
+from cutetune.tuner.defaults import DEFAULT_TRIAL_TIMEOUT_S
 from cutetune.tuner.study import TrialFailure
 
 SLOWDOWN_ALLOWED = 10.0

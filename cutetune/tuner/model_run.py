@@ -31,6 +31,9 @@ from optuna.storages import BaseStorage
 
 from cutetune.build.interrupt import request_stop, safe_points
 from cutetune.build.supervised import ProcessLost
+from cutetune.device.funnel import candidates_of
+from cutetune.device.roofline import percent_of_roofline
+from cutetune.device.specs import Ceilings, DeviceSpec, device_spec_for
 from cutetune.kernels.registry import KernelDef
 from cutetune.results_db import (
     Database,
@@ -47,14 +50,7 @@ from cutetune.results_db import (
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
 from cutetune.tuner.isolated import Workers
-from cutetune.tuner.roofline import Ceilings, DeviceSpec, device_spec_for, percent_of_roofline
-from cutetune.tuner.study import (
-    StudyResult,
-    TrialOutcome,
-    candidate_order,
-    candidates_of,
-    ranked_candidates,
-)
+from cutetune.tuner.study import StudyResult, TrialOutcome, candidate_order, ranked_candidates
 from cutetune.tuner.study_storage import open_storage
 from cutetune.tuner.tune import BucketPlan, plan_bucket, tune_bucket
 

@@ -28,10 +28,10 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from cutetune.build.interrupt import raise_if_interrupted
+from cutetune.device.funnel import Plan, candidates_of
+from cutetune.device.measure import Measurement
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.measure import Measurement
-from cutetune.tuner.plan import Plan
 from cutetune.tuner.study_storage import (
     beat,
     fail_abandoned_trials,
@@ -112,12 +112,6 @@ def candidate_order(plan: Plan, default: Any, budget: int) -> list[Any]:
         return ranked
     head = [p.config for p in plan.kept[: max(1, budget // WARM_START_SHARE)]]
     return [default] + [c for c in head if c != default]
-
-
-def candidates_of(plan: Plan, default: Any, excluded: Collection[Any] = ()) -> set[Any]:
-    """The points a study of `plan` may time: the roofline's survivors and the default, less
-    `excluded` (quarantined points)."""
-    return ({p.config for p in plan.kept} | {default}) - set(excluded)
 
 
 def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, budget: int,

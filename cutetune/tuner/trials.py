@@ -11,19 +11,19 @@ import torch
 from cutlass.base_dsl.common import DSLBaseError
 
 from cutetune.build.errors import first_line
-from cutetune.kernels.registry import KernelDef, VerificationError
-from cutetune.spaces.problem import Problem
-from cutetune.spaces.space import config_to_json
-from cutetune.tuner.measure import (
+from cutetune.device.measure import (
     Measurement,
     input_sets_for,
     time_in_graph,
     time_interleaved,
     with_fresh_outputs,
 )
-from cutetune.tuner.roofline import DeviceSpec
+from cutetune.device.specs import DeviceSpec
+from cutetune.device.verify import verify
+from cutetune.kernels.registry import KernelDef, VerificationError
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import config_to_json
 from cutetune.tuner.study import TrialFailure
-from cutetune.tuner.verify import verify
 
 # A decode-sized point takes about a microsecond, and the GPU's state moves such a time from one
 # moment to the next at the same SM clock by more than such points differ (measured on the

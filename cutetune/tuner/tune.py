@@ -9,6 +9,9 @@ from typing import Any
 
 import optuna
 
+from cutetune.device.funnel import Plan, make_plan
+from cutetune.device.roofline import achieved_gbps, percent_of_roofline
+from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
 from cutetune.results_db import (
     Database,
@@ -20,8 +23,6 @@ from cutetune.results_db import (
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.plan import Plan, make_plan
-from cutetune.tuner.roofline import Ceilings, DeviceSpec, achieved_gbps, percent_of_roofline
 from cutetune.tuner.study import StudyResult, TrialOutcome, TrialRunner, run_study
 
 

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from h200_results import H200_RESULTS
 
 from cutetune.cli.main import COMMANDS, cli
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.results_db import Database, record_ceilings, winners_with_devices
-from cutetune.tuner.defaults import DEFAULT_TUNE_TOKENS
-from cutetune.tuner.roofline import DEVICE_SPECS
+from cutetune.spaces.buckets import DEFAULT_TUNE_TOKENS
 
 
 def one_error_line(result) -> str:
@@ -66,7 +66,7 @@ def loaded_after(args: list[str], modules: tuple[str, ...]) -> list[str]:
 
 def test_help_imports_no_library_a_command_imports_when_it_runs():
     heavy = ("torch", "cutlass", "sqlalchemy", "pandas", "optuna", "tqdm",
-             "cutetune.tuner.roofline", "cutetune.results_db", "cutetune.kernels.registry")
+             "cutetune.device.specs", "cutetune.results_db", "cutetune.kernels.registry")
     assert loaded_after(["--help"], heavy) == []
 
 

@@ -14,11 +14,11 @@ from bad_imports import SMALL, UNUSABLE_REASONS, VALID, unusable_runs, valid_rec
 from click.testing import CliRunner
 
 from cutetune.cli.main import cli
+from cutetune.device.specs import device_spec_for
 from cutetune.results_db import Database
 from cutetune.results_db.export import check_import
 from cutetune.results_db.queries import record_tuning_results
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.roofline import device_spec_for
 
 
 @pytest.fixture

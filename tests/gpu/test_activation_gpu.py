@@ -10,6 +10,8 @@ from compiled_points import compile_all, compiled
 from covering_points import WHICH_POINTS, selected_points
 from every_point import assert_every_point
 
+from cutetune.device.specs import DEVICE_SPECS
+from cutetune.device.verify import check_outputs, compare, verify
 from cutetune.kernels import activation as act
 from cutetune.kernels.activation import (
     GELU_KERNEL,
@@ -21,8 +23,6 @@ from cutetune.kernels.activation import (
 )
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES, FLOAT_TOLERANCE, TORCH_DTYPES
 from cutetune.ops.activation import gelu_and_mul, silu_and_mul
-from cutetune.tuner.roofline import DEVICE_SPECS
-from cutetune.tuner.verify import check_outputs, compare, verify
 
 pytestmark = pytest.mark.gpu
 

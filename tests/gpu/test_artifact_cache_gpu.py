@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from cutetune.build.artifacts import ArtifactStore, arch_for
+from cutetune.device.specs import device_spec_for
+from cutetune.device.verify import check_outputs
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import DeviceFingerprint
 from cutetune.spaces.models import PRESETS, load_model
-from cutetune.tuner.roofline import device_spec_for
-from cutetune.tuner.verify import check_outputs
 
 pytestmark = pytest.mark.gpu
 GELU_MODEL = "gelu-model"

@@ -13,11 +13,11 @@ from sqlalchemy import func, select
 
 from cutetune.bench import DEFAULT_NAME, TUNED_NAME, run_bench
 from cutetune.cli.main import cli
+from cutetune.device.measure import INTERLEAVED_ROUNDS
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import Database, DeviceFingerprint, shipped_winners
 from cutetune.results_db.schema import BenchRow
 from cutetune.spaces.models import PRESETS
-from cutetune.tuner.measure import INTERLEAVED_ROUNDS
 
 pytestmark = pytest.mark.gpu
 

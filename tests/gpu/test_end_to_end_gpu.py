@@ -7,13 +7,13 @@ import torch
 
 import cutetune
 from cutetune import dispatch
+from cutetune.device.specs import Ceilings, device_spec_for
+from cutetune.device.verify import check_outputs
 from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import Database, DeviceFingerprint, winners
 from cutetune.spaces.models import load_model
-from cutetune.tuner.roofline import Ceilings, device_spec_for
 from cutetune.tuner.trials import GpuTrialRunner
 from cutetune.tuner.tune import plan_bucket, tune_bucket
-from cutetune.tuner.verify import check_outputs
 
 pytestmark = pytest.mark.gpu
 

@@ -14,12 +14,12 @@ import torch
 from compiled_points import compile_all, compiled
 
 from cutetune import dispatch
+from cutetune.device.specs import device_spec_for
+from cutetune.device.verify import check_outputs
 from cutetune.dispatch import DEFAULT, TUNED, Dispatcher
 from cutetune.kernels.registry import NotApplicableError
 from cutetune.ops.registry import get_op, ops
 from cutetune.spaces.models import PRESETS
-from cutetune.tuner.roofline import device_spec_for
-from cutetune.tuner.verify import check_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from fast_path_host import routed  # noqa: E402

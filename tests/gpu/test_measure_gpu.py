@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cutetune.tuner.measure import INTERLEAVED_ROUNDS, REPEATS, time_in_graph, time_interleaved
+from cutetune.device.measure import INTERLEAVED_ROUNDS, REPEATS, time_in_graph, time_interleaved
 
 pytestmark = pytest.mark.gpu
 

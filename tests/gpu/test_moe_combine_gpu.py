@@ -12,13 +12,13 @@ from compiled_points import compile_all, compiled
 from covering_points import WHICH_POINTS, selected_points
 from every_point import assert_every_point
 
+from cutetune.device.specs import DEVICE_SPECS
+from cutetune.device.verify import check_outputs, compare, verify
 from cutetune.kernels import moe_common
 from cutetune.kernels.dtypes import FLOAT_TOLERANCE, TORCH_DTYPES
 from cutetune.kernels.moe_combine import KERNEL, CombineConfig
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.ops.moe_combine import moe_combine
-from cutetune.tuner.roofline import DEVICE_SPECS
-from cutetune.tuner.verify import check_outputs, compare, verify
 
 pytestmark = pytest.mark.gpu
 

@@ -23,13 +23,13 @@ from covering_points import WHICH_POINTS, narrowed
 from every_point import assert_every_point
 from moe_dispatch_points import point
 
+from cutetune.device.specs import device_spec_for
+from cutetune.device.verify import check_outputs, poison
 from cutetune.kernels import moe_common as moe
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.moe_dispatch import common as mdc
 from cutetune.kernels.moe_dispatch import launcher as mdl
 from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch, moe_dispatch_buffers
-from cutetune.tuner.roofline import device_spec_for
-from cutetune.tuner.verify import check_outputs, poison
 
 pytestmark = pytest.mark.gpu
 

@@ -11,10 +11,10 @@ from compiled_points import compile_all, compiled
 from covering_points import WHICH_POINTS, selected_points
 from every_point import assert_every_point
 
+from cutetune.device.specs import DEVICE_SPECS
+from cutetune.device.verify import check_outputs, verify
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.dtypes import TORCH_DTYPES
-from cutetune.tuner.roofline import DEVICE_SPECS
-from cutetune.tuner.verify import check_outputs, verify
 
 pytestmark = pytest.mark.gpu
 

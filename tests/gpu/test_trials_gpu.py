@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cutetune.device.measure import INTERLEAVED_ROUNDS, REPEATS
+from cutetune.device.specs import device_spec_for
 from cutetune.kernels import qk_norm as qk
 from cutetune.spaces.models import load_model
-from cutetune.tuner.measure import INTERLEAVED_ROUNDS, REPEATS
-from cutetune.tuner.roofline import device_spec_for
 from cutetune.tuner.trials import GpuTrialRunner
 
 pytestmark = pytest.mark.gpu

@@ -18,6 +18,7 @@ import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 from covering_points import covering_configs
 
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.activation import (
     GELU_KERNEL,
     SILU_KERNEL,
@@ -29,7 +30,6 @@ from cutetune.kernels.activation import (
 from cutetune.kernels.cache_hints import CACHE_HINTS
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from cutetune.tuner.roofline import DEVICE_SPECS
 
 H200 = DEVICE_SPECS["H200"]
 

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from cutetune.device.roofline import predict
+from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels import activation as act
 from cutetune.kernels.activation import (
     GELU_KERNEL,
@@ -21,7 +23,6 @@ from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.registry import NotApplicableError, get_kernel
 from cutetune.spaces.models import PRESETS, ModelShape
 from cutetune.spaces.space import EmptySpaceError
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict
 
 H200 = DEVICE_SPECS["H200"]
 DTYPES = ("bfloat16", "float16", "float32")

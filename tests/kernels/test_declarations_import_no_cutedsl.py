@@ -15,7 +15,7 @@ from cutetune.dispatch import Dispatcher
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 import cutetune.ops  # every op
 from cutetune.spaces.models import PRESETS
-from cutetune.tuner.roofline import device_spec_for
+from cutetune.device.specs import device_spec_for
 
 spec = device_spec_for("NVIDIA H200")
 dispatcher = Dispatcher(spec)
@@ -48,7 +48,7 @@ def test_a_compile_imports_the_device_code():
     done = subprocess.run([sys.executable, "-c", """
 import sys
 from cutetune.kernels import activation
-from cutetune.tuner.roofline import device_spec_for
+from cutetune.device.specs import device_spec_for
 problem = activation.SiluAndMulProblem(num_tokens=1, dtype="bfloat16", intermediate=1536)
 config = activation.SILU_KERNEL.default_config(problem, device_spec_for("NVIDIA H200"))
 before = "cutlass" in sys.modules

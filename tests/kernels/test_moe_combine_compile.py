@@ -16,6 +16,7 @@ import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 from covering_points import covering_configs
 
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.moe_combine import (
     KERNEL,
     MAX_BYTES_IN_FLIGHT,
@@ -25,7 +26,6 @@ from cutetune.kernels.moe_combine import (
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from cutetune.tuner.roofline import DEVICE_SPECS
 
 H200 = DEVICE_SPECS["H200"]
 

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from cutetune.device.roofline import predict
+from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels import moe_common
 from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.moe_combine import (
@@ -21,7 +23,6 @@ from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.registry import NotApplicableError, PeerUnavailable, get_kernel
 from cutetune.spaces.models import PRESETS
 from cutetune.spaces.space import EmptySpaceError
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict
 
 H200 = DEVICE_SPECS["H200"]
 TOKENS = (1, 2, 7, 64, 100, 1000, 4096, 32768, 2**20)

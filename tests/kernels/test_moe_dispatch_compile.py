@@ -22,6 +22,7 @@ from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 from covering_points import covering_configs
 from moe_dispatch_points import point
 
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.kernels.moe_dispatch import KERNEL
@@ -29,7 +30,6 @@ from cutetune.kernels.moe_dispatch import common as mdc
 from cutetune.kernels.moe_dispatch.common import FormConfig
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from cutetune.tuner.roofline import DEVICE_SPECS
 
 H200 = DEVICE_SPECS["H200"]
 PRESET_PARAMS = [pytest.param(problem, id=name)

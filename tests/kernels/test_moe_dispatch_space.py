@@ -9,6 +9,8 @@ import pytest
 import torch
 from moe_dispatch_points import point
 
+from cutetune.device.roofline import predict
+from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels import moe_common as moe
 from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.cost import resident_blocks_per_sm
@@ -26,7 +28,6 @@ from cutetune.kernels.moe_dispatch.split_block_ranks_kernels import rank_code
 from cutetune.kernels.registry import get_kernel
 from cutetune.spaces.models import PRESETS
 from cutetune.spaces.space import EmptySpaceError, config_to_dict
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict
 
 H200 = DEVICE_SPECS["H200"]
 MOE_PRESETS = [name for name, m in PRESETS.items() if m.num_experts]

@@ -16,11 +16,11 @@ import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 from covering_points import covering_configs
 
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormConfig, QKNormProblem
 from cutetune.kernels.registry import NotApplicableError
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from cutetune.tuner.roofline import DEVICE_SPECS
 
 DTYPES = ("bfloat16", "float16", "float32")
 H200 = DEVICE_SPECS["H200"]

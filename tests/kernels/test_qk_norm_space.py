@@ -5,6 +5,8 @@ import math
 
 import pytest
 
+from cutetune.device.roofline import predict
+from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.qk_norm import (
     KERNEL,
@@ -17,7 +19,6 @@ from cutetune.kernels.qk_norm import (
 )
 from cutetune.kernels.registry import NotApplicableError, get_kernel
 from cutetune.spaces.models import PRESETS, ModelShape
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict
 
 H200 = DEVICE_SPECS["H200"]
 DTYPES = ("bfloat16", "float16", "float32")

@@ -17,6 +17,7 @@ import pytest
 from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
 from covering_points import covering_configs
 
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.device.cache_hints import L2_EVICT_LAST_POLICY
 from cutetune.kernels.rmsnorm import (
     BLOCK_PER_ROW,
@@ -28,7 +29,6 @@ from cutetune.kernels.rmsnorm import (
 )
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from cutetune.tuner.roofline import DEVICE_SPECS
 
 H200 = DEVICE_SPECS["H200"]
 

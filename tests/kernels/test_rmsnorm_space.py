@@ -5,6 +5,8 @@ import math
 
 import pytest
 
+from cutetune.device.roofline import predict
+from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.cache_hints import EVICT_LAST_LOADS, NORMAL
 from cutetune.kernels.cost import resident_blocks_per_sm
 from cutetune.kernels.registry import PeerUnavailable, get_kernel
@@ -22,7 +24,6 @@ from cutetune.kernels.rmsnorm import (
 )
 from cutetune.spaces.models import PRESETS
 from cutetune.spaces.space import EmptySpaceError
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings, predict
 
 H200 = DEVICE_SPECS["H200"]
 DTYPES = ("bfloat16", "float16", "float32")

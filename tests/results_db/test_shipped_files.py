@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.dispatch import NEAREST, SHIPPED, Dispatcher
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import DeviceFingerprint, shipped_winners
 from cutetune.results_db.export import read_winners
-from cutetune.spaces.buckets import BUCKETS
+from cutetune.spaces.buckets import BUCKETS, DEFAULT_TUNE_TOKENS
 from cutetune.spaces.models import load_model
-from cutetune.tuner.defaults import DEFAULT_TUNE_TOKENS
-from cutetune.tuner.roofline import DEVICE_SPECS
 
 SHIPPED_FILES = sorted(Path(str(resources.files("cutetune") / "shipped_winners")).glob("*.json"))
 H200 = DeviceFingerprint("NVIDIA H200", "9.0", 132, "13.0", "13.0", "2.11.0+cu130", "4.8.1")

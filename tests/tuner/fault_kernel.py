@@ -23,13 +23,13 @@ import torch
 
 from cutetune.build.artifacts import ArtifactStore
 from cutetune.build.supervised import Fatal
+from cutetune.device.measure import Measurement
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.registry import KernelDef, NotApplicableError, register
 from cutetune.results_db import DeviceFingerprint
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space, config_to_json
 from cutetune.tuner.gpu_worker import TrialReply
-from cutetune.tuner.measure import Measurement
 
 COLUMNS = 1024
 BEHAVIOURS = ("ok", "compile_error", "wrong", "nan", "trap", "spin", "slow")

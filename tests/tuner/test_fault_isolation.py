@@ -11,11 +11,11 @@ import pytest
 from fault_kernel import FAULTS, KERNEL, FaultConfig, FaultProblem, fake_us, measured_log
 from fault_run import TRIAL_TIMEOUT_S, fault_workers, run
 
+from cutetune.device.funnel import make_plan
+from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.results_db import Database, quarantined_points, trials_frame, winners
 from cutetune.tuner.isolated import GPU_WORKER, SLOWDOWN_ALLOWED, trial_gpu_seconds
 from cutetune.tuner.model_run import FAILED, NO_WINNER, STORED, TUNED
-from cutetune.tuner.plan import make_plan
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
 
 WINNER = FaultConfig("ok", 1)
 

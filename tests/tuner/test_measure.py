@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import torch
 
 from cutetune.bench import ours_runner
+from cutetune.device import measure
+from cutetune.device.measure import with_fresh_outputs
 from cutetune.kernels import rmsnorm as rms
-from cutetune.tuner import measure
-from cutetune.tuner.measure import with_fresh_outputs
 
 
 def test_outputs_not_written_in_place_are_new_tensors_of_the_same_shape():

@@ -4,12 +4,12 @@ import dataclasses
 
 import pytest
 
+from cutetune.device.funnel import PRUNE_FACTOR, PRUNE_MARGIN_US, make_plan
+from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.qk_norm import KERNEL, SPACE, QKNormConfig
 from cutetune.kernels.registry import get_kernel
 from cutetune.spaces.models import PRESETS
 from cutetune.spaces.space import Constraint, EmptySpaceError, Param, Space
-from cutetune.tuner.plan import PRUNE_FACTOR, PRUNE_MARGIN_US, make_plan
-from cutetune.tuner.roofline import DEVICE_SPECS, Ceilings
 
 H200 = DEVICE_SPECS["H200"]
 CEILINGS = Ceilings.from_datasheet(H200)

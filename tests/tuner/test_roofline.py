@@ -3,17 +3,15 @@ registers, 32 blocks and 228 KiB shared memory per SM)."""
 
 import pytest
 
-from cutetune.kernels.cost import Cost, resident_blocks_per_sm
-from cutetune.tuner.roofline import (
+from cutetune.device.roofline import (
     BYTES_IN_FLIGHT_PER_SM,
-    DEVICE_SPECS,
-    Ceilings,
     achieved_gbps,
-    device_spec_for,
     floor_us,
     percent_of_roofline,
     predict,
 )
+from cutetune.device.specs import DEVICE_SPECS, Ceilings, device_spec_for
+from cutetune.kernels.cost import Cost, resident_blocks_per_sm
 
 H200 = DEVICE_SPECS["H200"]
 # Round numbers: 4200 GB/s copy ceiling, 0.5 us per launch, 1 us per grid barrier.

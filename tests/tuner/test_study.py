@@ -7,11 +7,11 @@ import json
 import pytest
 from fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
 
+from cutetune.device.funnel import make_plan
+from cutetune.device.measure import Measurement
 from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import Database, trials_frame, winners
 from cutetune.spaces.models import load_model
-from cutetune.tuner.measure import Measurement
-from cutetune.tuner.plan import make_plan
 from cutetune.tuner.study import TrialFailure, run_study
 from cutetune.tuner.tune import plan_bucket, tune_bucket
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cutetune.tuner.measure import Measurement
+from cutetune.device.measure import Measurement
 from cutetune.tuner.trials import drift_corrected
 
 

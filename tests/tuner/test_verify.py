@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
+from cutetune.device.verify import check_outputs, poison
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.registry import VerificationError
-from cutetune.tuner.verify import check_outputs, poison
 
 PROBLEM = qk.QKNormProblem(num_tokens=2, dtype="bfloat16", head_dim=64, q_heads=2, kv_heads=1,
                            eps=1e-6, weight_bias=0.0)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from cutetune.device.roofline import Prediction, predict
+from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
-from cutetune.tuner.roofline import Ceilings, DeviceSpec, Prediction, predict
 
 # A point predicted slower than this multiple of the best prediction is not measured: the
 # model is coarse, so the margin is wide, but a 2x loss is one no calibration error explains.
@@ -62,3 +64,9 @@ def make_plan(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
     pruned = tuple(p for p in ranked if p.prediction.predicted_us > limit)
     return Plan(problem, enumeration.declared, enumeration.rejections_by_constraint(),
                 kept, pruned)
+
+
+def candidates_of(plan: Plan, default: Any, excluded: Collection[Any] = ()) -> set[Any]:
+    """The points a study of `plan` may time: the roofline's survivors and the default, less
+    `excluded` (quarantined points)."""
+    return ({p.config for p in plan.kept} | {default}) - set(excluded)

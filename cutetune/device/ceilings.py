@@ -13,7 +13,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from cutetune.tuner.measure import Measurement, input_sets_for, time_events, time_in_graph
+from cutetune.device.measure import Measurement, input_sets_for, time_events, time_in_graph
 
 COPY_BYTES = 2 * 2**30
 COPY_THREADS = 256
