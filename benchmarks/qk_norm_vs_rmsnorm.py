@@ -74,7 +74,7 @@ def main() -> None:
             generator = torch.Generator(device=device).manual_seed(n)
             sets = [qk.contiguous_inputs(problem, device, generator)
                     for _ in range(input_sets_for(bytes_moved, spec.l2_bytes))]
-            entry = dispatcher.entry_for(qk.KERNEL, problem)
+            entry = dispatcher.plan.entry_for(qk.KERNEL, problem)
             compiled = dispatcher.compiled(qk.KERNEL, problem, entry.config)
             qk_us = time_in_graph([lambda t=t, c=compiled: qk.launch(c, t)
                                    for t in sets]).median_us

@@ -30,7 +30,7 @@ from cutetune.device.measure import (
 )
 from cutetune.device.specs import DeviceSpec, device_spec_for
 from cutetune.device.verify import check_outputs
-from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, Dispatcher, artifact_store
+from cutetune.dispatch import Dispatcher, artifact_store
 from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors, VerificationError
 from cutetune.results_db import (
     BenchRecord,
@@ -41,6 +41,7 @@ from cutetune.results_db import (
     shipped_winners,
     winners_to_serve,
 )
+from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
@@ -107,7 +108,7 @@ def torch_eager(kernel: KernelDef, problem: Problem) -> Runner:
 
 
 def candidates(kernel: KernelDef, problem: Problem, dispatcher: Dispatcher) -> list[Candidate]:
-    entry = dispatcher.entry_for(kernel, problem)
+    entry = dispatcher.plan.entry_for(kernel, problem)
     if entry.source == DEFAULT:
         tuned = Candidate(TUNED_NAME, None, f"no winner stored for bucket "
                           f"{bucket_of(problem.num_tokens)} on this device (cutetune tune first)")

@@ -1,11 +1,9 @@
-"""The runtime Dispatcher: winners read once at warmup, then served by token bucket.
+"""The runtime Dispatcher: the serving table, built at warmup, then served by token bucket.
 
 Warmup builds, for each static problem, one immutable row of compiled kernels indexed by token
-bucket: the winner tuned for that bucket (the user's database first, then the winners shipped
-with the package), else the nearest such bucket's winner (if it is a valid point there), else
-the seed heuristic's default. A call for a static problem
-that was never warmed up is a miss: its row is built from defaults, the miss is logged once, and
-the calls it serves are counted, so `report()` shows what ran untuned.
+bucket, of the points the serving plan (cutetune.serving.plan) names. A call for a static
+problem that was never warmed up is a miss: its row is built from the plan, the miss is logged
+once, and the calls the default serves are counted, so `report()` shows what ran untuned.
 
 Every point is loaded from the artifact cache where it is stored there, and otherwise compiled
 and stored for the next start; at warmup, the points missing from the cache are compiled first
@@ -37,24 +35,21 @@ from cutetune.build.artifacts import ARTIFACTS_DIR, NO_COMPILER, ArtifactStore, 
 from cutetune.fast_path import forget_all, load_library
 from cutetune.kernels.code_hash import CODE_HASHES, remember_in
 from cutetune.kernels.registry import KernelDef
-from cutetune.kernels.stored import UnusablePoint, stored_point
+from cutetune.serving.plan import (
+    DEFAULT,
+    NEAREST,
+    SHIPPED,
+    TUNED,
+    BucketEntry,
+    RejectedWinner,
+    ServingPlan,
+)
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.models import ModelShape, load_model
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
 
 log = logging.getLogger("cutetune.dispatch")
-
-TUNED, SHIPPED, NEAREST, DEFAULT = "tuned", "shipped", "nearest", "default"
-
-
-@dataclass(frozen=True)
-class BucketEntry:
-    bucket: int
-    config: Any
-    source: str  # TUNED (the user's database), SHIPPED (the package's), NEAREST or DEFAULT
-    tuned_bucket: int | None
-
 
 @dataclass(frozen=True)
 class ProblemTable:
@@ -90,13 +85,6 @@ class WarmupStats:
     measured_elsewhere: tuple[str, ...] = ()
 
 
-def nearest_tuned(bucket: int, tuned: Sequence[int]) -> int | None:
-    """The tuned bucket closest in log2 distance (ties go to the larger, the safer grid)."""
-    if not tuned:
-        return None
-    return min(tuned, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
-
-
 class Dispatcher:
     def __init__(self, spec, winners: Iterable[Any] = (), store: ArtifactStore | None = None,
                  compile_processes: int = 0, shipped: Iterable[Any] = ()):
@@ -110,6 +98,7 @@ class Dispatcher:
         `shipped`: the winners shipped with the package (results_db.shipped_winners), served
         where `winners` has none for the bucket."""
         self.spec = spec
+        self.plan = ServingPlan(spec, winners, shipped, on_rejected=_say_skipped)
         self.store = store
         self.compile_processes = compile_processes
         self._parallel_compiles = 0
@@ -117,13 +106,6 @@ class Dispatcher:
         # The pools' processes' start-up and compile seconds, each summed over processes.
         self._parallel_start_cpu_s = 0.0
         self._parallel_compile_cpu_s = 0.0
-        # Every stored winner, stale ones included: which are current depends on the kernel's
-        # source, known only when a kernel is warmed up.
-        self._winners = _by_problem(winners)
-        self._shipped = _by_problem(shipped)
-        # The entries each static problem serves, planned once (precompile, install and
-        # entry_for all read them; the winners do not change).
-        self._planned: dict[tuple[str, str], tuple[BucketEntry, ...]] = {}
         self._compiled: dict[tuple[str, str, str], Any] = {}
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
@@ -133,57 +115,9 @@ class Dispatcher:
 
     # -- building -------------------------------------------------------------------------
 
-    def _current(self, winners: dict[tuple[str, str], list[Any]], kernel: KernelDef,
-                 problem: Problem) -> dict[int, Any]:
-        """The configs of `winners` for this kernel's current source and problem, by bucket;
-        a stored winner today's kernel cannot use (a bucket outside the policy, a config its
-        space refuses there) is skipped, and said so in one line."""
-        source = kernel.source_hash()
-        configs = {}
-        for w in winners.get((kernel.name, problem.static_key()), ()):
-            if w.source_hash != source:
-                continue
-            try:
-                point = stored_point(kernel, w.static_key, w.bucket, w.config_json, self.spec)
-            except UnusablePoint as why:
-                log.warning("cutetune: skipping a stored %s winner (bucket %s, %s): %s",
-                            kernel.name, w.bucket, " ".join(
-                                f"{k}={v}" for k, v in problem.static_fields().items()), why)
-                continue
-            configs[w.bucket] = point.config
-        return configs
-
     def _table(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> ProblemTable:
-        key = (kernel.name, problem.static_key())
-        if key not in self._planned:
-            self._planned[key] = self._plan(kernel, problem)
-        return ProblemTable(kernel.name, problem.with_tokens(1), self._planned[key], warmed_up)
-
-    def _plan(self, kernel: KernelDef, problem: Problem) -> tuple[BucketEntry, ...]:
-        yours = self._current(self._winners, kernel, problem)
-        shipped = self._current(self._shipped, kernel, problem)
-        tuned = {**shipped, **yours}
-        tuned_buckets = sorted(tuned)
-        entries = []
-        for bucket in BUCKETS:
-            at_bucket = problem.with_tokens(bucket)
-            if bucket in tuned:
-                entries.append(BucketEntry(bucket, tuned[bucket],
-                                           TUNED if bucket in yours else SHIPPED, bucket))
-                continue
-            near = nearest_tuned(bucket, tuned_buckets)
-            if near is not None and kernel.space.first_violation(
-                    at_bucket, tuned[near], self.spec) is None:
-                entries.append(BucketEntry(bucket, tuned[near], NEAREST, near))
-            else:
-                entries.append(BucketEntry(bucket, kernel.default_config(at_bucket, self.spec),
-                                           DEFAULT, None))
-        return tuple(entries)
-
-    def entry_for(self, kernel: KernelDef, problem: Problem) -> BucketEntry:
-        """What a call of `problem` (at its token count) would be served, without compiling."""
-        table = self._table(kernel, problem.with_tokens(1), warmed_up=False)
-        return table.entries[bucket_index(problem.num_tokens)]
+        return ProblemTable(kernel.name, problem.with_tokens(1),
+                            self.plan.entries(kernel, problem), warmed_up)
 
     def compiled(self, kernel: KernelDef, problem: Problem, config: Any):
         """The compiled kernel of one point, made ready once per process and dispatcher: loaded
@@ -263,9 +197,9 @@ class Dispatcher:
             self._install(kernel, problem, True, (kernel.name, problem.static_tuple()))
         source = kernel.source_hash()
         served = [w for problem in problems
-                  for w in self._winners.get((kernel.name, problem.static_key()), ())]
+                  for w in self.plan.winners.get((kernel.name, problem.static_key()), ())]
         shipped = [w for problem in problems
-                   for w in self._shipped.get((kernel.name, problem.static_key()), ())]
+                   for w in self.plan.shipped.get((kernel.name, problem.static_key()), ())]
         stale = sum(1 for w in served if w.source_hash != source)
         stale_shipped = sum(1 for w in shipped if w.source_hash != source)
         elsewhere = tuple(w.measured_elsewhere for w in served + shipped
@@ -371,12 +305,10 @@ class Dispatcher:
         return "\n".join(lines) if lines else "nothing warmed up or served yet"
 
 
-def _by_problem(winners: Iterable[Any]) -> dict[tuple[str, str], list[Any]]:
-    """Winners grouped by (kernel, static key)."""
-    grouped: dict[tuple[str, str], list[Any]] = {}
-    for w in winners:
-        grouped.setdefault((w.kernel_name, w.static_key), []).append(w)
-    return grouped
+def _say_skipped(kernel: KernelDef, problem: Problem, rejected: RejectedWinner) -> None:
+    log.warning("cutetune: skipping a stored %s winner (bucket %s, %s): %s", kernel.name,
+                rejected.winner.bucket, " ".join(
+                    f"{k}={v}" for k, v in problem.static_fields().items()), rejected.reason)
 
 
 def _ranges(buckets: list[int]) -> str:

@@ -18,9 +18,10 @@ import pytest
 from stored_winners import winner
 
 from cutetune.device.specs import DEVICE_SPECS
-from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED, Dispatcher, nearest_tuned
+from cutetune.dispatch import Dispatcher
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.registry import KernelDef
+from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, TUNED, nearest_tuned
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
 from cutetune.spaces.models import load_model
 from cutetune.spaces.problem import Problem

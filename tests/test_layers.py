@@ -32,15 +32,20 @@ MAY_IMPORT = {
     # path (C++ routes) keyed by it, which an op's checked path tells what the dispatcher serves.
     "fast_call": set(),
     "fast_path": {"spaces", "kernels", "fast_call", "settings", "build"},
-    "dispatch": {"spaces", "kernels", "device", "build", "results_db", "settings", "fast_path"},
+    # The serving plan: which point serves each bucket, from the stored winners, compiling
+    # nothing.
+    "serving": {"spaces", "kernels"},
+    # The serving table (rows of compiled points, lookup, counters) and the warmup.
+    "dispatch": {"spaces", "kernels", "device", "build", "results_db", "settings", "fast_path",
+                 "serving"},
     "ops": {"spaces", "kernels", "dispatch", "fast_call", "fast_path"},
-    "bench": {"spaces", "kernels", "device", "results_db", "dispatch"},
+    "bench": {"spaces", "kernels", "device", "results_db", "serving", "dispatch"},
     # The tuning report reads the database and asks the serving plan and the device model's
     # funnel what they would do with it; it compiles nothing, and only the CLI runs it.
-    "report": {"spaces", "kernels", "device", "results_db", "dispatch", "bench", "settings"},
+    "report": {"spaces", "kernels", "device", "results_db", "serving", "bench", "settings"},
     # The CLI's plan and tune commands are the search's front end: the one layer above tuner.
     "cli": {"spaces", "kernels", "device", "build", "tuner", "results_db", "dispatch", "ops",
-            "bench", "settings", "version", "report"},
+            "serving", "bench", "settings", "version", "report"},
     # Other libraries' models served by the public ops; nothing in cutetune imports them.
     "integrations": {"spaces", "kernels", "dispatch", "ops"},
     "__init__": {"dispatch", "ops", "version"},

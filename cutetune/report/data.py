@@ -19,9 +19,7 @@ import pandas as pd
 
 from cutetune.device.funnel import candidates_of, make_plan
 from cutetune.device.specs import Ceilings, device_spec_for
-from cutetune.dispatch import Dispatcher
 from cutetune.kernels.registry import KernelDef, NotApplicableError, get_kernel, kernel_names
-from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.results_db import (
     Database,
     DeviceFingerprint,
@@ -35,6 +33,7 @@ from cutetune.results_db import (
     winners_to_serve,
     winners_with_devices,
 )
+from cutetune.serving.plan import ServingPlan
 from cutetune.spaces.buckets import DEFAULT_TUNE_TOKENS, check_bucket
 from cutetune.spaces.models import load_model
 from cutetune.spaces.problem import Problem
@@ -66,6 +65,9 @@ class ReportData:
 
     devices:  every device fingerprint with its latest ceilings (copy_gbps, launch_floor_us)
     coverage: kernel, problem, bucket, source (tuned/shipped/nearest/default), tuned_bucket
+    rejected: the stored winners of the current kernel source that the serving plan rejects
+              (today's space refuses them): problem, bucket, source (tuned/shipped), config,
+              the field at fault and the constraint's reason
     winners:  the stored winners, the config's knobs as columns
     trials:   every trial, with `exhaustive` (its run tried every candidate of the plan)
     bench:    the latest bench row of each problem, token count and implementation
@@ -76,6 +78,7 @@ class ReportData:
     problems: tuple[ModelProblem, ...]
     devices: pd.DataFrame
     coverage: pd.DataFrame
+    rejected: pd.DataFrame
     winners: pd.DataFrame
     trials: pd.DataFrame
     bench: pd.DataFrame
@@ -148,11 +151,16 @@ def load_report_data(db_url: str, model: str, device: str | None = None,
         devices = devices_frame(db)
         # None where the database holds no device, and so no winner, trial or bench row.
         fingerprint = _pick_device(db, devices, problems, device)
-        usable = _usable_check(problems, _spec_of(fingerprint))
+        spec = _spec_of(fingerprint)
+        # What a warmup on this device would serve, from the winners it would read; None
+        # without a device, or for a GPU without a DeviceSpec, which cannot be planned for.
+        plan = None if spec is None else ServingPlan(
+            spec, winners_to_serve(db, fingerprint), shipped_winners(fingerprint))
+        rejected = _rejected(plan, problems)
+        usable = _usable_check(rejected)
         winners = _of_model(winners_frame(db, fingerprint), problems)
         return ReportData(
-            model, fingerprint, problems, devices,
-            _coverage(db, fingerprint, problems, usable),
+            model, fingerprint, problems, devices, _coverage(plan, problems), rejected,
             _with_knobs(winners[pd.Series([usable(row) for row in winners.itertuples()],
                                           index=winners.index, dtype=bool)]
                         .reset_index(drop=True), problems),
@@ -223,53 +231,48 @@ def _empty_coverage() -> pd.DataFrame:
     return pd.DataFrame(columns=["kernel_name", "problem", "bucket", "source", "tuned_bucket"])
 
 
-def _coverage(db: Database, fingerprint: DeviceFingerprint | None,
-              problems: tuple[ModelProblem, ...],
-              usable: Callable[[Any], bool]) -> pd.DataFrame:
-    """What the dispatcher would serve at each bucket on this device: it plans from the same
-    winners a warmup there would read (the database's, then the shipped ones), less those
-    the report leaves out (`usable`), which it would skip too. Empty without a device, or for
-    a GPU without a DeviceSpec, which the dispatcher cannot plan for."""
-    spec = _spec_of(fingerprint)
-    if spec is None:
+def _coverage(plan: ServingPlan | None, problems: tuple[ModelProblem, ...]) -> pd.DataFrame:
+    """What the serving plan serves at each bucket; empty without a plan."""
+    if plan is None:
         return _empty_coverage()
-    dispatcher = Dispatcher(spec, [w for w in winners_to_serve(db, fingerprint) if usable(w)],
-                            store=None, shipped=shipped_winners(fingerprint))
     rows = []
     for entry in problems:
         for bucket in COVERAGE_BUCKETS:
-            served = dispatcher.entry_for(entry.kernel, entry.problem.with_tokens(bucket))
+            served = plan.entry_for(entry.kernel, entry.problem.with_tokens(bucket))
             rows.append({"kernel_name": entry.kernel.name, "problem": entry.label,
                          "bucket": bucket, "source": served.source,
                          "tuned_bucket": served.tuned_bucket})
     return pd.DataFrame(rows, columns=list(_empty_coverage().columns))
 
 
-def _usable_check(problems: tuple[ModelProblem, ...], spec) -> Callable[[Any], bool]:
-    """A predicate over stored winners (Winner records or a winners frame's rows): False for
-    one of a model kernel's current source that the kernel cannot use (the dispatcher's check,
-    kernels.stored), said once in one line, so that the report's tables and its coverage
-    leave it out alike. Winners of an older source are the dispatcher's to ignore; none is
-    checked without a DeviceSpec, whose limits the space's constraints read."""
-    current = {p.kernel.name: p.kernel.source_hash() for p in problems}
-    labels = {p.key: p.label for p in problems}
-    verdicts: dict[tuple[str, str, int, str], bool] = {}
+_REJECTED_COLUMNS = ["kernel_name", "static_key", "problem", "bucket", "source", "config_json",
+                     "field", "reason"]
+
+
+def _rejected(plan: ServingPlan | None, problems: tuple[ModelProblem, ...]) -> pd.DataFrame:
+    """The stored winners the plan rejects for the model's problems, each said in one line."""
+    rows = []
+    for entry in problems if plan is not None else ():
+        for rejected in plan.rejected(entry.kernel, entry.problem):
+            winner = rejected.winner
+            log.warning("cutetune: the report leaves out the stored winner of %s at bucket %s: "
+                        "%s", entry.label, winner.bucket, rejected.reason)
+            rows.append({"kernel_name": winner.kernel_name, "static_key": winner.static_key,
+                         "problem": entry.label, "bucket": winner.bucket,
+                         "source": rejected.source, "config_json": winner.config_json,
+                         "field": rejected.reason.field, "reason": rejected.reason.reason})
+    return pd.DataFrame(rows, columns=_REJECTED_COLUMNS)
+
+
+def _usable_check(rejected: pd.DataFrame) -> Callable[[Any], bool]:
+    """A predicate over stored winners (a winners frame's rows): False for one the plan
+    rejects, so that the report's tables leave it out as the coverage does."""
+    refused = set(zip(rejected["kernel_name"], rejected["static_key"],
+                      rejected["bucket"].astype(int), rejected["config_json"], strict=True))
 
     def usable(winner: Any) -> bool:
-        if spec is None or current.get(winner.kernel_name) != winner.source_hash:
-            return True
-        key = (winner.kernel_name, winner.static_key, int(winner.bucket), winner.config_json)
-        if key not in verdicts:
-            try:
-                stored_point(*key, spec)
-            except UnusablePoint as why:
-                log.warning("cutetune: the report leaves out the stored winner of %s at "
-                            "bucket %s: %s", labels.get(key[:2], f"{key[0]} {key[1]}"),
-                            winner.bucket, why)
-                verdicts[key] = False
-            else:
-                verdicts[key] = True
-        return verdicts[key]
+        return (winner.kernel_name, winner.static_key, int(winner.bucket),
+                winner.config_json) not in refused
 
     return usable
 

@@ -18,7 +18,6 @@ from matplotlib.patches import Rectangle
 
 from cutetune.bench import COPY_NAME, TUNED_NAME
 from cutetune.device.funnel import PRUNE_FACTOR
-from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED
 from cutetune.report.data import ReportData
 from cutetune.report.tables import (
     best_so_far,
@@ -27,6 +26,7 @@ from cutetune.report.tables import (
     section,
     speedups,
 )
+from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, TUNED
 
 SOURCES = (TUNED, SHIPPED, NEAREST, DEFAULT)
 SOURCE_COLOURS = ("#2ca02c", "#1f77b4", "#ffbf00", "#d62728")

@@ -11,8 +11,8 @@ import pandas as pd
 
 from cutetune.bench import COPY_NAME, DEFAULT_NAME, OURS, TUNED_NAME
 from cutetune.device.funnel import PRUNE_FACTOR
-from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED
 from cutetune.report.data import ReportData, is_device, knob_columns
+from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, TUNED
 
 # The trial counts after which the search table reads the best found so far.
 SEARCH_CHECKPOINTS = (1, 4, 8)
@@ -48,6 +48,12 @@ def coverage(data: ReportData) -> pd.DataFrame:
     table = table.reindex(list(dict.fromkeys(cells["problem"])))
     stale = data.winners.loc[~data.winners["current_source"]].groupby("problem").size()
     return table.assign(stale_winners=stale.reindex(table.index).fillna(0).astype(int))
+
+
+def rejected_winners(data: ReportData) -> pd.DataFrame:
+    """The stored winners the serving plan rejects, with the constraint's reason: they are
+    tuned, but today's space refuses them, so their buckets are served otherwise."""
+    return data.rejected[["problem", "bucket", "source", "config_json", "field", "reason"]]
 
 
 def bench_times(data: ReportData) -> pd.DataFrame:
@@ -189,6 +195,9 @@ SECTIONS: tuple[Section, ...] = (
     Section("coverage", "Coverage: what each bucket is served (T tuned, S shipped, N<b> the "
             "nearest tuned bucket b, D the heuristic default)", coverage,
             "No coverage: the database holds no device to plan for."),
+    Section("rejected", "Coverage: stored winners the plan rejects (today's space refuses "
+            "them), with the constraint's reason", rejected_winners,
+            "No stored winner is rejected: every current one is served."),
     Section("bench", "Time vs tokens: tuned, default, every peer, the copy of the same bytes "
             "and the launch floor", bench_times,
             "No bench rows for this model and device (run `cutetune bench`)."),

@@ -59,7 +59,16 @@ def test_report_leaves_out_each_unusable_winner_in_one_line(unusable_db, caplog)
     row = next(line for line in coverage.splitlines() if line.startswith("| qk_norm |"))
     cells = dict(zip(header.split("|"), row.split("|"), strict=True))
     assert [cells[f" {bucket} "].strip() for bucket, _ in VALID] == ["T", "T"]
-    assert "vector_bits | 7" not in result.stdout and "policy" not in result.stdout
+    # The plan's rejections are listed in their own table, each with the constraint's reason,
+    # and appear nowhere else.
+    before, rejected = result.stdout.split("## Coverage: stored winners the plan rejects")
+    rejected, after = rejected.split("\n## ", 1)
+    for bucket, reason in UNUSABLE_REASONS.items():
+        field, why = reason.split(": ", 1)
+        assert any(line.startswith(f"| qk_norm | {bucket} | tuned |")
+                   and f"| {field} | {why}" in line for line in rejected.splitlines())
+    rest = before + after
+    assert "vector_bits | 7" not in rest and "policy" not in rest
 
 
 def test_cache_build_skips_each_unusable_winner_in_one_line(unusable_db, tmp_path, caplog,

@@ -11,6 +11,7 @@ from cutetune.device.specs import Ceilings, device_spec_for
 from cutetune.device.verify import check_outputs
 from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import Database, DeviceFingerprint, winners
+from cutetune.serving.plan import NEAREST, TUNED
 from cutetune.spaces.models import load_model
 from cutetune.tuner.trials import GpuTrialRunner
 from cutetune.tuner.tune import plan_bucket, tune_bucket
@@ -34,8 +35,8 @@ def test_tune_store_warmup_serve(tmp_path):
     served = cutetune.warmup("qwen3-0.6b", kernels=["qk_norm"], db_url=url)
     try:
         table = served.tables()[0]
-        assert table.entries[3].source == dispatch.TUNED and table.entries[3].bucket == 8
-        assert table.entries[4].source == dispatch.NEAREST
+        assert table.entries[3].source == TUNED and table.entries[3].bucket == 8
+        assert table.entries[4].source == NEAREST
         g = torch.Generator("cuda").manual_seed(3)
         tensors = qk.make_inputs(static.with_tokens(7), torch.device("cuda"), g)
         expected = qk.reference(tensors, static)

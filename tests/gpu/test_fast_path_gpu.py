@@ -16,9 +16,10 @@ from compiled_points import compile_all, compiled
 from cutetune import dispatch
 from cutetune.device.specs import device_spec_for
 from cutetune.device.verify import check_outputs
-from cutetune.dispatch import DEFAULT, TUNED, Dispatcher
+from cutetune.dispatch import Dispatcher
 from cutetune.kernels.registry import NotApplicableError
 from cutetune.ops.registry import get_op, ops
+from cutetune.serving.plan import DEFAULT, TUNED, ServingPlan
 from cutetune.spaces.models import PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -32,7 +33,7 @@ TOKENS = 5
 def all_tuned(monkeypatch):
     """The current dispatcher, serving each bucket's default as if tuned (so the routes serve
     every bucket), its points compiled once for the session."""
-    plan = Dispatcher._plan
+    plan = ServingPlan._plan
 
     def tuned(self, kernel, problem):
         entries = plan(self, kernel, problem)
@@ -40,7 +41,7 @@ def all_tuned(monkeypatch):
         return tuple(dataclasses.replace(e, source=TUNED) if e.source == DEFAULT else e
                      for e in entries)
 
-    monkeypatch.setattr(Dispatcher, "_plan", tuned)
+    monkeypatch.setattr(ServingPlan, "_plan", tuned)
     monkeypatch.setattr(Dispatcher, "compiled",
                         lambda self, kernel, problem, config: compiled(kernel, problem, config))
     dispatch.set_current(Dispatcher(device_spec_for(torch.cuda.get_device_name())))

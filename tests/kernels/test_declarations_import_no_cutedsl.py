@@ -29,7 +29,7 @@ for name in kernel_names():
         except NotApplicableError:
             continue
         for problem in problems:
-            entry = dispatcher.entry_for(kernel, problem.with_tokens(64))
+            entry = dispatcher.plan.entry_for(kernel, problem.with_tokens(64))
             kernel.cost(problem.with_tokens(64), entry.config, spec)
             planned += 1
 print(planned, sorted({m.split(".")[0] for m in sys.modules if m.startswith("cutlass")}))

@@ -17,7 +17,6 @@ from h200_results import (
     current_copy,
 )
 
-from cutetune.dispatch import DEFAULT, NEAREST, SHIPPED, TUNED
 from cutetune.report import data as report_data
 from cutetune.report.data import load_report_data, model_problems
 from cutetune.report.markdown import render_markdown
@@ -32,6 +31,7 @@ from cutetune.report.tables import (
     winner_configs,
 )
 from cutetune.results_db import Database, record_ceilings, winners_with_devices
+from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, TUNED
 from cutetune.spaces.models import UnknownModelError
 
 

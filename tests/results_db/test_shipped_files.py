@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from cutetune.device.specs import DEVICE_SPECS
-from cutetune.dispatch import NEAREST, SHIPPED, Dispatcher
+from cutetune.dispatch import Dispatcher
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import DeviceFingerprint, shipped_winners
 from cutetune.results_db.export import read_winners
+from cutetune.serving.plan import NEAREST, SHIPPED
 from cutetune.spaces.buckets import BUCKETS, DEFAULT_TUNE_TOKENS
 from cutetune.spaces.models import load_model
 
@@ -48,7 +49,7 @@ def test_a_shipped_file_serves_every_bucket_of_its_model_on_the_h200(path):
         except NotApplicableError:
             continue
         for problem in problems:
-            sources = {b: dispatcher.entry_for(kernel, problem.with_tokens(b)).source
+            sources = {b: dispatcher.plan.entry_for(kernel, problem.with_tokens(b)).source
                        for b in BUCKETS}
             # Tuned up to the largest bucket tuning covers; served from it beyond.
             assert sources == {b: SHIPPED if b in DEFAULT_TUNE_TOKENS else NEAREST

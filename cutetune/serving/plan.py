@@ -1,0 +1,132 @@
+"""The serving plan: which point serves each token bucket of a static problem.
+
+Per bucket: the winner tuned there (the user's database first, then the winners shipped with
+the package), else the nearest such bucket's winner where it is a valid point at this bucket,
+else the seed heuristic's default. A stored winner of the kernel's current source that today's
+space rejects (a bucket outside the policy, a config a constraint now refuses) is not served;
+the plan keeps it with the reason, so that the warmup and the report can say why. Planning
+compiles nothing: the dispatcher, the bench, `cache build` and the report all read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cutetune.kernels.registry import KernelDef
+from cutetune.kernels.stored import UnusablePoint, stored_point
+from cutetune.spaces.buckets import BUCKETS, bucket_index
+from cutetune.spaces.problem import Problem
+
+TUNED, SHIPPED, NEAREST, DEFAULT = "tuned", "shipped", "nearest", "default"
+
+
+@dataclass(frozen=True)
+class BucketEntry:
+    bucket: int
+    config: Any
+    source: str  # TUNED (the user's database), SHIPPED (the package's), NEAREST or DEFAULT
+    tuned_bucket: int | None
+
+
+@dataclass(frozen=True)
+class RejectedWinner:
+    """A stored winner of the kernel's current source that today's space rejects."""
+
+    winner: Any  # the results_db Winner record
+    source: str  # TUNED or SHIPPED
+    reason: UnusablePoint
+
+
+def nearest_tuned(bucket: int, tuned: Sequence[int]) -> int | None:
+    """The tuned bucket closest in log2 distance (ties go to the larger, the safer grid)."""
+    if not tuned:
+        return None
+    return min(tuned, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
+
+
+class ServingPlan:
+    def __init__(self, spec, winners: Iterable[Any] = (), shipped: Iterable[Any] = (),
+                 on_rejected: Callable[[KernelDef, Problem, RejectedWinner], None] | None = None):
+        """`spec`: the DeviceSpec the points are planned for; `winners`: results_db Winner
+        records this device may serve (results_db.winners_to_serve); `shipped`: the winners
+        shipped with the package (results_db.shipped_winners), served where `winners` has none
+        for the bucket; `on_rejected` is told of each rejected winner once, when its problem is
+        first planned."""
+        self.spec = spec
+        # Every stored winner, stale ones included: which are current depends on the kernel's
+        # source, known only when a kernel is planned.
+        self.winners = _by_problem(winners)
+        self.shipped = _by_problem(shipped)
+        self._on_rejected = on_rejected
+        # Planned once per static problem: the winners do not change.
+        self._planned: dict[tuple[str, str], tuple[BucketEntry, ...]] = {}
+        self._rejected: dict[tuple[str, str], tuple[RejectedWinner, ...]] = {}
+
+    def entries(self, kernel: KernelDef, problem: Problem) -> tuple[BucketEntry, ...]:
+        """What serves each bucket of BUCKETS for `problem`'s static part."""
+        key = (kernel.name, problem.static_key())
+        if key not in self._planned:
+            self._planned[key] = self._plan(kernel, problem.with_tokens(1))
+        return self._planned[key]
+
+    def entry_for(self, kernel: KernelDef, problem: Problem) -> BucketEntry:
+        """What serves a call of `problem` at its token count."""
+        return self.entries(kernel, problem)[bucket_index(problem.num_tokens)]
+
+    def rejected(self, kernel: KernelDef, problem: Problem) -> tuple[RejectedWinner, ...]:
+        """The stored winners of `problem`'s static part that today's space rejects."""
+        self.entries(kernel, problem)
+        return self._rejected[(kernel.name, problem.static_key())]
+
+    def _current(self, winners: dict[tuple[str, str], list[Any]], source: str,
+                 kernel: KernelDef, problem: Problem,
+                 rejected: list[RejectedWinner]) -> dict[int, Any]:
+        """The configs of `winners` for this kernel's current source and problem, by bucket;
+        those today's space rejects go to `rejected`."""
+        current = kernel.source_hash()
+        configs = {}
+        for w in winners.get((kernel.name, problem.static_key()), ()):
+            if w.source_hash != current:
+                continue
+            try:
+                point = stored_point(kernel, w.static_key, w.bucket, w.config_json, self.spec)
+            except UnusablePoint as why:
+                rejected.append(RejectedWinner(w, source, why))
+                if self._on_rejected is not None:
+                    self._on_rejected(kernel, problem, rejected[-1])
+                continue
+            configs[w.bucket] = point.config
+        return configs
+
+    def _plan(self, kernel: KernelDef, problem: Problem) -> tuple[BucketEntry, ...]:
+        rejected: list[RejectedWinner] = []
+        yours = self._current(self.winners, TUNED, kernel, problem, rejected)
+        shipped = self._current(self.shipped, SHIPPED, kernel, problem, rejected)
+        self._rejected[(kernel.name, problem.static_key())] = tuple(rejected)
+        tuned = {**shipped, **yours}
+        tuned_buckets = sorted(tuned)
+        entries = []
+        for bucket in BUCKETS:
+            at_bucket = problem.with_tokens(bucket)
+            if bucket in tuned:
+                entries.append(BucketEntry(bucket, tuned[bucket],
+                                           TUNED if bucket in yours else SHIPPED, bucket))
+                continue
+            near = nearest_tuned(bucket, tuned_buckets)
+            if near is not None and kernel.space.first_violation(
+                    at_bucket, tuned[near], self.spec) is None:
+                entries.append(BucketEntry(bucket, tuned[near], NEAREST, near))
+            else:
+                entries.append(BucketEntry(bucket, kernel.default_config(at_bucket, self.spec),
+                                           DEFAULT, None))
+        return tuple(entries)
+
+
+def _by_problem(winners: Iterable[Any]) -> dict[tuple[str, str], list[Any]]:
+    """Winners grouped by (kernel, static key)."""
+    grouped: dict[tuple[str, str], list[Any]] = {}
+    for w in winners:
+        grouped.setdefault((w.kernel_name, w.static_key), []).append(w)
+    return grouped
