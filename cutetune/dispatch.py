@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutetune.build.artifacts import ARTIFACTS_DIR, NO_COMPILER, ArtifactStore, arch_for, c_compiler
+from cutetune.build.compiled import CompiledPoints, compile_here
 from cutetune.fast_path import forget_all, load_library
 from cutetune.kernels.code_hash import CODE_HASHES, remember_in
 from cutetune.kernels.registry import KernelDef
@@ -106,7 +107,7 @@ class Dispatcher:
         # The pools' processes' start-up and compile seconds, each summed over processes.
         self._parallel_start_cpu_s = 0.0
         self._parallel_compile_cpu_s = 0.0
-        self._compiled: dict[tuple[str, str, str], Any] = {}
+        self._compiled = CompiledPoints(compile_here if store is None else store.get)
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
         self._default_calls: Counter[tuple[str, tuple, int]] = Counter()
@@ -122,11 +123,7 @@ class Dispatcher:
     def compiled(self, kernel: KernelDef, problem: Problem, config: Any):
         """The compiled kernel of one point, made ready once per process and dispatcher: loaded
         from the artifact cache, else compiled (and stored there)."""
-        key = (kernel.name, problem.static_key(), config_to_json(config))
-        if key not in self._compiled:
-            self._compiled[key] = (kernel.compile(problem, config) if self.store is None
-                                   else self.store.get(kernel, problem, config))
-        return self._compiled[key]
+        return self._compiled.get(kernel, problem, config)
 
     def precompile(self, work: Sequence[tuple[KernelDef, Sequence[Problem]]]) -> tuple[int, int]:
         """Store in the artifact cache every point the warmup of `work` (kernels and their

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cutetune.build.artifacts import ArtifactStore, arch_for
+from cutetune.build.compiled import CompiledPoints
 from cutetune.build.supervised import Fatal
 from cutetune.device.measure import Measurement
 from cutetune.spaces.problem import Problem
@@ -47,7 +48,7 @@ class GpuWorker:
         self.store = ArtifactStore(Path(directory), arch_for(f"{major}.{minor}"))
         self.spec = device_spec_for(torch.cuda.get_device_name())
         self.seed = seed
-        self._loaded: dict[str, Any] = {}
+        self._loaded = CompiledPoints(self._load)
         self._runner = None
 
     def hello(self):
@@ -99,19 +100,17 @@ class GpuWorker:
         runner = self._runner
         if runner is None or (runner.kernel.name, runner.problem) != (kernel_name, problem):
             self._runner = GpuTrialRunner(get_kernel(kernel_name), problem, self.spec,
-                                          self.seed, compile_point=self._load)
+                                          self.seed, compile_point=self._loaded.get)
         return self._runner
 
     def _load(self, kernel, problem: Problem, config: Any) -> Any:
-        """A point from the artifact store, compiled here (and stored) where it is missing."""
-        key = self.store.key(kernel, problem, config)
-        if key not in self._loaded:
+        """A point from the artifact store, compiled here (and stored) where it is missing: the
+        worker times the file that will be served."""
+        loaded = self.store.load(kernel, problem, config)
+        if loaded is None:
+            self.store.compile(kernel, problem, config)
             loaded = self.store.load(kernel, problem, config)
-            if loaded is None:
-                self.store.compile(kernel, problem, config)
-                loaded = self.store.load(kernel, problem, config)
-            self._loaded[key] = loaded
-        return self._loaded[key]
+        return loaded
 
     @staticmethod
     def _raise_if_context_lost() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from cutlass.base_dsl.common import DSLBaseError
 
+from cutetune.build.compiled import CompiledPoints, MakePoint
 from cutetune.build.errors import first_line
 from cutetune.device.measure import (
     Measurement,
@@ -22,7 +23,6 @@ from cutetune.device.specs import DeviceSpec
 from cutetune.device.verify import verify
 from cutetune.kernels.registry import KernelDef, VerificationError
 from cutetune.spaces.problem import Problem
-from cutetune.spaces.space import config_to_json
 from cutetune.tuner.study import TrialFailure
 
 # A decode-sized point takes about a microsecond, and the GPU's state moves such a time from one
@@ -34,20 +34,8 @@ DRIFT_CORRECTED_BELOW_US = 5.0
 
 
 
-# One compile serves every token count, so the runners of one tuning process (one per bucket)
-# share their compiles: (kernel, static problem, config JSON) -> compiled kernel.
-_COMPILED: dict[tuple[str, str, str], Any] = {}
-
-# (kernel, problem, config) -> the callable `kernel.launch` takes.
-CompilePoint = Callable[[KernelDef, Problem, Any], Any]
-
-
-def compile_in_process(kernel: KernelDef, problem: Problem, config: Any) -> Any:
-    """Compile a point here, once per process."""
-    key = (kernel.name, problem.static_key(), config_to_json(config))
-    if key not in _COMPILED:
-        _COMPILED[key] = kernel.compile(problem, config)
-    return _COMPILED[key]
+# The runners of one tuning process (one per bucket) share their compiles.
+_IN_PROCESS = CompiledPoints()
 
 
 class GpuTrialRunner:
@@ -55,7 +43,7 @@ class GpuTrialRunner:
     `verify_s` and `timing_s` add up the time spent verifying and timing."""
 
     def __init__(self, kernel: KernelDef, problem: Problem, spec: DeviceSpec, seed: int = 0,
-                 compile_point: CompilePoint = compile_in_process):
+                 compile_point: MakePoint = _IN_PROCESS.get):
         self.kernel = kernel
         self.problem = problem
         self.spec = spec
