@@ -20,10 +20,11 @@ from collections.abc import Callable
 import torch
 from op_host_overhead import launch_arguments
 
-from cutetune import dispatch, fast_path
-from cutetune.dispatch import Dispatcher
+from cutetune import fast_path
 from cutetune.kernels.registry import NotApplicableError
 from cutetune.ops.registry import ops
+from cutetune.serving.table import Dispatcher
+from cutetune.serving.warmup import set_current
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import load_model
 
@@ -72,7 +73,7 @@ def serve(stand_in) -> None:
 
     Dispatcher._install = install
     torch.Tensor.get_device = lambda self: 0
-    dispatch.set_current(Dispatcher(None))
+    set_current(Dispatcher(None))
 
 
 def routed(call: Callable[[], object]) -> bool:

@@ -19,10 +19,10 @@ import torch
 
 from cutetune.device.measure import input_sets_for, time_in_graph
 from cutetune.device.specs import device_spec_for
-from cutetune.dispatch import Dispatcher
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels import rmsnorm as rms
 from cutetune.results_db import Database, DeviceFingerprint, winners
+from cutetune.serving.table import Dispatcher
 from cutetune.spaces.models import load_model
 from cutetune.spaces.space import config_to_json
 

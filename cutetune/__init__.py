@@ -25,7 +25,7 @@ def __getattr__(name: str):
     if name == "__all__":
         return ["__version__", *_DISPATCH, *_public_ops()]
     if name in _DISPATCH:
-        value = getattr(importlib.import_module("cutetune.dispatch"), name)
+        value = getattr(importlib.import_module("cutetune.serving.warmup"), name)
     elif name.startswith("_") or _is_submodule(name):  # no op: asking imports nothing
         raise AttributeError(f"module 'cutetune' has no attribute {name!r}")
     else:

@@ -30,7 +30,6 @@ from cutetune.device.measure import (
 )
 from cutetune.device.specs import DeviceSpec, device_spec_for
 from cutetune.device.verify import check_outputs
-from cutetune.dispatch import Dispatcher, artifact_store
 from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors, VerificationError
 from cutetune.results_db import (
     BenchRecord,
@@ -42,6 +41,8 @@ from cutetune.results_db import (
     winners_to_serve,
 )
 from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED
+from cutetune.serving.table import Dispatcher
+from cutetune.serving.warmup import artifact_store
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json

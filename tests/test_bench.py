@@ -18,8 +18,8 @@ from cutetune.bench import (
     speedup_over_best_peer,
 )
 from cutetune.device.specs import DEVICE_SPECS
-from cutetune.dispatch import Dispatcher
 from cutetune.kernels import qk_norm as qk
+from cutetune.serving.table import Dispatcher
 from cutetune.spaces.models import load_model
 from cutetune.spaces.space import config_to_json
 

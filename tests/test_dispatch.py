@@ -18,10 +18,10 @@ import pytest
 from stored_winners import winner
 
 from cutetune.device.specs import DEVICE_SPECS
-from cutetune.dispatch import Dispatcher
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.registry import KernelDef
 from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, TUNED, nearest_tuned
+from cutetune.serving.table import Dispatcher
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
 from cutetune.spaces.models import load_model
 from cutetune.spaces.problem import Problem
@@ -304,10 +304,10 @@ def test_lookup_without_warmup_serves_defaults_warns_once_and_counts(qwen3_8b, c
     built = []
     kernel = dataclasses.replace(kernel, problem_type=_counting(qk.QKNormProblem, built))
 
-    with caplog.at_level(logging.WARNING, logger="cutetune.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="cutetune.serving"):
         served = [dispatcher.lookup(kernel, static, n) for n in (1, 3, 3, 5000)]
 
-    warnings = [r for r in caplog.records if r.name == "cutetune.dispatch"]
+    warnings = [r for r in caplog.records if r.name == "cutetune.serving"]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
     assert "was not warmed up" in warnings[0].getMessage()
     assert "qk_norm" in warnings[0].getMessage()
@@ -401,10 +401,10 @@ def test_calls_beyond_the_largest_bucket_are_served_by_it_and_reported():
 @pytest.mark.skipif(__import__("torch").cuda.is_available(),
                     reason="checks the dispatcher where no CUDA GPU is visible")
 def test_without_a_gpu_the_dispatcher_serves_nothing_and_says_so(monkeypatch):
-    from cutetune import dispatch
+    from cutetune.serving import warmup
 
-    monkeypatch.setattr(dispatch, "_current", None)
-    served = dispatch.current_dispatcher()
+    monkeypatch.setattr(warmup, "_current", None)
+    served = warmup.current_dispatcher()
     assert served.spec is None
     assert served.report().startswith("no CUDA device is visible: this dispatcher serves")
 
@@ -483,7 +483,7 @@ def test_warmup_imports_no_pandas():
     import subprocess
     import sys
 
-    script = ("import sys\nimport cutetune.dispatch, cutetune.results_db\n"
+    script = ("import sys\nimport cutetune.serving.warmup, cutetune.results_db\n"
               "from cutetune.results_db import winners_to_serve\n"
               "print('pandas' in sys.modules)\n")
     shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -495,14 +495,14 @@ def test_an_unwritable_cache_is_warned_about_once_and_points_compile_in_memory(t
                                                                                caplog):
     from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
 
-    from cutetune.dispatch import artifact_store
+    from cutetune.serving.warmup import artifact_store
 
     blocked = tmp_path / "file"
     blocked.write_text("")
-    with caplog.at_level(logging.WARNING, logger="cutetune.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="cutetune.serving"):
         assert artifact_store(blocked, H200_FINGERPRINT) is None
         assert artifact_store(blocked, H200_FINGERPRINT) is None
-    warnings = [r.getMessage() for r in caplog.records if r.name == "cutetune.dispatch"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "cutetune.serving"]
     assert len(warnings) == 1 and "cannot be written; compiling in memory" in warnings[0]
     store = artifact_store(tmp_path, H200_FINGERPRINT)
     assert store is not None and store.arch == "sm_90a"
@@ -511,12 +511,12 @@ def test_an_unwritable_cache_is_warned_about_once_and_points_compile_in_memory(t
 def test_without_a_c_compiler_the_cache_is_off_and_says_why(tmp_path, caplog, monkeypatch):
     from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
 
-    from cutetune.dispatch import artifact_store
+    from cutetune.serving.warmup import artifact_store
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    with caplog.at_level(logging.WARNING, logger="cutetune.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="cutetune.serving"):
         assert artifact_store(tmp_path / "cache", H200_FINGERPRINT) is None
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "cutetune.dispatch"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "cutetune.serving"]
     assert "no C compiler found" in warning and warning.endswith("compiling in memory")
 
 
@@ -547,11 +547,11 @@ def test_warmup_skips_each_unusable_stored_winner_in_one_line(tmp_path, caplog, 
     from bad_imports import UNUSABLE_REASONS, VALID, unusable_runs, valid_records
     from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
 
-    from cutetune import dispatch
     from cutetune.device.specs import device_spec_for
     from cutetune.results_db import Database, DeviceFingerprint
     from cutetune.results_db.export import check_import
     from cutetune.results_db.queries import record_tuning_results
+    from cutetune.serving import warmup
 
     url = f"sqlite:///{tmp_path / 'stored.db'}"
     db = Database.open(url)
@@ -562,16 +562,16 @@ def test_warmup_skips_each_unusable_stored_winner_in_one_line(tmp_path, caplog, 
     monkeypatch.setattr(Dispatcher, "compiled", lambda self, kernel, problem, config: object())
     monkeypatch.setattr(DeviceFingerprint, "current",
                         classmethod(lambda cls, device_index=None: H200_FINGERPRINT))
-    monkeypatch.setattr(dispatch, "artifact_store", lambda cache_dir, fingerprint: None)
-    monkeypatch.setattr(dispatch, "load_library", lambda: None)
-    monkeypatch.setattr(dispatch, "_current", None)
-    with caplog.at_level(logging.WARNING, logger="cutetune.dispatch"):
-        served = dispatch.warmup("qwen3-8b", kernels=["qk_norm"], db_url=url)
+    monkeypatch.setattr(warmup, "artifact_store", lambda cache_dir, fingerprint: None)
+    monkeypatch.setattr(warmup, "load_library", lambda: None)
+    monkeypatch.setattr(warmup, "_current", None)
+    with caplog.at_level(logging.WARNING, logger="cutetune.serving"):
+        served = warmup.warmup("qwen3-8b", kernels=["qk_norm"], db_url=url)
     entries = entries_by_bucket(served)
     for bucket, config in VALID:
         assert (entries[bucket].source, entries[bucket].config) == (TUNED, config)
     assert all(e.config.vector_bits != 7 for e in entries.values())
-    lines = [r.getMessage() for r in caplog.records if r.name == "cutetune.dispatch"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "cutetune.serving"]
     for bucket, reason in UNUSABLE_REASONS.items():
         (line,) = [line for line in lines if f"(bucket {bucket}," in line]
         assert line.startswith("cutetune: skipping a stored qk_norm winner") and reason in line

@@ -16,15 +16,16 @@ import torch
 import tvm_ffi
 from op_problems import call_problems, public_call
 
-from cutetune import dispatch, fast_path
+from cutetune import fast_path
 from cutetune.build.publish import find_published
-from cutetune.dispatch import Dispatcher
 from cutetune.fast_call import Constant, Dim, DType, FastCall, Value
 from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, CooperativeGridError
 from cutetune.kernels.qk_norm import KERNEL as QK_KERNEL
 from cutetune.kernels.rmsnorm import KERNEL as RMSNORM_KERNEL
 from cutetune.ops import activation, moe_combine, moe_dispatch, qk_norm, rmsnorm
 from cutetune.ops.registry import route_of
+from cutetune.serving.table import Dispatcher
+from cutetune.serving.warmup import set_current
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
 
 
@@ -74,9 +75,9 @@ def served(monkeypatch) -> Served:
     dispatch_route = route_of("moe_dispatch")
     monkeypatch.setattr(dispatch_route, "fast_call", dataclasses.replace(
         dispatch_route.fast_call, launch_function=None))
-    dispatch.set_current(served.dispatcher)
+    set_current(served.dispatcher)
     yield served
-    dispatch.set_current(None)
+    set_current(None)
 
 
 def bf16(*shape):
@@ -125,7 +126,7 @@ def test_later_calls_with_a_key_skip_the_checks(op, served, monkeypatch):
 @pytest.mark.parametrize("op", sorted(call_problems()))
 def test_a_new_dispatcher_starts_from_the_checked_path(op, served, monkeypatch):
     public_call(op, 2)()
-    dispatch.set_current(Dispatcher(None))
+    set_current(Dispatcher(None))
     checked = counting_lookups(monkeypatch)
     public_call(op, 2)()
     assert len(checked) == 1

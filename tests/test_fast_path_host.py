@@ -11,10 +11,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fast_path_host  # noqa: E402
 
 import cutetune  # noqa: E402
-from cutetune import dispatch  # noqa: E402
-from cutetune.dispatch import Dispatcher  # noqa: E402
 from cutetune.kernels.registry import NotApplicableError  # noqa: E402
 from cutetune.ops.registry import ops  # noqa: E402
+from cutetune.serving.table import Dispatcher  # noqa: E402
+from cutetune.serving.warmup import set_current  # noqa: E402
 from cutetune.spaces.models import load_model  # noqa: E402
 
 
@@ -24,7 +24,7 @@ def restored(monkeypatch):
     for owner, name in ((Dispatcher, "_install"), (torch.Tensor, "get_device")):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     yield
-    dispatch.set_current(None)
+    set_current(None)
 
 
 def test_every_op_is_timed_on_its_fast_path(monkeypatch, capsys):

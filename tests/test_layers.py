@@ -32,28 +32,26 @@ MAY_IMPORT = {
     # path (C++ routes) keyed by it, which an op's checked path tells what the dispatcher serves.
     "fast_call": set(),
     "fast_path": {"spaces", "kernels", "fast_call", "settings", "build"},
-    # The serving plan: which point serves each bucket, from the stored winners, compiling
-    # nothing.
-    "serving": {"spaces", "kernels"},
-    # The serving table (rows of compiled points, lookup, counters) and the warmup.
-    "dispatch": {"spaces", "kernels", "device", "build", "results_db", "settings", "fast_path",
-                 "serving"},
-    "ops": {"spaces", "kernels", "dispatch", "fast_call", "fast_path"},
-    "bench": {"spaces", "kernels", "device", "results_db", "serving", "dispatch"},
+    # The runtime: the plan (which point serves each bucket, compiling nothing), the serving
+    # table (rows of compiled points, lookup, counters) and the warmup. It never imports the
+    # search (tuner), nor does anything above it but the CLI.
+    "serving": {"spaces", "kernels", "device", "build", "results_db", "settings", "fast_path"},
+    "ops": {"spaces", "kernels", "serving", "fast_call", "fast_path"},
+    "bench": {"spaces", "kernels", "device", "results_db", "serving"},
     # The tuning report reads the database and asks the serving plan and the device model's
     # funnel what they would do with it; it compiles nothing, and only the CLI runs it.
     "report": {"spaces", "kernels", "device", "results_db", "serving", "bench", "settings"},
     # The CLI's plan and tune commands are the search's front end: the one layer above tuner.
-    "cli": {"spaces", "kernels", "device", "build", "tuner", "results_db", "dispatch", "ops",
-            "serving", "bench", "settings", "version", "report"},
+    "cli": {"spaces", "kernels", "device", "build", "tuner", "results_db", "serving", "ops",
+            "bench", "settings", "version", "report"},
     # Other libraries' models served by the public ops; nothing in cutetune imports them.
-    "integrations": {"spaces", "kernels", "dispatch", "ops"},
-    "__init__": {"dispatch", "ops", "version"},
+    "integrations": {"spaces", "kernels", "serving", "ops"},
+    "__init__": {"serving", "ops", "version"},
 }
 
 
 def layer_of(module: str) -> str:
-    """cutetune.kernels.rmsnorm -> kernels; cutetune.dispatch -> dispatch; cutetune -> __init__."""
+    """cutetune.kernels.rmsnorm -> kernels; cutetune.bench -> bench; cutetune -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -86,3 +84,8 @@ def test_no_import_points_up():
             if target != layer and target not in MAY_IMPORT[layer]:
                 upward.append(f"{path.relative_to(PACKAGE.parent)} imports {imported}")
     assert upward == []
+
+
+def test_the_runtime_imports_nothing_of_the_search():
+    runtime = ("serving", "ops", "bench", "report", "integrations", "__init__")
+    assert [layer for layer in runtime if "tuner" in MAY_IMPORT[layer]] == []

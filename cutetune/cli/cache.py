@@ -59,10 +59,10 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
     from cutetune.build.artifacts import ArtifactStore, arch_for
     from cutetune.cli.artifacts import require_c_compiler
     from cutetune.cli.problems import model_problems
-    from cutetune.dispatch import Dispatcher
     from cutetune.kernels.code_hash import CODE_HASHES, remember_in
     from cutetune.kernels.registry import get_kernel, kernel_names
     from cutetune.results_db import shipped_with_devices, winners_with_devices
+    from cutetune.serving.table import Dispatcher
 
     # The model, the database and the compiler are checked before the cache directory is
     # touched (created, or its code-hash memo written), so a mistaken command leaves nothing.

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 import torch
 
-from cutetune.dispatch import warmup as warmup_dispatcher
 from cutetune.integrations import hf_forwards as fw
 from cutetune.integrations.patch_report import PatchEntry, PatchReport
 from cutetune.kernels.dtypes import DTYPE_NAMES
@@ -42,6 +41,7 @@ from cutetune.ops.moe_combine import moe_combine
 from cutetune.ops.moe_dispatch import moe_dispatch
 from cutetune.ops.qk_norm import qk_norm
 from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
+from cutetune.serving.warmup import warmup as warmup_dispatcher
 from cutetune.spaces.models import ModelShape, model_from_hf_config
 
 # config.model_type -> the prefix of the family's modeling classes.

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch.compiler import is_compiling
 
-from cutetune.dispatch import current_dispatcher
 from cutetune.fast_path import Route
 from cutetune.ops.cpu import write_reference
+from cutetune.serving.warmup import current_dispatcher
 
 if TYPE_CHECKING:
     from cutetune.ops.registry import OpDef

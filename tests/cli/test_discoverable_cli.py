@@ -66,7 +66,7 @@ def test_help_imports_neither_torch_nor_cutedsl():
               "        cli.main(args=args, prog_name='cutetune')\n"
               "    except SystemExit:\n"
               "        pass\n"
-              "print('loaded:', *[m for m in ('torch', 'cutlass', 'cutetune.dispatch')\n"
+              "print('loaded:', *[m for m in ('torch', 'cutlass', 'cutetune.serving.table')\n"
               "                 if m in sys.modules])\n")
     shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                            check=True).stdout

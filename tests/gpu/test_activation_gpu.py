@@ -195,7 +195,7 @@ def test_public_op_with_no_tokens_launches_nothing():
 
 
 def test_public_op_goes_through_the_dispatcher():
-    from cutetune.dispatch import current_dispatcher
+    from cutetune.serving.warmup import current_dispatcher
 
     silu_and_mul(_x(tokens=7, width=2048))
     calls = current_dispatcher().default_calls()

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 import cutetune
-from cutetune import dispatch
 from cutetune.device.specs import Ceilings, device_spec_for
 from cutetune.device.verify import check_outputs
 from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import Database, DeviceFingerprint, winners
 from cutetune.serving.plan import NEAREST, TUNED
+from cutetune.serving.table import Dispatcher
+from cutetune.serving.warmup import set_current
 from cutetune.spaces.models import load_model
 from cutetune.tuner.trials import GpuTrialRunner
 from cutetune.tuner.tune import plan_bucket, tune_bucket
@@ -47,21 +48,21 @@ def test_tune_store_warmup_serve(tmp_path):
         assert served.default_calls() == {}
         assert "tuned buckets 8" in served.report()
     finally:
-        dispatch.set_current(None)
+        set_current(None)
 
 
 def test_unwarmed_problem_falls_back_and_is_counted(caplog):
-    served = dispatch.Dispatcher(device_spec_for(torch.cuda.get_device_name()))
-    dispatch.set_current(served)
+    served = Dispatcher(device_spec_for(torch.cuda.get_device_name()))
+    set_current(served)
     try:
         q = torch.randn(3, 2, 64, device="cuda", dtype=torch.float16)
         k = torch.randn(3, 1, 64, device="cuda", dtype=torch.float16)
         w = torch.ones(64, device="cuda", dtype=torch.float16)
-        with caplog.at_level("WARNING", logger="cutetune.dispatch"):
+        with caplog.at_level("WARNING", logger="cutetune.serving"):
             cutetune.qk_norm(q, k, w, w)
             cutetune.qk_norm(q, k, w, w)
         assert sum("not warmed up" in r.message for r in caplog.records) == 1
         assert list(served.default_calls().values()) == [2]
         assert "NOT warmed up" in served.report()
     finally:
-        dispatch.set_current(None)
+        set_current(None)

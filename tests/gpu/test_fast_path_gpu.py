@@ -13,13 +13,13 @@ import pytest
 import torch
 from compiled_points import compile_all, compiled
 
-from cutetune import dispatch
 from cutetune.device.specs import device_spec_for
 from cutetune.device.verify import check_outputs
-from cutetune.dispatch import Dispatcher
 from cutetune.kernels.registry import NotApplicableError
 from cutetune.ops.registry import get_op, ops
 from cutetune.serving.plan import DEFAULT, TUNED, ServingPlan
+from cutetune.serving.table import Dispatcher
+from cutetune.serving.warmup import set_current
 from cutetune.spaces.models import PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -44,9 +44,9 @@ def all_tuned(monkeypatch):
     monkeypatch.setattr(ServingPlan, "_plan", tuned)
     monkeypatch.setattr(Dispatcher, "compiled",
                         lambda self, kernel, problem, config: compiled(kernel, problem, config))
-    dispatch.set_current(Dispatcher(device_spec_for(torch.cuda.get_device_name())))
+    set_current(Dispatcher(device_spec_for(torch.cuda.get_device_name())))
     yield
-    dispatch.set_current(None)
+    set_current(None)
 
 
 def _problems(kernel) -> list:

@@ -299,7 +299,7 @@ def test_public_op_with_no_tokens_or_no_rows():
 
 
 def test_public_op_goes_through_the_dispatcher():
-    from cutetune.dispatch import current_dispatcher
+    from cutetune.serving.warmup import current_dispatcher
 
     problem = _problem(tokens=7)
     tensors = _inputs(problem, seed=7)

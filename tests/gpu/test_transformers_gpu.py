@@ -12,8 +12,8 @@ import torch
 from qwen3_moe_standin import VOCAB, build_standin, routing_pinned, transformers_or_stub
 
 import cutetune
-from cutetune import dispatch
 from cutetune.integrations.transformers import TRANSFORMERS_VERSIONS, follows, patch, unpatch
+from cutetune.serving.warmup import set_current
 
 pytestmark = pytest.mark.gpu
 
@@ -37,7 +37,7 @@ def fresh_dispatcher(tmp_path, shared_cache_dir, monkeypatch):
     monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(shared_cache_dir))
     monkeypatch.setenv("CUTETUNE_DB", f"sqlite:///{tmp_path / 'cutetune.db'}")
     yield
-    dispatch.set_current(None)
+    set_current(None)
 
 
 def _ids(tokens: int, seed: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ import sys
 PLAN_EVERY_KERNEL = """
 import sys
 import cutetune
-from cutetune.dispatch import Dispatcher
+from cutetune.serving.table import Dispatcher
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 import cutetune.ops  # every op
 from cutetune.spaces.models import PRESETS

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from cutetune.device.specs import DEVICE_SPECS
-from cutetune.dispatch import Dispatcher
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import DeviceFingerprint, shipped_winners
 from cutetune.results_db.export import read_winners
 from cutetune.serving.plan import NEAREST, SHIPPED
+from cutetune.serving.table import Dispatcher
 from cutetune.spaces.buckets import BUCKETS, DEFAULT_TUNE_TOKENS
 from cutetune.spaces.models import load_model
 

@@ -1,4 +1,4 @@
-"""The runtime Dispatcher: the serving table, built at warmup, then served by token bucket.
+"""The serving table: the Dispatcher, built at warmup, then served by token bucket.
 
 Warmup builds, for each static problem, one immutable row of compiled kernels indexed by token
 bucket, of the points the serving plan (cutetune.serving.plan) names. A call for a static
@@ -24,17 +24,14 @@ largest bucket always take the checked path, so `report()` counts them.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cutetune.build.artifacts import ARTIFACTS_DIR, NO_COMPILER, ArtifactStore, arch_for, c_compiler
+from cutetune.build.artifacts import ArtifactStore
 from cutetune.build.compiled import CompiledPoints, compile_here
-from cutetune.fast_path import forget_all, load_library
-from cutetune.kernels.code_hash import CODE_HASHES, remember_in
 from cutetune.kernels.registry import KernelDef
 from cutetune.serving.plan import (
     DEFAULT,
@@ -46,11 +43,10 @@ from cutetune.serving.plan import (
     ServingPlan,
 )
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
-from cutetune.spaces.models import ModelShape, load_model
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
 
-log = logging.getLogger("cutetune.dispatch")
+log = logging.getLogger("cutetune.serving")
 
 @dataclass(frozen=True)
 class ProblemTable:
@@ -315,101 +311,3 @@ def _ranges(buckets: list[int]) -> str:
     if len(buckets) <= 4 or not contiguous:
         return ",".join(str(b) for b in buckets)
     return f"{buckets[0]}..{buckets[-1]} ({len(buckets)})"
-
-
-# -- the process-wide dispatcher the public ops call through -------------------------------
-
-_current: Dispatcher | None = None
-
-
-def current_dispatcher() -> Dispatcher:
-    """The dispatcher set by `warmup`; before any warmup, one that serves defaults (and, where
-    no GPU is visible, one that serves nothing and says so)."""
-    if _current is None:
-        set_current(Dispatcher(_current_device_spec()))
-    return _current
-
-
-def set_current(dispatcher: Dispatcher | None) -> None:
-    """Make `dispatcher` the one the ops call through (None: a default one at the next call);
-    the ops' fast path forgets what the previous one served."""
-    global _current
-    forget_all()
-    _current = dispatcher
-
-
-_unwritable_warned: set[str] = set()
-
-
-def artifact_store(cache_dir, fingerprint) -> ArtifactStore | None:
-    """The artifact cache for this GPU's arch under `cache_dir`; None, after one warning per
-    directory, where it cannot be written or no C compiler links its artifacts (the points
-    are then compiled in memory)."""
-    store = ArtifactStore(cache_dir / ARTIFACTS_DIR, arch_for(fingerprint.compute_capability))
-    if not store.writable():
-        why = f"the artifact cache {store.directory} cannot be written"
-    elif c_compiler() is None:
-        why = NO_COMPILER
-    else:
-        return store
-    if str(store.directory) not in _unwritable_warned:
-        _unwritable_warned.add(str(store.directory))
-        log.warning("cutetune: %s; compiling in memory", why)
-    return None
-
-
-def _current_device_spec():
-    """The spec of the GPU in use; None where no GPU is visible."""
-    import torch
-
-    from cutetune.device.specs import device_spec_for
-
-    if not torch.cuda.is_available():
-        return None
-    return device_spec_for(torch.cuda.get_device_name())
-
-
-def warmup(model: str | ModelShape, dtype: str = "bfloat16",
-           kernels: Sequence[str] | None = None, db_url: str | None = None) -> Dispatcher:
-    """Load this device's winners for every kernel `model` uses, compile them, and make the
-    result the dispatcher that `cutetune.qk_norm` and the other ops call through. `model` is
-    a preset name, the path of a Hugging Face config.json, or a ModelShape (e.g.
-    `cutetune.spaces.models.model_from_hf_config` of a loaded model's config)."""
-    from cutetune.device.specs import device_spec_for
-    from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
-    from cutetune.results_db import (
-        Database,
-        DeviceFingerprint,
-        shipped_winners,
-        winners_to_serve,
-    )
-    from cutetune.settings import load_settings
-
-    shape = model if isinstance(model, ModelShape) else load_model(model)
-    fingerprint = DeviceFingerprint.current()
-    settings = load_settings()
-    store = artifact_store(settings.cache_dir, fingerprint)
-    if store is not None:
-        remember_in(store.directory / CODE_HASHES)
-    db = Database.open(db_url or settings.db_url)
-    try:
-        dispatcher = Dispatcher(device_spec_for(fingerprint.gpu_name),
-                                winners_to_serve(db, fingerprint), store,
-                                compile_processes=os.cpu_count() or 1,
-                                shipped=shipped_winners(fingerprint))
-    finally:
-        db.dispose()
-    work = []
-    for name in kernels or kernel_names():
-        kernel = get_kernel(name)
-        try:
-            work.append((kernel, kernel.problems_for_model(shape, dtype)))
-        except NotApplicableError:
-            if kernels:  # asked for by name: say why not
-                raise
-    if not work:
-        raise ValueError(f"no kernel of cutetune applies to model {shape.name}")
-    dispatcher.warmup_all(work)
-    load_library()  # the fast path's, built here where absent: the first call does not wait
-    set_current(dispatcher)
-    return dispatcher
