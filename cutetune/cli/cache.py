@@ -62,7 +62,8 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
     from cutetune.kernels.code_hash import CODE_HASHES, remember_in
     from cutetune.kernels.registry import get_kernel, kernel_names
     from cutetune.results_db import shipped_with_devices, winners_with_devices
-    from cutetune.serving.table import Dispatcher
+    from cutetune.serving.plan import ServingPlan, say_skipped
+    from cutetune.serving.precompile import precompile
 
     # The model, the database and the compiler are checked before the cache directory is
     # touched (created, or its code-hash memo written), so a mistaken command leaves nothing.
@@ -89,10 +90,10 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
     if not store.writable():
         raise click.UsageError(f"the artifact cache {store.directory} cannot be written")
     remember_in(store.directory / CODE_HASHES)
-    dispatcher = Dispatcher(device, for_the_device(stored), store, compile_processes=jobs,
-                            shipped=for_the_device(shipped_with_devices()))
+    plan = ServingPlan(device, for_the_device(stored), for_the_device(shipped_with_devices()),
+                       on_rejected=say_skipped)
     start = time.perf_counter()
-    points, compiled = dispatcher.precompile(work)
+    points, compiled = precompile(plan, store, work, jobs)
     click.echo(f"{points} points for {store.arch}: {compiled} compiled ({jobs} processes), "
                f"{points - compiled} already stored, in {time.perf_counter() - start:.1f} s; "
                f"cache {store.directory}", err=True)

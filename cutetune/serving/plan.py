@@ -10,6 +10,7 @@ compiles nothing: the dispatcher, the bench, `cache build` and the report all re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ from cutetune.kernels.registry import KernelDef
 from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.spaces.buckets import BUCKETS, bucket_index
 from cutetune.spaces.problem import Problem
+
+log = logging.getLogger("cutetune.serving")
 
 TUNED, SHIPPED, NEAREST, DEFAULT = "tuned", "shipped", "nearest", "default"
 
@@ -122,6 +125,13 @@ class ServingPlan:
                 entries.append(BucketEntry(bucket, kernel.default_config(at_bucket, self.spec),
                                            DEFAULT, None))
         return tuple(entries)
+
+
+def say_skipped(kernel: KernelDef, problem: Problem, rejected: RejectedWinner) -> None:
+    """One line for a stored winner the plan does not serve (an `on_rejected`)."""
+    log.warning("cutetune: skipping a stored %s winner (bucket %s, %s): %s", kernel.name,
+                rejected.winner.bucket, " ".join(
+                    f"{k}={v}" for k, v in problem.static_fields().items()), rejected.reason)
 
 
 def _by_problem(winners: Iterable[Any]) -> dict[tuple[str, str], list[Any]]:

@@ -39,12 +39,12 @@ from cutetune.serving.plan import (
     SHIPPED,
     TUNED,
     BucketEntry,
-    RejectedWinner,
     ServingPlan,
+    say_skipped,
 )
+from cutetune.serving.precompile import ParallelCompiles, precompile
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.problem import Problem
-from cutetune.spaces.space import config_to_json
 
 log = logging.getLogger("cutetune.serving")
 
@@ -95,14 +95,10 @@ class Dispatcher:
         `shipped`: the winners shipped with the package (results_db.shipped_winners), served
         where `winners` has none for the bucket."""
         self.spec = spec
-        self.plan = ServingPlan(spec, winners, shipped, on_rejected=_say_skipped)
+        self.plan = ServingPlan(spec, winners, shipped, on_rejected=say_skipped)
         self.store = store
         self.compile_processes = compile_processes
-        self._parallel_compiles = 0
-        self._parallel_compile_s = 0.0
-        # The pools' processes' start-up and compile seconds, each summed over processes.
-        self._parallel_start_cpu_s = 0.0
-        self._parallel_compile_cpu_s = 0.0
+        self._parallel = ParallelCompiles()
         self._compiled = CompiledPoints(compile_here if store is None else store.get)
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
@@ -121,47 +117,6 @@ class Dispatcher:
         from the artifact cache, else compiled (and stored there)."""
         return self._compiled.get(kernel, problem, config)
 
-    def precompile(self, work: Sequence[tuple[KernelDef, Sequence[Problem]]]) -> tuple[int, int]:
-        """Store in the artifact cache every point the warmup of `work` (kernels and their
-        problems) will serve: those missing are compiled by up to `compile_processes`
-        processes in parallel (by this one where that is 1). Returns (points, compiled)."""
-        if self.store is None:
-            raise ValueError("precompile needs an artifact cache to store the points in")
-        # Which keys have a file, from one listing: each file is checked when it is loaded.
-        stored = self.store.stored_keys()
-        points, missing = set(), {}
-        for kernel, problems in work:
-            for problem in problems:
-                for entry in self._table(kernel, problem, warmed_up=True).entries:
-                    key = (kernel.name, problem.static_key(), config_to_json(entry.config))
-                    if key in points:
-                        continue
-                    points.add(key)
-                    if self.store.key(kernel, problem, entry.config) not in stored:
-                        missing[key] = (kernel, problem, entry.config)
-        if len(missing) < 2 or self.compile_processes < 2:
-            for point in missing.values():
-                self.store.compile(*point)
-            return len(points), len(missing)
-        from cutetune.build.compile_pool import CompilePool
-
-        modules = sorted({kernel.compile_function.__module__ for kernel, _ in work})
-        start = time.perf_counter()
-        pool = CompilePool(self.store, min(self.compile_processes, len(missing)), modules)
-        try:
-            futures = [pool.submit(*point) for point in missing.values()]
-            failures = [failure for f in futures if (failure := f.result().failure)]
-        finally:
-            pool.close()
-        self._parallel_start_cpu_s += pool.start_seconds
-        self._parallel_compile_cpu_s += pool.cpu_seconds
-        if failures:  # the point compiles again when it is served, which raises its error
-            log.warning("cutetune: %d of %d points failed to compile in parallel: %s",
-                        len(failures), len(missing), failures[0])
-        self._parallel_compiles += len(missing) - len(failures)
-        self._parallel_compile_s += time.perf_counter() - start
-        return len(points), len(missing) - len(failures)
-
     def _install(self, kernel: KernelDef, problem: Problem, warmed_up: bool,
                  key: tuple[str, tuple]) -> tuple[Any, ...]:
         table = self._table(kernel, problem, warmed_up)
@@ -179,7 +134,7 @@ class Dispatcher:
                    ) -> dict[str, WarmupStats]:
         """`warmup` of several kernels, their missing points compiled in parallel together."""
         if self.store is not None and self.compile_processes > 1:
-            self.precompile(work)
+            precompile(self.plan, self.store, work, self.compile_processes, self._parallel)
         return {kernel.name: self._warm(kernel, list(problems)) for kernel, problems in work}
 
     def _warm(self, kernel: KernelDef, problems: list[Problem]) -> WarmupStats:
@@ -249,12 +204,13 @@ class Dispatcher:
         if self.store is None:
             return "no artifact cache: every point compiled in memory"
         counts = self.store.counts
+        parallel = self._parallel
         return (f"artifact cache {self.store.directory}: {counts.loaded} loaded "
-                f"({counts.load_s:.2f} s), {counts.compiled + self._parallel_compiles} compiled "
+                f"({counts.load_s:.2f} s), {counts.compiled + parallel.compiled} compiled "
                 f"({counts.compiled} here in {counts.compile_s:.2f} s, "
-                f"{self._parallel_compiles} in parallel processes in "
-                f"{self._parallel_compile_s:.2f} s: starting {self._parallel_start_cpu_s:.1f} s, "
-                f"compiling {self._parallel_compile_cpu_s:.1f} s over the processes), "
+                f"{parallel.compiled} in parallel processes in "
+                f"{parallel.seconds:.2f} s: starting {parallel.start_cpu_s:.1f} s, "
+                f"compiling {parallel.compile_cpu_s:.1f} s over the processes), "
                 f"{counts.unsound} unsound files compiled again")
 
     def tables(self) -> list[ProblemTable]:
@@ -296,12 +252,6 @@ class Dispatcher:
                 + (f"; calls beyond {MAX_BUCKET} tokens, served by that bucket: {beyond}"
                    if beyond else ""))
         return "\n".join(lines) if lines else "nothing warmed up or served yet"
-
-
-def _say_skipped(kernel: KernelDef, problem: Problem, rejected: RejectedWinner) -> None:
-    log.warning("cutetune: skipping a stored %s winner (bucket %s, %s): %s", kernel.name,
-                rejected.winner.bucket, " ".join(
-                    f"{k}={v}" for k, v in problem.static_fields().items()), rejected.reason)
 
 
 def _ranges(buckets: list[int]) -> str:
