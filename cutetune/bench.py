@@ -1,6 +1,6 @@
 """`cutetune bench`: ours beside what users would otherwise run, on the same tensors, in one run.
 
-For each problem the candidates are: cutetune as the dispatcher would serve it on this device
+For each problem the candidates are: cutetune as the serving plan serves it on this device
 (the tuned winner of the bucket, or of the nearest tuned bucket), cutetune's heuristic default,
 torch eager (the kernel's fp32 reference cast to the output dtypes: how a torch user writes
 it), torch.compile of that same function, and the peers the kernel declares. Every candidate's
@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from cutetune.build.compiled import CompiledPoints, compile_here
 from cutetune.device.ceilings import measure_copy_gbps, measure_launch_floor_us, time_copy_of
 from cutetune.device.measure import (
     INTERLEAVED_ROUNDS,
@@ -40,8 +41,7 @@ from cutetune.results_db import (
     shipped_winners,
     winners_to_serve,
 )
-from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED
-from cutetune.serving.table import Dispatcher
+from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, ServingPlan, say_skipped
 from cutetune.serving.warmup import artifact_store
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
@@ -86,8 +86,9 @@ class BenchRun:
     rows: tuple[BenchRow, ...]
 
 
-def ours_runner(kernel: KernelDef, problem: Problem, config: Any, dispatcher: Dispatcher) -> Runner:
-    compiled = dispatcher.compiled(kernel, problem, config)
+def ours_runner(kernel: KernelDef, problem: Problem, config: Any,
+                points: CompiledPoints) -> Runner:
+    compiled = points.get(kernel, problem, config)
 
     def run(tensors: Tensors) -> Mapping[str, torch.Tensor]:
         # Outputs allocated per call, as the peers' and torch's are (with_fresh_outputs).
@@ -108,21 +109,24 @@ def torch_eager(kernel: KernelDef, problem: Problem) -> Runner:
     return run
 
 
-def candidates(kernel: KernelDef, problem: Problem, dispatcher: Dispatcher) -> list[Candidate]:
-    entry = dispatcher.plan.entry_for(kernel, problem)
+def candidates(kernel: KernelDef, problem: Problem, plan: ServingPlan,
+               points: CompiledPoints) -> list[Candidate]:
+    """Ours as `plan` serves the problem (and the heuristic default), each made ready by
+    `points`, then torch and the kernel's peers."""
+    entry = plan.entry_for(kernel, problem)
     if entry.source == DEFAULT:
         tuned = Candidate(TUNED_NAME, None, f"no winner stored for bucket "
                           f"{bucket_of(problem.num_tokens)} on this device (cutetune tune first)")
     else:
         origin = {NEAREST: f" (winner of bucket {entry.tuned_bucket})",
                   SHIPPED: " (shipped with cutetune)"}.get(entry.source, "")
-        tuned = Candidate(TUNED_NAME, ours_runner(kernel, problem, entry.config, dispatcher),
+        tuned = Candidate(TUNED_NAME, ours_runner(kernel, problem, entry.config, points),
                           config_to_json(entry.config) + origin)
-    default = kernel.default_config(problem, dispatcher.spec)
+    default = kernel.default_config(problem, plan.spec)
     eager = torch_eager(kernel, problem)
     found = [
         tuned,
-        Candidate(DEFAULT_NAME, ours_runner(kernel, problem, default, dispatcher),
+        Candidate(DEFAULT_NAME, ours_runner(kernel, problem, default, points),
                   config_to_json(default)),
         Candidate("torch eager", eager, ""),
         Candidate("torch.compile", torch.compile(eager, dynamic=False), ""),
@@ -219,13 +223,14 @@ def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[i
     empty_us = measure_launch_floor_us()
     record_ceilings(db, fingerprint, {"copy_gbps": copy_gbps, "launch_floor_us": empty_us})
     store = artifact_store(cache_dir, fingerprint) if cache_dir is not None else None
-    dispatcher = Dispatcher(spec, winners_to_serve(db, fingerprint, kernel.name), store,
-                            shipped=shipped_winners(fingerprint))
+    plan = ServingPlan(spec, winners_to_serve(db, fingerprint, kernel.name),
+                       shipped_winners(fingerprint), on_rejected=say_skipped)
+    points = CompiledPoints(compile_here if store is None else store.get)
     rows: list[BenchRow] = []
     for static in problems:
         for n in tokens:
             problem = static.with_tokens(n)
-            problem_rows = bench_problem(kernel, problem, candidates(kernel, problem, dispatcher),
+            problem_rows = bench_problem(kernel, problem, candidates(kernel, problem, plan, points),
                                          spec, copy_gbps, on_candidate)
             on_problem(problem_rows)
             rows += problem_rows

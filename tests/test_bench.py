@@ -17,9 +17,10 @@ from cutetune.bench import (
     candidates,
     speedup_over_best_peer,
 )
+from cutetune.build.compiled import CompiledPoints
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import qk_norm as qk
-from cutetune.serving.table import Dispatcher
+from cutetune.serving.plan import ServingPlan
 from cutetune.spaces.models import load_model
 from cutetune.spaces.space import config_to_json
 
@@ -38,7 +39,7 @@ def names_and_notes(found):
 
 
 def test_without_a_winner_the_tuned_row_says_why_and_the_default_still_runs(problem):
-    found = names_and_notes(candidates(qk.KERNEL, problem, Dispatcher(SPEC)))
+    found = names_and_notes(candidates(qk.KERNEL, problem, ServingPlan(SPEC), CompiledPoints()))
     assert list(found)[:4] == [TUNED_NAME, DEFAULT_NAME, "torch eager", "torch.compile"]
     assert found[TUNED_NAME] == (False, "no winner stored for bucket 8 on this device "
                                         "(cutetune tune first)")
@@ -47,10 +48,10 @@ def test_without_a_winner_the_tuned_row_says_why_and_the_default_still_runs(prob
 
 
 def test_a_stored_winner_is_benched_and_a_nearest_one_is_labelled(problem):
-    dispatcher = Dispatcher(SPEC, [winner(qk.KERNEL, problem, 8, TUNED)])
-    found = names_and_notes(candidates(qk.KERNEL, problem, dispatcher))
+    plan, points = ServingPlan(SPEC, [winner(qk.KERNEL, problem, 8, TUNED)]), CompiledPoints()
+    found = names_and_notes(candidates(qk.KERNEL, problem, plan, points))
     assert found[TUNED_NAME] == (True, config_to_json(TUNED))
-    found = names_and_notes(candidates(qk.KERNEL, problem.with_tokens(16), dispatcher))
+    found = names_and_notes(candidates(qk.KERNEL, problem.with_tokens(16), plan, points))
     assert found[TUNED_NAME] == (True, config_to_json(TUNED) + " (winner of bucket 8)")
 
 
@@ -61,7 +62,7 @@ def test_missing_peer_libraries_are_listed_with_the_reason(problem):
         pytest.skip("quack is installed here")
     except ImportError:
         pass
-    found = names_and_notes(candidates(qk.KERNEL, problem, Dispatcher(SPEC)))
+    found = names_and_notes(candidates(qk.KERNEL, problem, ServingPlan(SPEC), CompiledPoints()))
     ran, note = found["quack rmsnorm x2"]
     assert not ran and note.startswith("not run: quack is not installed")
 

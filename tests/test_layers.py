@@ -37,7 +37,7 @@ MAY_IMPORT = {
     # search (tuner), nor does anything above it but the CLI.
     "serving": {"spaces", "kernels", "device", "build", "results_db", "settings", "fast_path"},
     "ops": {"spaces", "kernels", "serving", "fast_call", "fast_path"},
-    "bench": {"spaces", "kernels", "device", "results_db", "serving"},
+    "bench": {"spaces", "kernels", "device", "build", "results_db", "serving"},
     # The tuning report reads the database and asks the serving plan and the device model's
     # funnel what they would do with it; it compiles nothing, and only the CLI runs it.
     "report": {"spaces", "kernels", "device", "results_db", "serving", "bench", "settings"},

@@ -23,8 +23,8 @@ def test_outputs_not_written_in_place_are_new_tensors_of_the_same_shape():
     assert set(fresh) == set(tensors) and (tensors["out"] == 0).all()
 
 
-class _StubDispatcher:
-    def compiled(self, kernel, problem, config):
+class _StubPoints:
+    def get(self, kernel, problem, config):
         return "compiled"
 
 
@@ -38,7 +38,7 @@ def test_bench_runs_ours_into_outputs_allocated_per_call():
         launched.append(tensors)
 
     kernel = dataclasses.replace(rms.KERNEL, launch=launch)
-    run = ours_runner(kernel, problem, rms.default_config, _StubDispatcher())
+    run = ours_runner(kernel, problem, rms.default_config, _StubPoints())
     tensors = rms.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
     first, second = run(tensors), run(tensors)
     assert first["out"] is launched[0]["out"] and (first["out"] == 7.0).all()
