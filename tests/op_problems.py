@@ -4,6 +4,7 @@ tests that cover every op iterate these, so that a new op is covered once it is 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +36,24 @@ def op_problems() -> tuple[tuple[OpDef, Problem], ...]:
                 continue
             problems.update((p.static_key(), p) for p in given)
         assert problems, f"no model in the presets or {HF_CONFIGS} uses op {op.name}"
+        for variant in (v for p in list(problems.values()) for v in _variants(op.name, p)):
+            problems.setdefault(variant.static_key(), variant)
         found += [(op, problem) for problem in problems.values()]
     return tuple(found)
+
+
+def _variants(op_name: str, problem: Problem) -> list[Problem]:
+    """Static fields no model config sets but callers do: a float32 output of the fused
+    norm, a rank's slice of the experts, zeroed padding rows (dispatch's)."""
+    fields = problem.static_fields()
+    if fields.get("fused_add"):
+        return [dataclasses.replace(problem, out_dtype="float32")]
+    if "expert_begin" in fields and fields["experts"] >= 4:
+        quarter = fields["experts"] // 4
+        zeroed = (False, True) if op_name == "moe_dispatch" else (False,)
+        return [dataclasses.replace(problem, expert_begin=quarter, expert_end=3 * quarter,
+                                    zero_padding=zero) for zero in zeroed]
+    return []
 
 
 @functools.cache
