@@ -13,8 +13,9 @@ Which errors mean the route refused a call (it then takes the checked path, whos
 the fault): those of preparing the call for the route (allocating the outputs the caller did not
 give: what torch raises on inputs the checks refuse, `UNPREPARED`), and a TypeError or
 ValueError from the route (`REFUSED`): TVM-FFI converting an argument, or the kernel's own
-argument checks, which run before it launches. Anything else the route raises may follow a
-launch: it propagates, and the call is never run again.
+argument checks, which run before it launches; and torch's RuntimeError for a tensor TVM-FFI
+cannot pack (a meta tensor), which arises before the route runs (`refused`). Anything else the
+route raises may follow a launch: it propagates, and the call is never run again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.compiler import is_compiling
 
 from cutetune.fast_path import Route
@@ -64,8 +66,9 @@ def _serve_in_place(route: Route, traced: Callable[..., Any],
         try:
             if route.call(*call):
                 return None
-        except REFUSED:
-            pass
+        except Exception as error:
+            if not refused(error, call):
+                raise
         return checked(call, None)
 
     return serve
@@ -92,8 +95,9 @@ def _serve_with_output(route: Route, traced: Callable[..., Any],
         try:
             if route.call(*arguments):
                 return result
-        except REFUSED:
-            pass
+        except Exception as error:
+            if not refused(error, arguments):
+                raise
         return checked(call, allocated)
 
     return serve
@@ -115,11 +119,23 @@ def _serve_prepared(route: Route, traced: Callable[..., Any],
         try:
             if arguments is not None and route.call(*arguments):
                 return result
-        except REFUSED:
-            pass
+        except Exception as error:
+            if not refused(error, arguments):
+                raise
         return checked(call, result)
 
     return serve
+
+
+def refused(error: Exception, arguments: tuple) -> bool:
+    """Whether the route's `error` means it refused the call before any launch: TVM-FFI
+    converting an argument, or the kernel's own argument checks (REFUSED); or torch's
+    RuntimeError for a tensor TVM-FFI cannot pack at all (on the meta device, say), which
+    arises before the route runs. Read only on the error path."""
+    if isinstance(error, REFUSED):
+        return True
+    return isinstance(error, RuntimeError) and any(
+        isinstance(a, torch.Tensor) and a.device.type not in ("cuda", "cpu") for a in arguments)
 
 
 def _traced(custom_op: Callable[..., Any], output: int | None,
