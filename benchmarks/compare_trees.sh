@@ -4,14 +4,18 @@
 # to back, then the ops' host time (op_host_overhead.py) of each tree. Each tree runs with its
 # own artifact cache, so neither serves the other's binaries.
 #
-#   benchmarks/compare_trees.sh OLD_TREE NEW_TREE OUT_DIR [TOKENS]
+#   benchmarks/compare_trees.sh OLD_TREE NEW_TREE OUT_DIR [TOKENS [KERNEL:MODEL ...]]
 #
 # Writes OUT_DIR/compare.tgz: OLD/NEW-named bench CSVs and logs, and host-overhead CSVs.
 set -uo pipefail
 old=$(cd "$1" && pwd) new=$(cd "$2" && pwd) out=$3 tokens=${4:-1,64,4096}
-pairs=(qk_norm:qwen3-8b rmsnorm:qwen3-8b silu_and_mul:qwen3-8b
-       moe_dispatch:qwen3-30b-a3b moe_combine:qwen3-30b-a3b
-       gelu_and_mul:benchmarks/models/gemma-2-2b/config.json)
+shift $(( $# < 4 ? $# : 4 ))
+pairs=("$@")
+if [ ${#pairs[@]} -eq 0 ]; then
+    pairs=(qk_norm:qwen3-8b rmsnorm:qwen3-8b silu_and_mul:qwen3-8b
+           moe_dispatch:qwen3-30b-a3b moe_combine:qwen3-30b-a3b
+           gelu_and_mul:benchmarks/models/gemma-2-2b/config.json)
+fi
 work=$(mktemp -d)
 run_in() {  # run_in TREE NAME COMMAND...: the command in TREE, its own cache, cutetune from TREE
     local tree=$1 name=$2
