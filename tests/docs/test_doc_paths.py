@@ -1,6 +1,8 @@
 """The docs name files and modules that exist: every path, module and `path` `function` pair in
-README.md and docs/*.md is checked against the tree, so a move or a rename that leaves a doc
-behind fails here rather than misleading a reader.
+README.md, docs/*.md and BENCHMARKS.md (whose hand-written part is benchmarks/targets.md) is
+checked against the tree, so a move or a rename that leaves a doc behind fails here rather than
+misleading a reader. README.md and docs/*.md also hold no commit hash (the measurements' commits
+are BENCHMARKS.md's, from benchmarks/results/index.csv), and README.md stays under 8 KB.
 
 What is checked, outside fenced code blocks:
 - a path in a code span or in prose (`cutetune/serving/plan.py`, `tests/data/hf_configs`,
@@ -25,7 +27,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "cutetune"
-DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+WRITTEN = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
+DOCS = [*WRITTEN, ROOT / "BENCHMARKS.md"]
+# A word of 7 to 40 hex digits with a letter and a digit in it: an abbreviated commit hash.
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+README_MAX_BYTES = 8 * 1024
 
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 SPAN = re.compile(r"`([^`\n]+)`")
@@ -134,6 +140,19 @@ def _defines(file: Path, dotted: str) -> bool:
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_name_in_the_docs_exists(doc):
     assert problems_in(doc, _tree_file_names()) == []
+
+
+@pytest.mark.parametrize("doc", WRITTEN, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_commit_hash_in_the_written_docs(doc):
+    assert COMMIT_HASH.findall(doc.read_text()) == []
+
+
+def test_the_readme_is_short():
+    assert len((ROOT / "README.md").read_bytes()) <= README_MAX_BYTES
+
+
+def test_a_commit_hash_is_caught():
+    assert COMMIT_HASH.findall("at `0c0d6b2`, 2026-12-02, 1234567 calls, cafebabe") == ["0c0d6b2"]
 
 
 def test_a_missing_name_is_caught(tmp_path):
