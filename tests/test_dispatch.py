@@ -400,6 +400,56 @@ def test_calls_beyond_the_largest_bucket_are_served_by_it_and_reported():
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(),
                     reason="checks the dispatcher where no CUDA GPU is visible")
+# -- the stand-in, the seam for host-time measurement ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What a kernel's `bind` made of a function for one bucket's point."""
+
+    problem: Problem
+    config: Any
+    function: Any
+
+
+def test_a_stand_in_serves_every_bucket_as_tuned_meanwhile_and_the_rows_come_back(
+        monkeypatch):
+    kernel, calls = tiny_kernel()
+    kernel = dataclasses.replace(kernel, bind=Bound)
+    forgotten = []
+    monkeypatch.setattr("cutetune.serving.table.forget_all", lambda: forgotten.append(1))
+    warmed, missed = TinyProblem(num_tokens=1, width=4), TinyProblem(num_tokens=1, width=8)
+    dispatcher = Dispatcher(SPEC, [winner(kernel, warmed, 64, TinyConfig(block=64))])
+    dispatcher.warmup(kernel, [warmed])
+    before = {n: dispatcher.lookup(kernel, warmed.static_tuple(), n) for n in (2, 64)}
+    compiles, default_calls = len(calls), dispatcher.default_calls()
+
+    def stand_in(*arguments):
+        raise AssertionError("the dispatcher must not call it")
+
+    with dispatcher.stand_in(stand_in):
+        assert forgotten == [1]  # the routes forget what they served before
+        for problem in (warmed, missed):  # a miss meanwhile compiles nothing either
+            # A default bucket, a tuned one, one past the last.
+            for tokens in (2, 64, 2 * MAX_BUCKET):
+                served = dispatcher.serving(kernel, problem.static_tuple(), tokens)
+                bucket = min(tokens, MAX_BUCKET)
+                assert served.compiled.function is stand_in
+                assert served.compiled.problem.num_tokens == bucket
+                assert served.compiled.config == TinyConfig(
+                    block=64 if problem is warmed and tokens >= 64 else bucket)
+        route_row = dispatcher.serving(kernel, warmed.static_tuple(), 2).route_row
+        assert route_row is not None and all(b.function is stand_in for b in route_row)
+        assert len(calls) == compiles and dispatcher.default_calls() == default_calls
+        with pytest.raises(RuntimeError, match="already serves a stand-in"):
+            with dispatcher.stand_in(stand_in):
+                pass
+    assert forgotten == [1, 1]  # and forget the stand-in's rows
+    assert {n: dispatcher.lookup(kernel, warmed.static_tuple(), n) for n in (2, 64)} == before
+    assert dispatcher.lookup(kernel, missed.static_tuple(), 64).function is not stand_in
+    assert len(calls) > compiles  # the problem missed meanwhile is compiled at its next call
+
+
 def test_without_a_gpu_the_dispatcher_serves_nothing_and_says_so(monkeypatch):
     from cutetune.serving import warmup
 

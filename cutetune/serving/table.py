@@ -23,15 +23,17 @@ largest bucket always take the checked path, so `report()` counts them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cutetune.build.artifacts import ArtifactStore
 from cutetune.build.compiled import CompiledPoints, compile_here
+from cutetune.fast_path import forget_all
 from cutetune.kernels.registry import KernelDef
 from cutetune.serving.plan import (
     DEFAULT,
@@ -102,9 +104,11 @@ class Dispatcher:
         self._compiled = CompiledPoints(compile_here if store is None else store.get)
         self._rows: dict[tuple[str, tuple], tuple[Any, ...]] = {}
         self._tables: dict[tuple[str, tuple], ProblemTable] = {}
+        self._kernels: dict[str, KernelDef] = {}  # of the rows, by name
         self._default_calls: Counter[tuple[str, tuple, int]] = Counter()
         self._beyond_calls: Counter[tuple[str, tuple]] = Counter()
         self.stats: dict[str, WarmupStats] = {}
+        self._stand_in: Any = None  # what serves every bucket meanwhile (`stand_in`)
 
     # -- building -------------------------------------------------------------------------
 
@@ -120,11 +124,47 @@ class Dispatcher:
     def _install(self, kernel: KernelDef, problem: Problem, warmed_up: bool,
                  key: tuple[str, tuple]) -> tuple[Any, ...]:
         table = self._table(kernel, problem, warmed_up)
-        row = tuple((self.compiled(kernel, problem, e.config), e.source == DEFAULT)
-                    for e in table.entries)
+        if self._stand_in is None:
+            row = tuple((self.compiled(kernel, problem, e.config), e.source == DEFAULT)
+                        for e in table.entries)
+        else:
+            row = self._stand_in_row(kernel, table)
+        self._kernels[kernel.name] = kernel
         self._tables[key] = table
         self._rows[key] = row
         return row
+
+    def _stand_in_row(self, kernel: KernelDef, table: ProblemTable) -> tuple[Any, ...]:
+        return tuple((kernel.bound(table.problem.with_tokens(e.bucket), e.config,
+                                   self._stand_in), False) for e in table.entries)
+
+    @contextlib.contextmanager
+    def stand_in(self, function: Any) -> Iterator[None]:
+        """The seam for measuring host time (benchmarks/op_host_overhead.py,
+        benchmarks/fast_path_host.py): meanwhile `function` serves every bucket of every static
+        problem, those warmed up and those a miss installs (nothing is compiled for them),
+        made into what each kernel's launch takes (`KernelDef.bound`) and served as tuned, so
+        the ops' routes serve it too and the default's calls are not counted. On entry and on
+        exit the routes forget their rows: each op's next call takes the checked path, which
+        tells its route the row served then. On exit the rows served before come back (a
+        problem first installed meanwhile is a miss again at its next call).
+
+        `function` takes a kernel's launch arguments (a TVM-FFI function such as
+        `cutetune.fast_path.do_nothing()`, for the routes to call it)."""
+        if self._stand_in is not None:
+            raise RuntimeError("this dispatcher already serves a stand-in")
+        before = dict(self._rows)
+        self._stand_in = function
+        try:
+            for key in before:
+                self._rows[key] = self._stand_in_row(self._kernels[key[0]], self._tables[key])
+            forget_all()
+            yield
+        finally:
+            self._stand_in = None
+            self._rows.clear()
+            self._rows.update(before)
+            forget_all()
 
     def warmup(self, kernel: KernelDef, problems: Iterable[Problem]) -> WarmupStats:
         """Make ready what each static problem will serve, before the first call."""
