@@ -2,7 +2,7 @@
 and token count, microseconds per implementation side by side, then ours as a percentage of the
 copy ceiling and of a copy of the same bytes, and ours over the best peer.
 
-    python3 benchmarks/bench_tables.py bench-*.csv
+    python3 -m benchmarks.bench_tables bench-*.csv
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ for pair in "${pairs[@]}"; do
 done
 for side in old new; do
     echo "$(date +%T) $side host overhead"
-    run_in "${!side}" "$side" python3 benchmarks/op_host_overhead.py qwen3-30b-a3b \
+    run_in "${!side}" "$side" python3 -m benchmarks.op_host_overhead qwen3-30b-a3b \
         --out "$work/host-$side.csv" > "$work/host-$side.log" 2>&1 || echo "  failed"
 done
 mkdir -p "$out"

@@ -5,7 +5,7 @@ the other taking the block's own number; both timed in one interleaved CUDA-grap
 (`time_interleaved`, as the tuner times points). The difference is that load's latency, to set
 beside moe_combine's gap to a same-bytes copy at 1-64 tokens (benchmarks/targets.md).
 
-    python3 benchmarks/dependent_load_latency.py [--hidden 2048 7168] [--tokens 1 8 64]
+    python3 -m benchmarks.dependent_load_latency [--hidden 2048 7168] [--tokens 1 8 64]
 """
 
 from __future__ import annotations

@@ -1,32 +1,36 @@
-"""The host time of each public op's fast path where no GPU is: a dispatcher made to serve the
-fast path's C++ function that does nothing (fast_path.do_nothing) at every bucket, with CPU
-tensors taken for CUDA ones, so that each op's first call tells its route; then, for every op
-the registry holds (cutetune.ops.registry) and every static problem of a one-token
-qwen3-30b-a3b decode step its kernel has, a loop of the op's public calls (OpDef.calls) of the
+"""The host time of each public op's fast path where no GPU is: a dispatcher serving the fast
+path's C++ function that does nothing (fast_path.do_nothing) at every bucket (the serving
+table's seam for host time, Dispatcher.stand_in), with CPU tensors taken for CUDA ones, so that
+each op's first call tells its route; then, for every op the registry holds
+(cutetune.ops.registry) and every static problem of a one-token qwen3-30b-a3b decode step its
+kernel has, a loop of the op's public calls (OpDef.calls) of the
 kernel's inputs against a loop of that function called directly with the kernel's arguments
 (min of 7 rounds of 100000 calls each). What the op's own Python and its route cost this
 machine, to set beside the H200 host's (op_host_overhead.py, its no-launch column); a shape
 read is timed alike. An op that prepares every call for its route (moe_dispatch, whose
 workspace is a CUDA tensor) needs a GPU, and is left out.
 
-    python3 benchmarks/fast_path_host.py
+    python3 -m benchmarks.fast_path_host
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from unittest import mock
 
 import torch
-from op_host_overhead import launch_arguments
 
+from benchmarks.op_host_overhead import launch_arguments
 from cutetune import fast_path
+from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.registry import NotApplicableError
 from cutetune.ops.registry import ops
 from cutetune.serving.table import Dispatcher
 from cutetune.serving.warmup import set_current
-from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import load_model
+from testkit.routed import routed
 
 CALLS, ROUNDS = 100_000, 7
 MODEL = "qwen3-30b-a3b"
@@ -63,46 +67,33 @@ def op_calls() -> dict[str, tuple[Callable[[], object], tuple]]:
     return calls
 
 
-def serve(stand_in) -> None:
-    """Make the current dispatcher one that serves `stand_in` at every bucket of every static
-    problem, CPU tensors taken for CUDA ones."""
-
-    def install(self, kernel, problem, warmed_up, key):
-        self._rows[key] = tuple((stand_in, False) for _ in BUCKETS)
-        return self._rows[key]
-
-    Dispatcher._install = install
-    torch.Tensor.get_device = lambda self: 0
-    set_current(Dispatcher(None))
-
-
-def routed(call: Callable[[], object]) -> bool:
-    """Whether a route launched the kernel in `call` (each route's call wrapped meanwhile)."""
-    launched = []
-    calls = {route: route.call for route in fast_path._ROUTES.values()}
-    for route, route_call in calls.items():
-        route.call = lambda *arguments, c=route_call: (r := c(*arguments),
-                                                        launched.append(r))[0]
-    try:
-        call()
-    finally:
-        for route, route_call in calls.items():
-            route.call = route_call
-    return True in launched
+@contextlib.contextmanager
+def served(stand_in) -> Iterator[None]:
+    """Meanwhile the current dispatcher serves `stand_in` at every bucket of every static
+    problem, and CPU tensors are taken for CUDA ones (device 0)."""
+    # The spec only picks the heuristic configs the stand-in is bound with.
+    dispatcher = Dispatcher(DEVICE_SPECS["H200"])
+    with mock.patch.object(torch.Tensor, "get_device", lambda self: 0), \
+            dispatcher.stand_in(stand_in):
+        set_current(dispatcher)
+        try:
+            yield
+        finally:
+            set_current(None)
 
 
 def main() -> None:
     nothing = fast_path.do_nothing()
-    serve(nothing)
-    calls = op_calls()
-    for op, (call, _) in calls.items():
-        call()  # the checked path, which tells the op's route
-        if not routed(call):
-            raise SystemExit(f"{op} does not take the fast path this script times")
-    print(f"{'op':26s} added over the bare call")
-    for op, (call, arguments) in calls.items():
-        added = per_call_us(call) - per_call_us(lambda a=arguments: nothing(*a))
-        print(f"{op:26s} {added:.3f} us", flush=True)
+    with served(nothing):
+        calls = op_calls()
+        for op, (call, _) in calls.items():
+            call()  # the checked path, which tells the op's route
+            if not routed(call):
+                raise SystemExit(f"{op} does not take the fast path this script times")
+        print(f"{'op':26s} added over the bare call")
+        for op, (call, arguments) in calls.items():
+            added = per_call_us(call) - per_call_us(lambda a=arguments: nothing(*a))
+            print(f"{op:26s} {added:.3f} us", flush=True)
     t = torch.zeros(1, 2048)
     print(f"{'t.shape':26s} {per_call_us(lambda: t.shape):.3f} us")
 

@@ -4,7 +4,7 @@ CUDA graph; the least-squares slope of time over barriers is the cost of one bar
 intercept the launch of a cooperative kernel. Also checks that the barrier word is back at its
 starting low bits after every replay (the barrier re-arms itself).
 
-    python benchmarks/grid_barrier_cost.py [--threads 128] [--blocks N]
+    python3 -m benchmarks.grid_barrier_cost [--threads 128] [--blocks N]
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 default, random bf16 weights, a 4096-token vocabulary), unpatched against patched by
 cutetune.integrations.transformers and against liger-kernel's patch, on one GPU.
 
-    python3 benchmarks/hf_decode_step.py --layers 2 --out hf_decode_step.csv
+    python3 -m benchmarks.hf_decode_step --layers 2 --out hf_decode_step.csv
 
 The model is transformers' Qwen3MoeForCausalLM where the installed transformers is a release
 the integration follows (`--model transformers`), else the plain-torch stand-in of the GPU tests
-(tests/qwen3_moe_standin.py: that computation under transformers' class names; `--model
+(testkit/qwen3_moe_standin.py: that computation under transformers' class names; `--model
 standin`). A decode step is a (batch, 1) forward without a KV cache (the attention sees the
 new token only), so it times the norms, projections, MoE layer and lm_head.
 
@@ -21,7 +21,7 @@ new token only), so it times the norms, projections, MoE layer and lm_head.
 
 Each figure is the median (and interquartile range) of --repeats calls timed with CUDA events,
 after warm-up calls; every patched model's logits are compared with the unpatched model's on
-the unpatched forward's routing (tests/qwen3_moe_standin.py's routing_pinned: where a token's
+the unpatched forward's routing (testkit/qwen3_moe_standin.py's routing_pinned: where a token's
 router logits tie within bf16 rounding, the patched model's other rounding would send it to
 other experts and change every later token).
 Beside them, per case, the device time of one eager forward's kernels (torch.profiler's CUDA
@@ -35,22 +35,19 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from qwen3_moe_standin import (  # noqa: E402
+from cutetune.device.measure import summarise, time_events
+from cutetune.integrations.transformers import follows, patch, unpatch
+from testkit.qwen3_moe_standin import (
     QWEN3_30B_A3B_LAYERS,
     StandinShape,
     build_standin,
     routing_pinned,
     transformers_or_stub,
 )
-
-from cutetune.device.measure import summarise, time_events  # noqa: E402
-from cutetune.integrations.transformers import follows, patch, unpatch  # noqa: E402
 
 DECODE_BATCHES = (1, 8, 64)
 PREFILL_TOKENS = 4096

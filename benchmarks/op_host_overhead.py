@@ -7,19 +7,18 @@ the dispatcher serves for that call, given its arguments positionally (those `ke
 passes it, read from the tensors once beforehand), each after 200 warm-up calls and ended by
 one synchronize; the per-call difference is the op's cost. Each op's loop and its bare loop
 alternate over 15 rounds, and the medians are printed. Then the same two loops with the
-compiled kernel replaced by the fast path's C++ function that does nothing (in the kernels the
-dispatcher serves, so in the routes, and in the bare call): what the op's own Python and its
-route cost this host when no launch runs between its calls. With --units, the host cost of
-the single steps an op may take (an output allocation, a view, the current stream, the
-dispatcher's lookup, the torch.compile check) is timed the same way.
+compiled kernel replaced by the fast path's C++ function that does nothing (at every bucket the
+dispatcher serves, so in the routes too: Dispatcher.stand_in; and in the bare call): what the
+op's own Python and its route cost this host when no launch runs between its calls. With
+--units, the host cost of the single steps an op may take (an output allocation, a view, the
+current stream, the dispatcher's lookup, the torch.compile check) is timed the same way.
 
-    python3 benchmarks/op_host_overhead.py MODEL [--out overhead.csv] [--units units.csv]
+    python3 -m benchmarks.op_host_overhead MODEL [--out overhead.csv] [--units units.csv]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import functools
 import statistics
@@ -30,7 +29,7 @@ import torch
 
 import cutetune
 from cutetune import fast_path
-from cutetune.kernels.registry import NotApplicableError, get_kernel
+from cutetune.kernels.registry import NotApplicableError
 from cutetune.ops.registry import ops
 from cutetune.spaces.models import load_model
 
@@ -42,26 +41,6 @@ def launch_arguments(kernel, tensors: dict) -> tuple:
     passed = []
     kernel.launch(lambda *arguments: passed.extend(arguments), tensors)
     return tuple(passed)
-
-
-@contextlib.contextmanager
-def launches_stubbed(dispatcher, stub):
-    """Every tuned kernel the dispatcher serves replaced by `stub` meanwhile (bound as the
-    kernel's launch takes it), the routes made to forget theirs: each op's next call takes the
-    checked path, which tells its route the stubbed row."""
-    rows = dict(dispatcher._rows)
-    for key, row in rows.items():
-        kernel, table = get_kernel(key[0]), dispatcher._tables[key]
-        dispatcher._rows[key] = tuple(
-            (served if default else kernel.bound(table.problem.with_tokens(entry.bucket),
-                                                 entry.config, stub), default)
-            for (served, default), entry in zip(row, table.entries, strict=True))
-    fast_path.forget_all()
-    try:
-        yield
-    finally:
-        dispatcher._rows.update(rows)
-        fast_path.forget_all()
 
 
 def per_call_us(call: Callable[[], object]) -> float:
@@ -108,7 +87,7 @@ def main() -> None:
                        "bare_us": round(statistics.median(bare), 3),
                        "op_us": round(statistics.median(public), 3)}
                 row["added_us"] = round(row["op_us"] - row["bare_us"], 3)
-                with launches_stubbed(dispatcher, do_nothing):
+                with dispatcher.stand_in(do_nothing):
                     nothing = functools.partial(do_nothing, *arguments)
                     row["added_unlaunched_us"] = round(statistics.median(
                         per_call_us(call) - per_call_us(nothing) for _ in range(ROUNDS)), 3)

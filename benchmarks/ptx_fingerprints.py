@@ -1,9 +1,9 @@
-"""The PTX of every shipped winner's point and of each kernel's covering points (tests'
+"""The PTX of every shipped winner's point and of each kernel's covering points (testkit's
 all-pairs points of the first preset problem it has), compiled for sm_90a on this machine and
 hashed, one line per point: run it before and after a change that must not change the generated
 code (moving kernel code between modules, say), and compare the two files.
 
-    python3 benchmarks/ptx_fingerprints.py OUT.json
+    python3 -m benchmarks.ptx_fingerprints OUT.json
 
 A kernel's PTX names its functions by their Python names, not by their modules, so a move that
 keeps the names keeps the text. Equal files let winners tuned before the change be carried over
@@ -22,18 +22,16 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def points() -> list[tuple[str, str, str]]:
     """(kernel, static key, config JSON) of every point to fingerprint, sorted."""
-    from covering_points import covering_configs
-
     from cutetune.device.specs import device_spec_for
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
     from cutetune.results_db import shipped_with_devices
     from cutetune.spaces.models import PRESETS
     from cutetune.spaces.space import config_to_json
+    from testkit.covering_points import covering_configs
 
     spec = device_spec_for("NVIDIA H200")
     found = {(w.kernel_name, w.static_key, w.config_json): None

@@ -7,7 +7,7 @@ head_dim) and k as (tokens * kv_heads, head_dim), two launches, each at its best
 every valid RMSNorm config (timed here, so the regular kernel is tuned too). Same input sets,
 same CUDA-graph timing.
 
-    python3 benchmarks/qk_norm_vs_rmsnorm.py --db sqlite:///tuned.db --out qk_vs_rms.csv
+    python3 -m benchmarks.qk_norm_vs_rmsnorm --db sqlite:///tuned.db --out qk_vs_rms.csv
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One figure of the tuning report as a PNG file (the README's comes from this):
 
-    python3 benchmarks/report_figure.py DB_URL MODEL FIGURE OUT.png
+    python3 -m benchmarks.report_figure DB_URL MODEL FIGURE OUT.png
 
 FIGURE is one of coverage, bench, speedup, search, roofline (cutetune/report/figures.py).
 """

@@ -4,7 +4,7 @@ the same tune command once per --gpus set, each into a fresh database with a col
 process and the trials it stored give its trials per hour, and the last column the ratio to the
 first set's.
 
-    python3 benchmarks/tune_throughput.py --model qwen3-8b --gpus 0 --gpus 0,1 [--out F.csv]
+    python3 -m benchmarks.tune_throughput --model qwen3-8b --gpus 0 --gpus 0,1 [--out F.csv]
         [-- more tune arguments, e.g. qk_norm --tokens 1,64 --trials 8]
 """
 

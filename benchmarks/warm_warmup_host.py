@@ -5,7 +5,7 @@ torch told a GPU is there: loading an artifact needs none, nothing is launched).
 time of the warmup call (torch already imported), the cache's summary and the CuTeDSL modules
 the process imported (none, where the artifacts load without it).
 
-    cutetune cache build --model qwen3-8b && python3 benchmarks/warm_warmup_host.py qwen3-8b
+    cutetune cache build --model qwen3-8b && python3 -m benchmarks.warm_warmup_host qwen3-8b
 """
 
 from __future__ import annotations

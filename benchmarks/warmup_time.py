@@ -13,7 +13,7 @@ says not to (PYTHONDONTWRITEBYTECODE): otherwise a warm warmup would compile its
 a second on the H200 host, which no installed cutetune pays. The CSV records the CuTeDSL modules
 a warm warmup imports (none: its artifacts load without CuTeDSL).
 
-    python3 benchmarks/warmup_time.py OUT.csv MODEL [MODEL ...]
+    python3 -m benchmarks.warmup_time OUT.csv MODEL [MODEL ...]
 """
 
 from __future__ import annotations

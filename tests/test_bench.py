@@ -7,7 +7,6 @@ sm_90a, and the peers' libraries are absent, so they must say so rather than van
 from __future__ import annotations
 
 import pytest
-from stored_winners import winner
 
 from cutetune.bench import (
     COPY_NAME,
@@ -23,6 +22,7 @@ from cutetune.kernels import qk_norm as qk
 from cutetune.serving.plan import ServingPlan
 from cutetune.spaces.models import load_model
 from cutetune.spaces.space import config_to_json
+from testkit.stored_winners import winner
 
 SPEC = DEVICE_SPECS["H200"]
 TUNED = qk.QKNormConfig(vector_bits=64, heads_per_warp=2, warps_per_block=2)

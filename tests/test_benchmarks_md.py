@@ -3,47 +3,40 @@ it must be what the data gives, and the data must say where each file came from.
 
 from __future__ import annotations
 
-import importlib
 import shutil
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchmarks import benchmarks_md as generator
 
 
-@pytest.fixture
-def generator(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS_DIR))
-    return importlib.import_module("benchmarks_md")
-
-
-def test_benchmarks_md_is_what_the_committed_data_gives(generator):
+def test_benchmarks_md_is_what_the_committed_data_gives():
     assert generator.OUT.read_text() == generator.benchmarks_md(), (
-        "BENCHMARKS.md is stale: run python3 benchmarks/benchmarks_md.py")
+        "BENCHMARKS.md is stale: run python3 -m benchmarks.benchmarks_md")
 
 
 @pytest.fixture
-def results_copy(generator, tmp_path, monkeypatch) -> Path:
+def results_copy(tmp_path, monkeypatch) -> Path:
     copy = tmp_path / "results"
     shutil.copytree(generator.RESULTS, copy)
     monkeypatch.setattr(generator, "RESULTS", copy)
     return copy
 
 
-def test_a_data_file_the_index_does_not_list_is_refused(generator, results_copy):
+def test_a_data_file_the_index_does_not_list_is_refused(results_copy):
     (results_copy / "bench-mystery.csv").write_text("gpu,kernel\n")
     with pytest.raises(SystemExit, match="does not list: bench-mystery.csv"):
         generator.benchmarks_md()
 
 
-def test_a_listed_file_that_is_missing_is_refused(generator, results_copy):
+def test_a_listed_file_that_is_missing_is_refused(results_copy):
     (results_copy / "warmup-0c0d6b2.csv").unlink()
     with pytest.raises(SystemExit, match="not there: warmup-0c0d6b2.csv"):
         generator.benchmarks_md()
 
 
-def test_every_section_comes_from_its_data(generator):
+def test_every_section_comes_from_its_data():
     text = generator.benchmarks_md()
     for heading in ("## Method", "## Kernels against the peers",
                     "## Tuned winners of the shipped models", "## Whole-model tuning time",
@@ -65,10 +58,10 @@ def add_listed_file(results: Path, name: str, kind: str, text: str, command: str
         index.write(f"{name},{kind},abc1234,2026-12-02,one H200,{command}\n")
 
 
-def test_the_host_steps_table_comes_from_a_listed_units_file(generator, results_copy):
+def test_the_host_steps_table_comes_from_a_listed_units_file(results_copy):
     add_listed_file(results_copy, "host-units-qwen3-8b-abc1234.csv", "host_units",
                     "model,step,us\nqwen3-8b,a view (t[:]),2.9\n",
-                    "python3 benchmarks/op_host_overhead.py qwen3-8b --units F")
+                    "python3 -m benchmarks.op_host_overhead qwen3-8b --units F")
     text = generator.benchmarks_md()
     assert "### The single host steps" in text
     assert "| qwen3-8b | a view (t[:]) | 2.90 |" in text
@@ -84,8 +77,7 @@ def bench_row(implementation: str, us: float) -> str:
             f'0.5,\n')
 
 
-def test_a_newer_bench_file_gives_the_current_number_of_what_both_measured(generator,
-                                                                          results_copy):
+def test_a_newer_bench_file_gives_the_current_number_of_what_both_measured(results_copy):
     for name, us in (("bench-old.csv", 11.0), ("bench-new.csv", 22.0)):
         add_listed_file(results_copy, name, "bench",
                         BENCH_HEAD + bench_row("cutetune default", us)
@@ -98,26 +90,25 @@ def test_a_newer_bench_file_gives_the_current_number_of_what_both_measured(gener
     assert "11.00" not in text
 
 
-def test_the_hf_step_table_shows_cutetunes_share_where_the_file_has_it(generator,
-                                                                       results_copy):
+def test_the_hf_step_table_shows_cutetunes_share_where_the_file_has_it(results_copy):
     add_listed_file(results_copy, "hf-step-abc1234.csv", "hf_step",
                     "case,model,median us,IQR us,note\n"
                     "decode batch 1,\"unpatched, eager\",5000.0,10.0,\n"
                     "decode batch 1,\"cutetune, CUDA graph\",370.0,2.0,\n"
                     "decode batch 1,\"cutetune, kernels' device time\",360.0,,"
                     "cutetune's kernels 21.0 us (5.8%)\n",
-                    "python3 benchmarks/hf_decode_step.py --layers 2 --out F")
+                    "python3 -m benchmarks.hf_decode_step --layers 2 --out F")
     text = generator.benchmarks_md()
     assert ("| case | unpatched, eager | cutetune, CUDA graph | cutetune, kernels' device time "
             "| cutetune's kernels (share) |") in text
     assert "| decode batch 1 | 5000 | 370 | 360 | 21.0 us (5.8%) |" in text
 
 
-def test_the_host_time_table_shows_the_unlaunched_cost(generator, results_copy):
+def test_the_host_time_table_shows_the_unlaunched_cost(results_copy):
     add_listed_file(results_copy, "host-overhead-qwen3-8b-abc1234.csv", "host_overhead",
                     "model,op,problem,bare_us,op_us,added_us,added_unlaunched_us\n"
                     "qwen3-8b,rmsnorm,P,6.0,7.9,1.9,0.75\n",
-                    "python3 benchmarks/op_host_overhead.py qwen3-8b --out F")
+                    "python3 -m benchmarks.op_host_overhead qwen3-8b --out F")
     text = generator.benchmarks_md()
     assert "| model | op | bare call | op | added | added, no launch |" in text
     assert "| qwen3-8b | rmsnorm | 6.00 us | 7.90 us | **1.90 us** | 0.75 us |" in text

@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from covering_points import covering_configs, covering_points, knob_pairs
-
 from cutetune.spaces.models import load_model
 from cutetune.spaces.space import Constraint, Param, Space
+from testkit.covering_points import covering_configs, covering_points, knob_pairs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,13 +1,10 @@
 """benchmarks/dependent_load_latency.py's two kernels compile for sm_90a on the CPU, so the
 probe still runs when the GPU machine is lent."""
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import dependent_load_latency  # noqa: E402
+from benchmarks import dependent_load_latency
 
 
 @pytest.mark.parametrize("dependent", [False, True], ids=["copy", "dependent"])

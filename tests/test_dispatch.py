@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from stored_winners import winner
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import qk_norm as qk
@@ -26,6 +25,7 @@ from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
 from cutetune.spaces.models import load_model
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
+from testkit.stored_winners import winner
 
 SPEC = DEVICE_SPECS["H200"]
 STALE_HASH = "0123456789abcdef"
@@ -543,9 +543,8 @@ def test_warmup_imports_no_pandas():
 
 def test_an_unwritable_cache_is_warned_about_once_and_points_compile_in_memory(tmp_path,
                                                                                caplog):
-    from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
-
     from cutetune.serving.warmup import artifact_store
+    from testkit.fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
 
     blocked = tmp_path / "file"
     blocked.write_text("")
@@ -559,9 +558,8 @@ def test_an_unwritable_cache_is_warned_about_once_and_points_compile_in_memory(t
 
 
 def test_without_a_c_compiler_the_cache_is_off_and_says_why(tmp_path, caplog, monkeypatch):
-    from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
-
     from cutetune.serving.warmup import artifact_store
+    from testkit.fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with caplog.at_level(logging.WARNING, logger="cutetune.serving"):
@@ -594,14 +592,13 @@ def test_warmup_skips_each_unusable_stored_winner_in_one_line(tmp_path, caplog, 
     """A database holding winners today's qk_norm cannot use (a bucket outside the policy, a
     choice its space lacks, a knob it lacks): warmup serves the usable ones, and names each
     other once, with its bucket and why."""
-    from bad_imports import UNUSABLE_REASONS, VALID, unusable_runs, valid_records
-    from fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
-
     from cutetune.device.specs import device_spec_for
     from cutetune.results_db import Database, DeviceFingerprint
     from cutetune.results_db.export import check_import
     from cutetune.results_db.queries import record_tuning_results
     from cutetune.serving import warmup
+    from testkit.bad_imports import UNUSABLE_REASONS, VALID, unusable_runs, valid_records
+    from testkit.fake_qk_runner import FINGERPRINT as H200_FINGERPRINT
 
     url = f"sqlite:///{tmp_path / 'stored.db'}"
     db = Database.open(url)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from every_point import assert_every_point
+
+from testkit.every_point import assert_every_point
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 import tvm_ffi
-from op_problems import call_problems, public_call
 
 from cutetune import fast_path
 from cutetune.build.publish import find_published
@@ -27,6 +26,7 @@ from cutetune.ops.registry import route_of
 from cutetune.serving.table import Dispatcher
 from cutetune.serving.warmup import set_current
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
+from testkit.op_problems import call_problems, public_call
 
 
 class Launcher:

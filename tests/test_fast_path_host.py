@@ -1,30 +1,15 @@
 """benchmarks/fast_path_host.py times what it says: each op's fast path, served the C++
 function that does nothing."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import fast_path_host  # noqa: E402
-
-import cutetune  # noqa: E402
-from cutetune.kernels.registry import NotApplicableError  # noqa: E402
-from cutetune.ops.registry import ops  # noqa: E402
-from cutetune.serving.table import Dispatcher  # noqa: E402
-from cutetune.serving.warmup import set_current  # noqa: E402
-from cutetune.spaces.models import load_model  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def restored(monkeypatch):
-    """What the script patches, put back after the test."""
-    for owner, name in ((Dispatcher, "_install"), (torch.Tensor, "get_device")):
-        monkeypatch.setattr(owner, name, getattr(owner, name))
-    yield
-    set_current(None)
+import cutetune
+from benchmarks import fast_path_host
+from cutetune.kernels.registry import NotApplicableError
+from cutetune.ops.registry import ops
+from cutetune.serving.warmup import current_dispatcher
+from cutetune.spaces.models import load_model
 
 
 def test_every_op_is_timed_on_its_fast_path(monkeypatch, capsys):
@@ -34,6 +19,15 @@ def test_every_op_is_timed_on_its_fast_path(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()[1:]
     assert [line[:26].strip() for line in lines] == [*fast_path_host.op_calls(), "t.shape"]
     assert all(line.endswith(" us") for line in lines)
+
+
+def test_the_script_puts_back_what_it_changed(monkeypatch):
+    """CPU tensors are on the CPU again, and the current dispatcher is no longer its own."""
+    monkeypatch.setattr(fast_path_host, "CALLS", 1)
+    monkeypatch.setattr(fast_path_host, "ROUNDS", 1)
+    fast_path_host.main()
+    assert torch.zeros(1).get_device() == -1
+    assert current_dispatcher().spec is None  # not the H200 one the script served from
 
 
 def test_the_ops_timed_are_every_op_of_the_model_but_those_that_need_a_gpu():

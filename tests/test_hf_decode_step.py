@@ -3,24 +3,14 @@ which of them it counts as cutetune's, and the routing it compares logits on."""
 
 from __future__ import annotations
 
-import importlib
 import sys
-from pathlib import Path
 
-import pytest
 import torch
-from qwen3_moe_standin import VOCAB, build_standin, transformers_stub
 from torch.autograd.profiler_util import FunctionEvent
 
+from benchmarks import hf_decode_step
 from cutetune.integrations.transformers import patch, unpatch
-
-BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-@pytest.fixture
-def hf_decode_step(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS_DIR))
-    return importlib.import_module("hf_decode_step")
+from testkit.qwen3_moe_standin import VOCAB, build_standin, transformers_stub
 
 
 def event(name: str, start_us: int, end_us: int, device_type=torch.autograd.DeviceType.CUDA):
@@ -28,8 +18,7 @@ def event(name: str, start_us: int, end_us: int, device_type=torch.autograd.Devi
                          device_type=device_type)
 
 
-def test_the_device_time_sums_device_events_and_counts_cutedsl_kernels_as_cutetunes(
-        hf_decode_step):
+def test_the_device_time_sums_device_events_and_counts_cutedsl_kernels_as_cutetunes():
     events = [
         event("kernel_cutlass__rmsnorm_kernel_tensorptrbf16_0", 0, 3),
         event("nvjet_tst_128x64_64x4_2x1_v_bz_TNN", 3, 20),  # a cuBLAS GEMM
@@ -40,12 +29,12 @@ def test_the_device_time_sums_device_events_and_counts_cutedsl_kernels_as_cutetu
     assert hf_decode_step.device_time_split(events) == (26, 8)
 
 
-def test_no_device_events_give_zero(hf_decode_step):
+def test_no_device_events_give_zero():
     assert hf_decode_step.device_time_split(
         [event("aten::add", 0, 5, torch.autograd.DeviceType.CPU)]) == (0, 0)
 
 
-def test_the_patched_logits_are_compared_on_the_unpatched_routing(hf_decode_step, monkeypatch):
+def test_the_patched_logits_are_compared_on_the_unpatched_routing(monkeypatch):
     """The stand-in's 64 tokens of seed 0 meet router ties (tests/integrations): compared on
     the unpatched forward's routing, the patched logits are off by bf16 rounding only."""
     for name, module in transformers_stub().items():

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from op_problems import op_problems, public_calls
 
 from cutetune.kernels.activation import SiluAndMulProblem
 from cutetune.ops import moe_dispatch, serve
 from cutetune.spaces.problem import Problem
+from testkit.op_problems import op_problems, public_calls
 
 
 class Looked(Exception):

@@ -2,17 +2,13 @@
 error where a run fails (here: no GPU)."""
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from h200_results import H200_RESULTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import tune_throughput  # noqa: E402
-
-from cutetune.results_db import Database, trials_frame  # noqa: E402
+from benchmarks import tune_throughput
+from cutetune.results_db import Database, trials_frame
+from testkit.h200_results import H200_RESULTS
 
 
 def test_the_trials_of_a_run_are_those_its_database_stored(tmp_path):

@@ -18,8 +18,6 @@ import click
 import pytest
 import torch
 from click.testing import CliRunner
-from fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
-from malformed_configs import BAD_MODEL_PATHS, BASE_OF_FIELD, MALFORMED
 
 from cutetune.cli.main import cli
 from cutetune.kernels import qk_norm as qk
@@ -34,6 +32,8 @@ from cutetune.results_db import (
 )
 from cutetune.spaces.models import load_model
 from cutetune.tuner.tune import plan_bucket, tune_bucket
+from testkit.fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
+from testkit.malformed_configs import BAD_MODEL_PATHS, BASE_OF_FIELD, MALFORMED
 
 STORED_BUCKETS = (8, 4096)
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(),

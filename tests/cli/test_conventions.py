@@ -13,12 +13,12 @@ import sys
 import click
 import pytest
 from click.testing import CliRunner
-from h200_results import H200_RESULTS
 
 from cutetune.cli.main import COMMANDS, cli
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.results_db import Database, record_ceilings, winners_with_devices
 from cutetune.spaces.buckets import DEFAULT_TUNE_TOKENS
+from testkit.h200_results import H200_RESULTS
 
 
 def one_error_line(result) -> str:

@@ -8,10 +8,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from bad_imports import BAD_ROWS, export_text, spoiled, valid_records
 from click.testing import CliRunner
 
 from cutetune.cli.main import cli
+from testkit.bad_imports import BAD_ROWS, export_text, spoiled, valid_records
 
 TABLES = ("devices", "kernels", "problems", "tuning_runs", "tuning_trials", "winners")
 

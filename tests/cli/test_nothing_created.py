@@ -13,12 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bad_imports import export_text, valid_records
 from click.testing import CliRunner
 
 from cutetune.cli.main import cli
 from cutetune.results_db import Database, winners
 from cutetune.settings import load_settings
+from testkit.bad_imports import export_text, valid_records
 
 NO_SUCH_FILE = "no such file (run cutetune tune first, or give --db)"
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import io
 
-from fake_qk_runner import CEILINGS, FINGERPRINT
-
 from cutetune.cli.progress import RunProgress, summary_table, time_split_line
 from cutetune.kernels import qk_norm as qk
 from cutetune.spaces.models import load_model
 from cutetune.tuner.isolated import TimeSplit
 from cutetune.tuner.model_run import NO_WINNER, STORED, TUNED, BucketSummary
+from testkit.fake_qk_runner import CEILINGS, FINGERPRINT
 
 PROBLEM = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
 WINNER = '{"heads_per_warp": 2, "vector_bits": 128, "warps_per_block": 4}'

@@ -7,11 +7,11 @@ import re
 from html import unescape
 
 from click.testing import CliRunner
-from h200_results import H200_URL
 
 from cutetune.cli.main import cli
 from cutetune.report.tables import SECTIONS
 from cutetune.results_db import Database
+from testkit.h200_results import H200_URL
 
 
 def invoke(*args: str):

@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-from bad_imports import SMALL, UNUSABLE_REASONS, VALID, unusable_runs, valid_records
 from click.testing import CliRunner
 
 from cutetune.cli.main import cli
@@ -19,6 +18,7 @@ from cutetune.results_db import Database
 from cutetune.results_db.export import check_import
 from cutetune.results_db.queries import record_tuning_results
 from cutetune.spaces.space import config_to_json
+from testkit.bad_imports import SMALL, UNUSABLE_REASONS, VALID, unusable_runs, valid_records
 
 
 @pytest.fixture

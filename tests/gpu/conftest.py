@@ -1,7 +1,8 @@
 """The GPU suite's session: the compile pool that compiled_points starts is stopped at its end."""
 
 import pytest
-from compiled_points import close_pool
+
+from testkit.compiled_points import close_pool
 
 
 @pytest.fixture(scope="session", autouse=True)

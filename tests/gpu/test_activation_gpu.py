@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compiled_points import compile_all, compiled
-from covering_points import WHICH_POINTS, selected_points
-from every_point import assert_every_point
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.device.verify import check_outputs, compare, verify
@@ -23,6 +20,9 @@ from cutetune.kernels.activation import (
 )
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES, FLOAT_TOLERANCE, TORCH_DTYPES
 from cutetune.ops.activation import gelu_and_mul, silu_and_mul
+from testkit.compiled_points import compile_all, compiled
+from testkit.covering_points import WHICH_POINTS, selected_points
+from testkit.every_point import assert_every_point
 
 pytestmark = pytest.mark.gpu
 

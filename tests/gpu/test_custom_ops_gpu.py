@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_custom_ops import DecoderBlock, inputs
+
+from testkit.decoder_block import DecoderBlock, inputs
 
 pytestmark = pytest.mark.gpu
 

@@ -6,12 +6,9 @@ stream, which the route's call takes) and replayed in a CUDA graph captured ther
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from compiled_points import compile_all, compiled
 
 from cutetune.device.specs import device_spec_for
 from cutetune.device.verify import check_outputs
@@ -21,9 +18,8 @@ from cutetune.serving.plan import DEFAULT, TUNED, ServingPlan
 from cutetune.serving.table import Dispatcher
 from cutetune.serving.warmup import set_current
 from cutetune.spaces.models import PRESETS
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from fast_path_host import routed  # noqa: E402
+from testkit.compiled_points import compile_all, compiled
+from testkit.routed import routed
 
 pytestmark = pytest.mark.gpu
 TOKENS = 5

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compiled_points import compile_all, compiled
-from covering_points import WHICH_POINTS, selected_points
-from every_point import assert_every_point
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.device.verify import check_outputs, compare, verify
@@ -19,6 +16,9 @@ from cutetune.kernels.dtypes import FLOAT_TOLERANCE, TORCH_DTYPES
 from cutetune.kernels.moe_combine import KERNEL, CombineConfig
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.ops.moe_combine import moe_combine
+from testkit.compiled_points import compile_all, compiled
+from testkit.covering_points import WHICH_POINTS, selected_points
+from testkit.every_point import assert_every_point
 
 pytestmark = pytest.mark.gpu
 

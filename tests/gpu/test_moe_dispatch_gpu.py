@@ -17,11 +17,6 @@ import functools
 
 import pytest
 import torch
-from compiled_points import compile_all
-from compiled_points import compiled as compiled_point
-from covering_points import WHICH_POINTS, narrowed
-from every_point import assert_every_point
-from moe_dispatch_points import point
 
 from cutetune.device.specs import device_spec_for
 from cutetune.device.verify import check_outputs, poison
@@ -30,6 +25,11 @@ from cutetune.kernels import moe_dispatch as md
 from cutetune.kernels.moe_dispatch import common as mdc
 from cutetune.kernels.moe_dispatch import launcher as mdl
 from cutetune.ops.moe_dispatch import DispatchResult, moe_dispatch, moe_dispatch_buffers
+from testkit.compiled_points import compile_all
+from testkit.compiled_points import compiled as compiled_point
+from testkit.covering_points import WHICH_POINTS, narrowed
+from testkit.every_point import assert_every_point
+from testkit.moe_dispatch_points import point
 
 pytestmark = pytest.mark.gpu
 

@@ -7,14 +7,14 @@ import re
 
 import pytest
 import torch
-from compiled_points import compile_all, compiled
-from covering_points import WHICH_POINTS, selected_points
-from every_point import assert_every_point
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.device.verify import check_outputs, verify
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.dtypes import TORCH_DTYPES
+from testkit.compiled_points import compile_all, compiled
+from testkit.covering_points import WHICH_POINTS, selected_points
+from testkit.every_point import assert_every_point
 
 pytestmark = pytest.mark.gpu
 

@@ -8,15 +8,15 @@ import re
 
 import pytest
 import torch
-from compiled_points import compile_all, compiled
-from covering_points import WHICH_POINTS, covering_configs, selected_points
-from every_point import assert_every_point
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.device.verify import check_outputs, compare, verify
 from cutetune.kernels import rmsnorm as rn
 from cutetune.kernels.dtypes import DTYPE_NAMES, FLOAT_TOLERANCE
 from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
+from testkit.compiled_points import compile_all, compiled
+from testkit.covering_points import WHICH_POINTS, covering_configs, selected_points
+from testkit.every_point import assert_every_point
 
 pytestmark = pytest.mark.gpu
 

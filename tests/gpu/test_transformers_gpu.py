@@ -2,18 +2,18 @@
 for its config, and its logits stay within bf16 tolerance of the unpatched model's, eagerly and
 replayed from a CUDA graph. Where the installed transformers is not one of the releases the
 forwards follow (TRANSFORMERS_VERSIONS), or there is none, the plain-torch Qwen3-MoE stand-in
-(tests/qwen3_moe_standin.py, checked against transformers on the CPU) is patched through a stub
+(testkit/qwen3_moe_standin.py, checked against transformers on the CPU) is patched through a stub
 of the package, and the tests of real transformers models skip with the reason."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from qwen3_moe_standin import VOCAB, build_standin, routing_pinned, transformers_or_stub
 
 import cutetune
 from cutetune.integrations.transformers import TRANSFORMERS_VERSIONS, follows, patch, unpatch
 from cutetune.serving.warmup import set_current
+from testkit.qwen3_moe_standin import VOCAB, build_standin, routing_pinned, transformers_or_stub
 
 pytestmark = pytest.mark.gpu
 

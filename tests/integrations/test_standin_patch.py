@@ -1,4 +1,4 @@
-"""The plain-torch Qwen3-MoE stand-in (tests/qwen3_moe_standin.py) that the GPU tests patch
+"""The plain-torch Qwen3-MoE stand-in (testkit/qwen3_moe_standin.py) that the GPU tests patch
 where transformers is not installed: checked here, on the CPU and against the stub of
 transformers, to compute what transformers' Qwen3-MoE computes and to be patched whole."""
 
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
-from qwen3_moe_standin import VOCAB, build_standin, routing_pinned, transformers_stub
 
 from cutetune.integrations.transformers import TRANSFORMERS_VERSIONS, follows, patch, unpatch
+from testkit.qwen3_moe_standin import VOCAB, build_standin, routing_pinned, transformers_stub
 
 
 def test_the_standin_is_transformers_qwen3_moe():

@@ -15,8 +15,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_transformers_patch import TOLERANCE, build, logits  # noqa: E402
-
 from cutetune.integrations import hf_forwards  # noqa: E402
 from cutetune.integrations import transformers as integration  # noqa: E402
 from cutetune.integrations.transformers import (  # noqa: E402
@@ -25,6 +23,7 @@ from cutetune.integrations.transformers import (  # noqa: E402
     patch,
     unpatch,
 )
+from testkit.tiny_hf_models import TOLERANCE, build, logits  # noqa: E402
 
 PYPROJECT = Path(__file__).parents[2] / "pyproject.toml"
 

@@ -15,8 +15,6 @@ import re
 from collections import Counter
 
 import pytest
-from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
-from covering_points import covering_configs
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.activation import (
@@ -30,6 +28,8 @@ from cutetune.kernels.activation import (
 from cutetune.kernels.cache_hints import CACHE_HINTS
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.covering_points import covering_configs
 
 H200 = DEVICE_SPECS["H200"]
 

@@ -13,8 +13,6 @@ import re
 from collections import Counter
 
 import pytest
-from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
-from covering_points import covering_configs
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.moe_combine import (
@@ -26,6 +24,8 @@ from cutetune.kernels.moe_combine import (
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.covering_points import covering_configs
 
 H200 = DEVICE_SPECS["H200"]
 

@@ -18,9 +18,6 @@ import re
 from collections import Counter
 
 import pytest
-from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
-from covering_points import covering_configs
-from moe_dispatch_points import point
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import moe_dispatch as md
@@ -30,6 +27,9 @@ from cutetune.kernels.moe_dispatch import common as mdc
 from cutetune.kernels.moe_dispatch.common import FormConfig
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.covering_points import covering_configs
+from testkit.moe_dispatch_points import point
 
 H200 = DEVICE_SPECS["H200"]
 PRESET_PARAMS = [pytest.param(problem, id=name)

@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from moe_dispatch_points import point
 
 from cutetune.device.roofline import predict
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
@@ -28,6 +27,7 @@ from cutetune.kernels.moe_dispatch.split_block_ranks_kernels import rank_code
 from cutetune.kernels.registry import get_kernel
 from cutetune.spaces.models import PRESETS
 from cutetune.spaces.space import EmptySpaceError, config_to_dict
+from testkit.moe_dispatch_points import point
 
 H200 = DEVICE_SPECS["H200"]
 MOE_PRESETS = [name for name, m in PRESETS.items() if m.num_experts]

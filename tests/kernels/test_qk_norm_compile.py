@@ -13,14 +13,14 @@ import re
 from collections import Counter
 
 import pytest
-from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
-from covering_points import covering_configs
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormConfig, QKNormProblem
 from cutetune.kernels.registry import NotApplicableError
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.covering_points import covering_configs
 
 DTYPES = ("bfloat16", "float16", "float32")
 H200 = DEVICE_SPECS["H200"]

@@ -14,8 +14,6 @@ import re
 from collections import Counter
 
 import pytest
-from compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
-from covering_points import covering_configs
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.device.cache_hints import L2_EVICT_LAST_POLICY
@@ -29,6 +27,8 @@ from cutetune.kernels.rmsnorm import (
 )
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.covering_points import covering_configs
 
 H200 = DEVICE_SPECS["H200"]
 

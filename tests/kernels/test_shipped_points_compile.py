@@ -10,9 +10,9 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-from compile_checks import assert_points_compile
 
 from cutetune.kernels.registry import get_kernel
+from testkit.compile_checks import assert_points_compile
 
 
 def shipped_points() -> dict[tuple[str, str], list[dict]]:

@@ -7,7 +7,6 @@ import json
 import re
 
 import nbformat
-from h200_results import H200_URL, add_bench_and_failures, current_copy
 
 from cutetune.report.figures import FIGURES
 from cutetune.report.notebook import (
@@ -20,6 +19,7 @@ from cutetune.report.notebook import (
 )
 from cutetune.report.tables import SECTIONS
 from cutetune.results_db import Database
+from testkit.h200_results import H200_URL, add_bench_and_failures, current_copy
 
 
 def run(db_url: str, model: str = "qwen3-8b") -> tuple[nbformat.NotebookNode, list[str]]:

@@ -8,14 +8,6 @@ import sqlite3
 
 import pandas as pd
 import pytest
-from h200_results import (
-    BENCH_TOKENS,
-    BENCH_US,
-    FAILURES,
-    H200_URL,
-    add_bench_and_failures,
-    current_copy,
-)
 
 from cutetune.report import data as report_data
 from cutetune.report.data import load_report_data, model_problems
@@ -33,6 +25,14 @@ from cutetune.report.tables import (
 from cutetune.results_db import Database, record_ceilings, winners_with_devices
 from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, TUNED
 from cutetune.spaces.models import UnknownModelError
+from testkit.h200_results import (
+    BENCH_TOKENS,
+    BENCH_US,
+    FAILURES,
+    H200_URL,
+    add_bench_and_failures,
+    current_copy,
+)
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from bad_imports import BAD_ROWS, MEASURED_AT, export_text, spoiled, valid_records
 
 from cutetune.device.specs import device_spec_for
 from cutetune.results_db import export_winners, winners_with_devices
 from cutetune.results_db.export import Refusal, check_import, import_winners
 from cutetune.results_db.schema import TrialRow, TuningRunRow, WinnerRow
+from testkit.bad_imports import BAD_ROWS, MEASURED_AT, export_text, spoiled, valid_records
 
 
 def row_counts(db) -> tuple[int, int, int]:

@@ -3,10 +3,10 @@
 import json
 
 import pytest
-from malformed_configs import BAD_MODEL_PATHS, BASE_OF_FIELD, MALFORMED
 
 from cutetune.spaces.hf_config import CLAMPED_SWIGLU, NULL_MEANS_NONE, UnknownModelError
 from cutetune.spaces.models import PRESETS, ModelShape, load_model
+from testkit.malformed_configs import BAD_MODEL_PATHS, BASE_OF_FIELD, MALFORMED
 
 # The models' published configurations: hidden, q heads, kv heads, head dim, eps, qk-norm, MoE
 # experts/top-k.

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from fault_kernel import KERNEL, FaultConfig, FaultProblem
 
 from cutetune.build.artifacts import RUNTIME_LIBRARIES, ArtifactStore, clear_artifacts
 from cutetune.build.compile_pool import CompileHandler, CompilePool, CompileResult
 from cutetune.build.publish import content_digest
 from cutetune.spaces.space import config_to_json
+from testkit.child_process import child_env
+from testkit.fault_kernel import KERNEL, FaultConfig, FaultProblem
 
 PROBLEM = FaultProblem(num_tokens=1)
 OK, OTHER = FaultConfig("ok", 1), FaultConfig("ok", 2)
@@ -42,7 +43,7 @@ class ReportEnvironment(CompileHandler):
 def test_compile_processes_see_no_gpu_and_are_told_the_stores_arch(tmp_path):
     """Told the arch, CuTeDSL does not ask the driver for it (with no GPU visible, that stalled
     each of 16 processes started together on the H200 host for over a minute)."""
-    pool = CompilePool(ArtifactStore(tmp_path, "sm_100a"), 1, ["fault_kernel"],
+    pool = CompilePool(ArtifactStore(tmp_path, "sm_100a"), 1, ["testkit.fault_kernel"],
                        handler="test_compile_pool:ReportEnvironment")
     try:
         assert pool.submit(KERNEL, PROBLEM, OK).result(120).failure == "'' sm_100a"
@@ -90,13 +91,13 @@ def test_a_loaded_artifact_imports_no_cutedsl(tmp_path):
     done = subprocess.run([sys.executable, "-c", f"""
 import sys
 from pathlib import Path
-from fault_kernel import KERNEL, FaultConfig, FaultProblem
+from testkit.fault_kernel import KERNEL, FaultConfig, FaultProblem
 from cutetune.build.artifacts import ArtifactStore
 store = ArtifactStore(Path({str(tmp_path)!r}), {os.environ["CUTE_DSL_ARCH"]!r})
 loaded = store.load(KERNEL, FaultProblem(num_tokens=1), FaultConfig("ok", 1))
 print(callable(loaded), store.counts.unsound, [m for m in sys.modules if m.startswith("cutlass")])
 """], capture_output=True, text=True, check=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        env=child_env())
     assert done.stdout.strip().split(maxsplit=2) == ["True", "0", "[]"]
 
 
@@ -138,7 +139,7 @@ def test_a_store_compiles_for_its_arch_whatever_the_environment_says(tmp_path, a
 
 def test_the_pool_compiles_once_per_point_and_reports_every_failure(tmp_path):
     store = ArtifactStore(tmp_path, os.environ["CUTE_DSL_ARCH"])
-    pool = CompilePool(store, 1, ["fault_kernel"], handler="test_compile_pool:CrashOnSlow")
+    pool = CompilePool(store, 1, ["testkit.fault_kernel"], handler="test_compile_pool:CrashOnSlow")
     try:
         ahead = pool.submit(KERNEL, PROBLEM, OTHER, ahead=True)
         first = pool.submit(KERNEL, PROBLEM, OK)
@@ -155,7 +156,7 @@ def test_the_pool_compiles_once_per_point_and_reports_every_failure(tmp_path):
         assert pool.cpu_seconds > 0 and pool.start_seconds > 0
     finally:
         pool.close()
-    again = CompilePool(store, 1, ["fault_kernel"])
+    again = CompilePool(store, 1, ["testkit.fault_kernel"])
     try:
         stored = again.submit(KERNEL, PROBLEM, OK)
         assert stored.done() and stored.result().seconds == 0

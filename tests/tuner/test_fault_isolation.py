@@ -8,14 +8,14 @@ import json
 import time
 
 import pytest
-from fault_kernel import FAULTS, KERNEL, FaultConfig, FaultProblem, fake_us, measured_log
-from fault_run import TRIAL_TIMEOUT_S, fault_workers, run
 
 from cutetune.device.funnel import make_plan
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.results_db import Database, quarantined_points, trials_frame, winners
 from cutetune.tuner.isolated import GPU_WORKER, SLOWDOWN_ALLOWED, trial_gpu_seconds
 from cutetune.tuner.model_run import FAILED, NO_WINNER, STORED, TUNED
+from testkit.fault_kernel import FAULTS, KERNEL, FaultConfig, FaultProblem, fake_us, measured_log
+from testkit.fault_run import TRIAL_TIMEOUT_S, fault_workers, run
 
 WINNER = FaultConfig("ok", 1)
 
@@ -95,7 +95,7 @@ def test_every_fault_is_recorded_with_its_reason_and_the_run_goes_on(tmp_path):
 
 def test_a_bucket_where_every_point_fails_is_stored_without_a_winner(tmp_path):
     url, cache = f"sqlite:///{tmp_path / 'faults.db'}", tmp_path / "cache"
-    workers = fault_workers(cache, gpu_worker="fault_kernel:EveryPointWrong")
+    workers = fault_workers(cache, gpu_worker="testkit.fault_kernel:EveryPointWrong")
     (row,) = run(url, cache, budget=3, buckets=[8], workers=workers)
     assert row.status == NO_WINNER and row.trials == 3 and row.failures == 3
     assert row.winner_json is None and "wrong result" in row.note
@@ -103,7 +103,7 @@ def test_a_bucket_where_every_point_fails_is_stored_without_a_winner(tmp_path):
 
 def test_a_bucket_whose_finalists_hang_is_not_stored_and_resumes_next_run(tmp_path):
     url, cache = f"sqlite:///{tmp_path / 'faults.db'}", tmp_path / "cache"
-    workers = fault_workers(cache, gpu_worker="fault_kernel:RemeasureHangs")
+    workers = fault_workers(cache, gpu_worker="testkit.fault_kernel:RemeasureHangs")
     (failed,) = run(url, cache, budget=3, buckets=[8], workers=workers)
     assert failed.status == FAILED and failed.note.startswith("re-measuring the finalists: hang")
     assert winners(Database.open(url), kernel_name="fault_injection") == []

@@ -13,14 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-import fault_run
 import optuna
 import pytest
-from fault_kernel import FAKE_TRIAL_SECONDS, measured_log
-from fault_run import GRACE_S, run
 
 from cutetune.results_db import Database, winners
 from cutetune.tuner.study import OUTCOME_ATTR
+from testkit import fault_run
+from testkit.child_process import child_env
+from testkit.fault_kernel import FAKE_TRIAL_SECONDS, measured_log
+from testkit.fault_run import GRACE_S, run
 
 BUDGET, BUCKETS = 6, [16, 32]
 KILL_AFTER_TRIALS = BUDGET + 2  # the first bucket finished, the second two trials in
@@ -54,9 +55,9 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     db_path, cache = tmp_path / "killed.db", tmp_path / "cache"
     url = f"sqlite:///{db_path}"
     killed = subprocess.Popen(
-        [sys.executable, fault_run.__file__, url, str(cache), str(BUDGET),
+        [sys.executable, "-m", "testkit.fault_run", url, str(cache), str(BUDGET),
          *map(str, BUCKETS)],
-        env={**os.environ, FAKE_TRIAL_SECONDS: "0.5"})
+        env=child_env(**{FAKE_TRIAL_SECONDS: "0.5"}))
     deadline = time.monotonic() + 180
     while stored_outcomes(db_path) < KILL_AFTER_TRIALS:
         assert killed.poll() is None, "the run ended before it could be killed"
@@ -99,8 +100,8 @@ def test_ctrl_c_fails_the_trial_in_hand_and_stores_no_half_bucket(tmp_path, gpus
     db_path, cache = tmp_path / "interrupted.db", tmp_path / "cache"
     url = f"sqlite:///{db_path}"
     interrupted = subprocess.Popen(
-        [sys.executable, fault_run.__file__, url, str(cache), str(BUDGET), *buckets],
-        env={**os.environ, FAKE_TRIAL_SECONDS: "0.5", fault_run.FAKE_GPUS: gpus},
+        [sys.executable, "-m", "testkit.fault_run", url, str(cache), str(BUDGET), *buckets],
+        env=child_env(**{FAKE_TRIAL_SECONDS: "0.5", fault_run.FAKE_GPUS: gpus}),
         stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
     while stored_outcomes(db_path) < 2:

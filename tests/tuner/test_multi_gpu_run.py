@@ -8,14 +8,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from fault_kernel import FAKE_FINGERPRINT, FAULTY_POINTS, KERNEL, FaultProblem, measured_log
-from fault_run import fault_workers, run
 
 from cutetune.results_db import Database, QuarantinedPoint, record_quarantine, winners
 from cutetune.spaces.space import config_to_json
 from cutetune.tuner import isolated
 from cutetune.tuner.isolated import MixedGpusError, TimeSplit
 from cutetune.tuner.model_run import TUNED
+from testkit.fault_kernel import FAKE_FINGERPRINT, FAULTY_POINTS, KERNEL, FaultProblem, measured_log
+from testkit.fault_run import fault_workers, run
 
 BUCKETS = [1, 2, 4, 8, 16]
 
@@ -65,7 +65,7 @@ def test_two_gpu_workers_share_the_buckets_and_store_what_one_stores(tmp_path):
 
 def test_gpus_of_two_models_are_refused_before_a_trial(tmp_path):
     url = f"sqlite:///{tmp_path / 'mixed.db'}"
-    workers = fault_workers(tmp_path / "cache", gpu_worker="fault_kernel:MixedGpus",
+    workers = fault_workers(tmp_path / "cache", gpu_worker="testkit.fault_kernel:MixedGpus",
                             gpus=(0, 1))
     with pytest.raises(MixedGpusError, match=(
             r"GPU 1 is a NVIDIA H100 80GB HBM3 \(compute capability 9.0, 132 SMs, CuTeDSL "

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
 
 from cutetune.device.funnel import make_plan
 from cutetune.device.measure import Measurement
@@ -14,6 +13,7 @@ from cutetune.results_db import Database, trials_frame, winners
 from cutetune.spaces.models import load_model
 from cutetune.tuner.study import TrialFailure, run_study
 from cutetune.tuner.tune import plan_bucket, tune_bucket
+from testkit.fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
 
 
 def _plan(tokens):

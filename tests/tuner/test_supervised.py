@@ -6,16 +6,16 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from cutetune.build.supervised import ProcessLost, SupervisedProcess
+from testkit.child_process import child_env
 
 
 @pytest.fixture
 def toy():
-    process = SupervisedProcess("toy_handler:Toy", ("hi",), {"TOY_VARIABLE": "set"})
+    process = SupervisedProcess("testkit.toy_handler:Toy", ("hi",), {"TOY_VARIABLE": "set"})
     yield process
     process.stop()
 
@@ -47,7 +47,7 @@ def test_a_bug_in_the_handler_surfaces_with_its_traceback(toy):
 
 
 def test_a_child_that_cannot_start_says_why():
-    process = SupervisedProcess("toy_handler:BrokenAtStart")
+    process = SupervisedProcess("testkit.toy_handler:BrokenAtStart")
     with pytest.raises(RuntimeError, match="ImportError: no such library"):
         process.start()
 
@@ -57,17 +57,15 @@ def test_a_child_does_not_run_the_parents_main_module_again(tmp_path):
     more in the child (the spawn method's habit)."""
     script = tmp_path / "engine.py"
     script.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from pathlib import Path\n"
         "with Path(__file__).with_suffix('.runs').open('a') as runs:\n"
         "    runs.write('run\\n')\n"
         "from cutetune.build.supervised import SupervisedProcess\n"
-        "child = SupervisedProcess('toy_handler:Toy', ('hi',))\n"
+        "child = SupervisedProcess('testkit.toy_handler:Toy', ('hi',))\n"
         "print(child.start()[0])\n"
         "child.stop()\n")
     shown = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                           timeout=120)
+                           timeout=120, env=child_env())
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == "hi"
     assert script.with_suffix(".runs").read_text() == "run\n"

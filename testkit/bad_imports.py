@@ -14,12 +14,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fake_qk_runner import FINGERPRINT
-from stored_winners import winner
-
 from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import DeviceFingerprint, TrialRecord, TuningResult, Winner
 from cutetune.spaces.models import load_model
+from testkit.fake_qk_runner import FINGERPRINT
+from testkit.stored_winners import winner
 
 PROBLEM = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
 SMALL = qk.QKNormConfig(vector_bits=128, heads_per_warp=2, warps_per_block=1)

@@ -73,7 +73,7 @@ def cost(problem: FaultProblem, config: FaultConfig, spec) -> Cost:
 
 
 def compile_kernel(problem: FaultProblem, config: FaultConfig, options: str = ""):
-    from fault_kernel_device import compile_fault_kernel
+    from testkit.fault_kernel_device import compile_fault_kernel
 
     return compile_fault_kernel(config.behaviour, config.passes, options)
 

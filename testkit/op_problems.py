@@ -18,7 +18,7 @@ from cutetune.ops.registry import OpDef, ops
 from cutetune.spaces.models import PRESET_NAMES, load_model
 from cutetune.spaces.problem import Problem
 
-HF_CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+HF_CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf_configs"
 
 
 @functools.cache

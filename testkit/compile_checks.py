@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from every_point import assert_every_point
+from testkit.every_point import assert_every_point
 
 # A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
 # count (absent: 1), 3 the bits per lane of the vector.

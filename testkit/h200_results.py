@@ -20,7 +20,7 @@ from cutetune.results_db import (
     winners_with_devices,
 )
 
-H200_RESULTS = Path(__file__).parent / "data" / "h200_results.db"
+H200_RESULTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200_results.db"
 H200_URL = f"sqlite:///{H200_RESULTS}"
 # Synthetic bench times per call at one token (they grow with the token count): test input for
 # the bench sections' code, not measurements.

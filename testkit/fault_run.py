@@ -1,6 +1,6 @@
 """Tunes the fault kernel with the fake GPU worker: in a test, or as a process a test kills.
 
-    python fault_run.py DB_URL CACHE_DIR BUDGET BUCKET [BUCKET ...]
+    python -m testkit.fault_run DB_URL CACHE_DIR BUDGET BUCKET [BUCKET ...]
 
 As a process, with a fake worker per GPU where FAKE_GPUS (e.g. "0,1") names them.
 """
@@ -13,12 +13,11 @@ from pathlib import Path
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-from fault_kernel import KERNEL, FaultProblem  # noqa: E402
-
 from cutetune.results_db import Database  # noqa: E402
 from cutetune.tuner.isolated import Workers  # noqa: E402
 from cutetune.tuner.model_run import BucketSummary, RunOptions, Unit, tune_model  # noqa: E402
 from cutetune.tuner.study_storage import open_storage  # noqa: E402
+from testkit.fault_kernel import KERNEL, FaultProblem  # noqa: E402
 
 # Heartbeats every second, stale after two: a test need not wait long for a dead run's trial.
 HEARTBEAT_S, GRACE_S = 1, 2
@@ -32,10 +31,10 @@ class Silent:
     bucket_started = trial = bucket_finished = started
 
 
-def fault_workers(cache_dir: Path, gpu_worker: str = "fault_kernel:FakeGpuWorker",
+def fault_workers(cache_dir: Path, gpu_worker: str = "testkit.fault_kernel:FakeGpuWorker",
                   trial_timeout_s: float = TRIAL_TIMEOUT_S,
                   gpus: tuple[int, ...] | None = None) -> Workers:
-    return Workers(cache_dir, ["fault_kernel"], compile_processes=1,
+    return Workers(cache_dir, ["testkit.fault_kernel"], compile_processes=1,
                    trial_timeout_s=trial_timeout_s, gpu_worker=gpu_worker, gpus=gpus)
 
 

@@ -1,0 +1,68 @@
+"""Tiny random-weight models of each family cutetune's transformers integration patches, built
+from a config (no download), and their logits: for the integration's tests on the CPU. Imports
+transformers: a test module skips first where it is not installed
+(`pytest.importorskip("transformers")`)."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+VOCAB, TOKENS = 128, 7
+# Shapes every op accepts: hidden 128 (rmsnorm takes 64 to 16384), head_dim 64 (qk_norm takes
+# 64, 128, 256), intermediates whose bf16 rows are multiples of 16 bytes (the activations).
+COMMON = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+# bf16: the patched model rounds in other places than transformers' modules do (a norm rounds
+# once, not twice; the MoE combine sums the experts' outputs in fp32), a few bf16 ulps of the
+# logits (about 1 here) after two layers. fp32: the ops' CPU path is transformers' arithmetic.
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5),
+             torch.bfloat16: dict(rtol=1.6e-2, atol=3e-2)}
+ROUTER_SHARPNESS = 20.0
+
+
+def llama(**overrides):
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**COMMON, **overrides}))
+
+
+def qwen3(**overrides):
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**COMMON, **overrides}))
+
+
+def qwen3_moe(**overrides):
+    config = transformers.Qwen3MoeConfig(**{**COMMON, "num_experts": 8, "num_experts_per_tok": 2,
+                                            "moe_intermediate_size": 64, "norm_topk_prob": True,
+                                            **overrides})
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def gemma3(**overrides):
+    # One sliding-window layer and one global one: the layer picks its rotary embedding.
+    config = transformers.Gemma3TextConfig(**{
+        **COMMON, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"],
+        **overrides})
+    return transformers.Gemma3ForCausalLM(config)
+
+
+FAMILIES = {"llama": llama, "qwen3": qwen3, "qwen3_moe": qwen3_moe, "gemma3": gemma3}
+
+
+def build(family: str, dtype: torch.dtype, **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = FAMILIES[family](**overrides).to(dtype).eval()
+    with torch.no_grad():  # norms start at 1 (Gemma: 0); spread them so that a wrong weight shows
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.add_(0.5 * torch.randn_like(parameter))
+            # A random router is nearly uniform: each token's top-2 weights both near 0.5, so
+            # weights given to the wrong experts would not show. Sharpen it.
+            if name.endswith("mlp.gate.weight"):
+                parameter.mul_(ROUTER_SHARPNESS)
+    return model
+
+
+def logits(model, ids=None, **kwargs) -> torch.Tensor:
+    if ids is None:
+        ids = torch.randint(0, VOCAB, (2, TOKENS), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return model(ids, use_cache=False, **kwargs).logits
