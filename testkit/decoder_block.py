@@ -1,6 +1,6 @@
 """A decoder block's worth of the public ops (qk_norm, fused_add_rmsnorm, silu_and_mul,
 moe_dispatch, moe_combine) as one torch module, and CPU inputs for it: traced on the CPU
-(tests/test_custom_ops.py) and compiled and replayed on the GPU
+(tests/ops/test_custom_ops.py) and compiled and replayed on the GPU
 (tests/gpu/test_custom_ops_gpu.py)."""
 
 from __future__ import annotations

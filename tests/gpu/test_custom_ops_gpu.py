@@ -1,4 +1,4 @@
-"""The decoder block of tests/test_custom_ops.py on the GPU: compiled with
+"""The decoder block of tests/ops/test_custom_ops.py on the GPU: compiled with
 torch.compile(fullgraph=True) it computes what it computes eagerly, and so does the compiled
 block replayed in a CUDA graph."""
 
