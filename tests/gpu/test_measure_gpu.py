@@ -7,7 +7,8 @@ import torch
 
 from cutetune.device.measure import INTERLEAVED_ROUNDS, REPEATS, time_in_graph, time_interleaved
 
-pytestmark = pytest.mark.gpu
+# Compares times it measures: the GPU to itself (tests/gpu/conftest.py).
+pytestmark = [pytest.mark.gpu, pytest.mark.timing]
 
 
 def test_time_interleaved_gives_each_set_its_own_time_in_order():

@@ -11,7 +11,8 @@ from cutetune.kernels import qk_norm as qk
 from cutetune.spaces.models import load_model
 from cutetune.tuner.trials import GpuTrialRunner
 
-pytestmark = pytest.mark.gpu
+# Compares times it measures: the GPU to itself (tests/gpu/conftest.py).
+pytestmark = [pytest.mark.gpu, pytest.mark.timing]
 
 
 def test_remeasure_gives_each_finalist_its_own_time_in_order():
