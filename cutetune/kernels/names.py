@@ -14,5 +14,6 @@ KERNEL_NAMES: tuple[str, ...] = (
     "moe_dispatch",
     "qk_norm",
     "rmsnorm",
+    "rope",
     "silu_and_mul",
 )

@@ -66,6 +66,9 @@ class Family:
     activation_field: str = "hidden_act"
     # An MLP whose activation is not the one its config names (gpt-oss's clamped SwiGLU).
     fixed_activation: str | None = None
+    # The config class's partial_rotary_factor: the share of a head that rotary embedding
+    # rotates where config.json does not say.
+    partial_rotary_factor: float = 1.0
 
 
 _DENSE = {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_act": "silu",
@@ -107,7 +110,8 @@ FAMILIES: tuple[Family, ...] = (
             "moe_intermediate_size": 512, "num_experts": 512, "num_experts_per_tok": 10,
             "decoder_sparse_step": 1, "mlp_only_layers": [],
             "shared_expert_intermediate_size": 512},
-           norm_weight_bias=1.0, qk_norm="per_head", mlp="sparse_step", shared_experts="width"),
+           norm_weight_bias=1.0, qk_norm="per_head", mlp="sparse_step", shared_experts="width",
+           partial_rotary_factor=0.25),
     Family(("mixtral",),
            {**_DENSE, "rms_norm_eps": 1e-5, "num_key_value_heads": 8, "head_dim": None,
             "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2},
@@ -136,7 +140,8 @@ FAMILIES: tuple[Family, ...] = (
             "num_experts_per_tok": 8, "first_k_dense_replace": 1, "n_shared_experts": 1,
             "use_qk_norm": False},
            aliases={"num_local_experts": "n_routed_experts"}, qk_norm="flag",
-           mlp="first_k_dense", experts_field="n_routed_experts", shared_experts="count"),
+           mlp="first_k_dense", experts_field="n_routed_experts", shared_experts="count",
+           partial_rotary_factor=0.5),
     Family(("glm4_moe_lite",),
            {**_DENSE, "hidden_size": 2048, "num_hidden_layers": 47, "num_attention_heads": 20,
             "num_key_value_heads": 20, "head_dim": None, "rms_norm_eps": 1e-5,
@@ -230,7 +235,33 @@ def _read(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
                                 if mla and (width := cfg.positive_int(key))),
         extra_norm_eps=family.mla_norm_eps,
         hidden_act=_activation(family, cfg),
+        **_rope(family, cfg, where),
     )
+
+
+def _rope(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
+    """The rotary embedding's fields as config.json states them, in the form transformers 4
+    writes (rope_theta, rope_scaling, partial_rotary_factor at the top) or 5 writes (all in
+    rope_parameters); Gemma 3's sliding-window layers rotate with rope_local_base_freq."""
+    nested = cfg.value("rope_parameters")
+    if nested is not None and not isinstance(nested, dict):
+        raise cfg._bad("rope_parameters", "an object")
+    rope = _Fields(nested or {}, where, {}, {})
+
+    def stated(key: str) -> float | None:
+        return rope.positive_float(key) or cfg.positive_float(key)
+
+    thetas = tuple(dict.fromkeys(t for t in (stated("rope_theta"),
+                                             cfg.positive_float("rope_local_base_freq")) if t))
+    factor = stated("partial_rotary_factor") or family.partial_rotary_factor
+    scaling = cfg.value("rope_scaling") or nested or {}
+    if not isinstance(scaling, dict):
+        raise cfg._bad("rope_scaling", "an object or null")
+    # Qwen3-VL's multimodal RoPE names the default type beside its mrope_section.
+    kind = "mrope" if "mrope_section" in scaling else scaling.get("rope_type",
+                                                                  scaling.get("type"))
+    return dict(rope_thetas=thetas, partial_rotary_factor=factor,
+                rope_scaling=None if kind in (None, "default") else str(kind))
 
 
 def _sparse_layers(family: Family, cfg: _Fields, layers: int, where: str) -> list[bool]:

@@ -41,6 +41,18 @@ class ModelShape:
     # The MLP's activation as Hugging Face names it (hidden_act): "silu", "gelu",
     # "gelu_pytorch_tanh", ...
     hidden_act: str = "silu"
+    # Rotary position embedding as config.json states it: the theta of each kind of attention
+    # layer (Gemma 3's sliding-window layers have their own), empty where the config states
+    # none (the families' defaults are not read); the share of a head it rotates; the frequency
+    # scaling's type (rope_type), None for plain theta.
+    rope_thetas: tuple[float, ...] = ()
+    partial_rotary_factor: float = 1.0
+    rope_scaling: str | None = None
+
+    @property
+    def rotary_dim(self) -> int | None:
+        """The elements of a head that rotary embedding rotates."""
+        return None if self.head_dim is None else int(self.head_dim * self.partial_rotary_factor)
 
 
 PRESETS_DIR = Path(__file__).with_name("presets")

@@ -1,0 +1,176 @@
+"""RoPE's kernel, launcher and compile, as cutetune.kernels.rope declares them."""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Float64, Int32
+
+from cutetune.kernels.block_limits import WARP
+from cutetune.kernels.device.compiling import compile_launcher, fake_compact, fake_rows
+from cutetune.kernels.device.dtypes import CUTLASS_DTYPES
+from cutetune.kernels.rope import (
+    CACHE,
+    NEOX,
+    RopeConfig,
+    RopeProblem,
+    _chunks,
+    _pairs_per_vector,
+    _q_head_groups,
+    _threads_per_token,
+    _vector_elements,
+)
+
+POSITION_TYPES = {"int32": cutlass.Int32, "int64": cutlass.Int64}
+TWO_PI = 2.0 * math.pi
+
+
+def _cached_cos_sin(mCache: cute.Tensor, position, chunk: Int32, PAIRS: int):
+    """The chunk's cos and sin, PAIRS fp32 scalars of each, from row `position` of the cache
+    (cos in the first half of a row, sin in the second)."""
+    tCgC = cute.zipped_divide(mCache[position, None], (PAIRS,))
+    sin_offset = cute.size(mCache, mode=[1]) // 2 // PAIRS
+    cos = tCgC[(None, chunk)].load().to(Float32)
+    sin = tCgC[(None, chunk + sin_offset)].load().to(Float32)
+    # Scalars here, before the q/k branch: an element taken from a vector inside one branch
+    # would not be visible in the other.
+    return [cos[j] for j in range(PAIRS)], [sin[j] for j in range(PAIRS)]
+
+
+def _computed_cos_sin(position, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
+                      LOG2_THETA: float):
+    """The chunk's cos and sin, PAIRS fp32 scalars of each, computed from the position: pair
+    i's frequency theta^(-2i/ROTARY_DIM) and its angle in fp64, so the angle is exact far below
+    fp32's resolution (an fp32 angle at position 2^17 is off by up to 0.008 rad); the angle
+    reduced to [-pi, pi] in fp64, then sine and cosine in fp32 without fast-math
+    approximations."""
+    step = -2.0 * LOG2_THETA / ROTARY_DIM
+    first = cute.math.exp2(Float64(chunk * PAIRS) * step, fastmath=False)
+    angle_of = Float64(position)
+    cos, sin = [], []
+    for j in range(PAIRS):
+        angle = angle_of * (first * (2.0 ** (step * j)))
+        turns = cute.math.roundeven(angle * (1.0 / TWO_PI))
+        reduced = Float32(angle - turns * TWO_PI)
+        cos.append(cute.math.cos(reduced, fastmath=False))
+        sin.append(cute.math.sin(reduced, fastmath=False))
+    return cos, sin
+
+
+@cute.jit
+def _rotate_heads(mX: cute.Tensor, token, group: Int32, chunk: Int32, cos, sin,
+                  VEC: cutlass.Constexpr[int], PAIRS: cutlass.Constexpr[int],
+                  HALF_VECTORS: cutlass.Constexpr[int],
+                  HEADS_PER_THREAD: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool]):
+    """Rotate this thread's chunk of heads group * HEADS_PER_THREAD ... of `token` in mX by the
+    chunk's cos and sin. A NeoX chunk is vector `chunk` of the first half and vector
+    chunk + HALF_VECTORS of the second; a GPT-J chunk is one vector of PAIRS interleaved pairs.
+    Every load is issued before the first store, so the heads' loads overlap; a head past the
+    last loads the last head again and stores nothing."""
+    heads = cute.size(mX, mode=[1])
+    tXgX = []
+    firsts = []
+    seconds = []
+    for j in cutlass.range_constexpr(HEADS_PER_THREAD):
+        head = cutlass.min(group * HEADS_PER_THREAD + j, heads - 1)
+        tXgX.append(cute.zipped_divide(mX[token, head, None], (VEC,)))
+        firsts.append(tXgX[j][(None, chunk)].load().to(Float32))
+        if cutlass.const_expr(IS_NEOX):
+            seconds.append(tXgX[j][(None, chunk + HALF_VECTORS)].load().to(Float32))
+    for j in cutlass.range_constexpr(HEADS_PER_THREAD):
+        if group * HEADS_PER_THREAD + j < heads:
+            if cutlass.const_expr(IS_NEOX):
+                x1, x2 = firsts[j], seconds[j]
+                y1 = cute.make_rmem_tensor((VEC,), Float32)
+                y2 = cute.make_rmem_tensor((VEC,), Float32)
+                for p in cutlass.range_constexpr(PAIRS):
+                    y1[p] = x1[p] * cos[p] - x2[p] * sin[p]
+                    y2[p] = x2[p] * cos[p] + x1[p] * sin[p]
+                tXgX[j][(None, chunk)].store(y1.load().to(mX.element_type))
+                tXgX[j][(None, chunk + HALF_VECTORS)].store(y2.load().to(mX.element_type))
+            else:
+                x = firsts[j]
+                y = cute.make_rmem_tensor((VEC,), Float32)
+                for p in cutlass.range_constexpr(PAIRS):
+                    y[2 * p] = x[2 * p] * cos[p] - x[2 * p + 1] * sin[p]
+                    y[2 * p + 1] = x[2 * p + 1] * cos[p] + x[2 * p] * sin[p]
+                tXgX[j][(None, chunk)].store(y.load().to(mX.element_type))
+
+
+@cute.kernel
+def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCache: cute.Tensor,
+                 VEC: cutlass.Constexpr[int], PAIRS: cutlass.Constexpr[int],
+                 CHUNKS: cutlass.Constexpr[int], HALF_VECTORS: cutlass.Constexpr[int],
+                 HEADS_PER_THREAD: cutlass.Constexpr[int], Q_GROUPS: cutlass.Constexpr[int],
+                 THREADS_PER_TOKEN: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
+                 FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
+                 LOG2_THETA: cutlass.Constexpr[float]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    bdim, _, _ = cute.arch.block_dim()
+    thread = bidx * bdim + tidx
+    token = thread // THREADS_PER_TOKEN
+    if token < cute.size(mQ, mode=[0]):
+        # Chunks vary fastest: a warp's accesses to one head are contiguous.
+        rest = thread % THREADS_PER_TOKEN
+        group = rest // CHUNKS
+        chunk = rest % CHUNKS
+        position = mPositions[token]
+        if cutlass.const_expr(FROM_CACHE):
+            cos, sin = _cached_cos_sin(mCache, position, chunk, PAIRS)
+        else:
+            cos, sin = _computed_cos_sin(position, chunk, PAIRS, ROTARY_DIM, LOG2_THETA)
+        # Groups [0, Q_GROUPS) rotate q heads, the rest k heads: a group never spans both.
+        if group < Q_GROUPS:
+            _rotate_heads(mQ, token, group, chunk, cos, sin, VEC, PAIRS, HALF_VECTORS,
+                          HEADS_PER_THREAD, IS_NEOX)
+        else:
+            _rotate_heads(mK, token, group - Q_GROUPS, chunk, cos, sin, VEC, PAIRS,
+                          HALF_VECTORS, HEADS_PER_THREAD, IS_NEOX)
+
+
+@cute.jit
+def _rope_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCache: cute.Tensor,
+                 stream: cuda.CUstream, VEC: cutlass.Constexpr[int],
+                 PAIRS: cutlass.Constexpr[int], CHUNKS: cutlass.Constexpr[int],
+                 HALF_VECTORS: cutlass.Constexpr[int], HEADS_PER_THREAD: cutlass.Constexpr[int],
+                 Q_GROUPS: cutlass.Constexpr[int], THREADS_PER_TOKEN: cutlass.Constexpr[int],
+                 WARPS: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
+                 FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
+                 LOG2_THETA: cutlass.Constexpr[float]):
+    threads = WARPS * WARP
+    # 64-bit: tokens * THREADS_PER_TOKEN passes 2^31 beyond about 2^22 tokens.
+    needed = cutlass.Int64(cute.size(mQ, mode=[0])) * THREADS_PER_TOKEN
+    _rope_kernel(mPositions, mQ, mK, mCache, VEC, PAIRS, CHUNKS, HALF_VECTORS, HEADS_PER_THREAD,
+                 Q_GROUPS, THREADS_PER_TOKEN, IS_NEOX, FROM_CACHE, ROTARY_DIM,
+                 LOG2_THETA).launch(grid=(Int32((needed + threads - 1) // threads), 1, 1),
+                                    block=(threads, 1, 1), stream=stream)
+
+
+def compile_kernel(problem: RopeProblem, config: RopeConfig, options: str = ""):
+    """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the
+    token count, the token strides and the cache's rows are symbolic, so the result serves
+    every call."""
+    dtype = CUTLASS_DTYPES[problem.dtype]
+    vec = _vector_elements(problem, config)
+    pairs = _pairs_per_vector(problem, config)
+    tokens = cute.sym_int()
+
+    def heads_tensor(heads: int):
+        return fake_rows(dtype, tokens, (heads, problem.head_dim), vec, assumed_align=16)
+
+    positions_type = POSITION_TYPES[problem.positions_dtype]
+    positions = fake_compact(positions_type, (tokens,), assumed_align=positions_type.width // 8)
+    cache = fake_rows(CUTLASS_DTYPES[problem.cache_dtype], cute.sym_int(),
+                      (problem.rotary_dim,), pairs, assumed_align=16)
+    return compile_launcher(
+        _rope_launch,
+        (positions, heads_tensor(problem.q_heads), heads_tensor(problem.kv_heads), cache),
+        (vec, pairs, _chunks(problem, config), problem.rotary_dim // 2 // vec,
+         config.heads_per_thread, _q_head_groups(problem, config),
+         _threads_per_token(problem, config), config.warps_per_block, problem.style == NEOX,
+         config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta)),
+        options)

@@ -1,0 +1,368 @@
+"""RoPE: rotary position embedding of q and k in one launch, in place.
+
+For each token t at position p = positions[t] and each rotated pair (x1, x2) of a head with
+pair index i < rotary_dim / 2:
+
+    angle = p * theta ** (-2 i / rotary_dim)
+    (x1, x2) <- (x1 cos(angle) - x2 sin(angle),  x2 cos(angle) + x1 sin(angle))
+
+NeoX style pairs element i with element i + rotary_dim / 2 (rotate halves); GPT-J style pairs
+elements 2i and 2i + 1 (interleaved). Only the first rotary_dim elements of a head rotate
+(partial rotary); the rest stay as they are.
+
+q is (tokens, q_heads, head_dim) and k (tokens, kv_heads, head_dim), views into a fused qkv
+projection as engines hold them. cos and sin come either from cos_sin_cache
+(max_position, rotary_dim), cos in its first half and sin in its second (vLLM's convention),
+or are computed in the kernel from the position and theta: the config's `cos_sin` chooses, so
+the tuner picks whichever is faster for the shape; both compute the same rotation. The token
+count and strides are dynamic; everything else is compile-time.
+
+Work split: `chunks` threads cover the rotated pairs of one head, VEC consecutive elements each
+(in each half for NeoX); each thread rotates the same chunk of `heads_per_thread` heads of its
+token, so the cos and sin it loads or computes serve all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from cutetune.kernels.block_limits import (
+    MAX_ELEMENTS_PER_THREAD,
+    WARP,
+    block_fits_register_file,
+    block_size_within_device,
+    estimated_registers,
+)
+from cutetune.kernels.cost import Cost
+from cutetune.kernels.dtypes import DTYPE_BYTES, TORCH_DTYPES, vector_elements
+from cutetune.kernels.registry import (
+    DeviceCompile,
+    KernelDef,
+    NotApplicableError,
+    Tensors,
+    register,
+)
+from cutetune.spaces.models import ModelShape
+from cutetune.spaces.problem import Problem
+from cutetune.spaces.space import Constraint, Param, Space
+
+NEOX = "neox"
+GPTJ = "gptj"
+STYLES = (NEOX, GPTJ)
+POSITION_DTYPES: dict[str, torch.dtype] = {"int32": torch.int32, "int64": torch.int64}
+POSITION_BYTES = {"int32": 4, "int64": 8}
+CACHE = "cache"
+COMPUTED = "computed"
+# The longest context the inputs of tests and tuning reach: positions are drawn up to it, where
+# an fp32 angle would be off by a hundredth of a radian.
+MAX_POSITION = 1 << 17
+# Work of computing one pair's cos and sin in the kernel, in flops: the fp64 angle and its
+# reduction to [-pi, pi] (about 10) and the fp32 sine and cosine (about 15 each).
+SINCOS_FLOPS = 40
+
+# (rtol, atol) against the float64 reference. A 16-bit cache holds cos and sin to 2^-9
+# (bf16) or 2^-11 (fp16) of themselves: x1 cos - x2 sin of unit-normal data is then off by up
+# to about 6.4 of those beside the output's own rounding, which FLOAT_TOLERANCE's atol does not
+# cover where the result is near zero.
+TOLERANCE = {"bfloat16": (1.6e-2, 2e-2), "float16": (2e-3, 4e-3), "float32": (1e-5, 1e-5)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeProblem(Problem):
+    dtype: str
+    head_dim: int
+    rotary_dim: int
+    q_heads: int
+    kv_heads: int
+    style: str
+    positions_dtype: str
+    cache_dtype: str
+    theta: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dtype not in TORCH_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not supported: use {', '.join(TORCH_DTYPES)}")
+        if self.head_dim < 2:
+            raise ValueError(f"head_dim must be at least 2, got {self.head_dim}")
+        if not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and in "
+                             f"[2, head_dim {self.head_dim}]")
+        if self.q_heads < 1 or self.kv_heads < 1:
+            raise ValueError(f"head counts must be positive, got q={self.q_heads} "
+                             f"kv={self.kv_heads}")
+        if self.style not in STYLES:
+            raise ValueError(f"style {self.style!r} not supported: use {' or '.join(STYLES)}")
+        if self.positions_dtype not in POSITION_DTYPES:
+            raise ValueError(f"positions_dtype {self.positions_dtype!r} not supported: use "
+                             f"{' or '.join(POSITION_DTYPES)}")
+        if self.cache_dtype not in ("float32", self.dtype):
+            raise ValueError(f"cache_dtype {self.cache_dtype!r} must be float32 or the dtype "
+                             f"of q and k ({self.dtype})")
+        if not 1 < self.theta < math.inf:
+            raise ValueError(f"theta must be a finite number above 1, got {self.theta}")
+
+    @property
+    def heads(self) -> int:
+        return self.q_heads + self.kv_heads
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    cos_sin: str
+    vector_bits: int
+    heads_per_thread: int
+    warps_per_block: int
+
+
+def _vector_elements(problem: RopeProblem, config: RopeConfig) -> int:
+    return vector_elements(problem.dtype, config.vector_bits)
+
+
+def _pairs_per_vector(problem: RopeProblem, config: RopeConfig) -> int:
+    """Rotated pairs in one thread's chunk: a NeoX chunk is a vector in each half, a GPT-J
+    chunk one vector of interleaved pairs."""
+    vec = _vector_elements(problem, config)
+    return vec if problem.style == NEOX else vec // 2
+
+
+def _chunks(problem: RopeProblem, config: RopeConfig) -> int:
+    """Threads covering the rotated part of one head."""
+    return problem.rotary_dim // 2 // _pairs_per_vector(problem, config)
+
+
+def _q_head_groups(problem: RopeProblem, config: RopeConfig) -> int:
+    return math.ceil(problem.q_heads / config.heads_per_thread)
+
+
+def _head_groups(problem: RopeProblem, config: RopeConfig) -> int:
+    """Threads per chunk of a token: q's and k's heads are grouped apart, so that each
+    thread's heads are all q's or all k's."""
+    return _q_head_groups(problem, config) + math.ceil(problem.kv_heads / config.heads_per_thread)
+
+
+def _threads_per_token(problem: RopeProblem, config: RopeConfig) -> int:
+    return _chunks(problem, config) * _head_groups(problem, config)
+
+
+def _elements_per_thread(problem: RopeProblem, config: RopeConfig) -> int:
+    """fp32 values a thread holds between its loads and its stores: its chunk of every head it
+    rotates, and a cos and a sin per pair."""
+    pairs = _pairs_per_vector(problem, config)
+    return 2 * pairs * config.heads_per_thread + 2 * pairs
+
+
+def _registers_per_thread(problem: RopeProblem, config: RopeConfig) -> int:
+    # The computed form holds its fp64 frequencies too (two registers each).
+    frequencies = 2 * _pairs_per_vector(problem, config) if config.cos_sin == COMPUTED else 0
+    return estimated_registers(_elements_per_thread(problem, config) + frequencies)
+
+
+def _whole_pairs(problem: RopeProblem, config: RopeConfig) -> bool:
+    vec = _vector_elements(problem, config)
+    return vec >= 1 and (problem.style == NEOX or vec % 2 == 0)
+
+
+SPACE = Space(
+    config_type=RopeConfig,
+    params=(
+        Param("cos_sin", (CACHE, COMPUTED),
+              "cos and sin loaded from cos_sin_cache or computed from the position"),
+        Param("vector_bits", (32, 64, 128), "bits per thread per global access of q and k"),
+        Param("heads_per_thread", (1, 2, 4, 8),
+              "heads of one token a thread rotates with the same cos and sin"),
+        Param("warps_per_block", (1, 2, 4, 8, 16), "warps in one thread block"),
+    ),
+    constraints=(
+        Constraint(
+            "vector_holds_whole_pairs",
+            "a vector must hold at least one element, and whole (even, odd) pairs in GPT-J "
+            "style",
+            lambda p, c, d: _whole_pairs(p, c),
+        ),
+        Constraint(
+            "rotary_splits_into_whole_vectors",
+            "each half of the rotated part (NeoX) or the rotated part (GPT-J) must split into "
+            "whole vectors",
+            lambda p, c, d: (p.rotary_dim // 2) % _pairs_per_vector(p, c) == 0,
+        ),
+        Constraint(
+            "heads_start_on_vectors",
+            "head_dim must be a multiple of the vector, so that every head starts on one",
+            lambda p, c, d: p.head_dim % _vector_elements(p, c) == 0,
+        ),
+        Constraint(
+            "heads_per_thread_within_q",
+            "a thread may rotate at most q_heads heads (its heads are all q's or all k's)",
+            lambda p, c, d: c.heads_per_thread <= max(p.q_heads, p.kv_heads),
+        ),
+        Constraint(
+            "thread_fits_registers",
+            f"a thread may hold at most {MAX_ELEMENTS_PER_THREAD} values of its heads and "
+            "their cos and sin",
+            lambda p, c, d: _elements_per_thread(p, c) <= MAX_ELEMENTS_PER_THREAD,
+        ),
+        block_fits_register_file(_registers_per_thread),
+        block_size_within_device(),
+    ),
+)
+
+
+def default_config(problem: RopeProblem, device) -> RopeConfig:
+    """The seed heuristic: cos and sin from the cache (vLLM's choice), the widest vector the
+    rotated part splits into, one head per thread while the warps needed fit one per SM (decode:
+    the most parallel launch) and otherwise four, sharing their cos and sin, in blocks of 8
+    warps (blocks of 4-8 warps reach the copy ceiling, blocks of 1 warp do not)."""
+    for bits in (128, 64, 32):
+        decode = RopeConfig(CACHE, bits, 1, 1)
+        if SPACE.first_violation(problem, decode, device) is None:
+            break
+    warps_needed = math.ceil(problem.num_tokens * _threads_per_token(problem, decode) / WARP)
+    if warps_needed <= device.sm_count:
+        return decode
+    return RopeConfig(CACHE, bits, min(4, problem.q_heads), 8)
+
+
+def _blocks(problem: RopeProblem, config: RopeConfig) -> int:
+    threads = problem.num_tokens * _threads_per_token(problem, config)
+    return math.ceil(threads / (config.warps_per_block * WARP))
+
+
+def cost(problem: RopeProblem, config: RopeConfig, device) -> Cost:
+    rotated = problem.num_tokens * problem.heads * problem.rotary_dim
+    element_bytes = DTYPE_BYTES[problem.dtype]
+    cache_bytes = (problem.num_tokens * problem.rotary_dim * DTYPE_BYTES[problem.cache_dtype]
+                   if config.cos_sin == CACHE else 0)
+    # Every thread of a token computes the cos and sin of its own chunk.
+    sincos = (problem.num_tokens * _head_groups(problem, config) * problem.rotary_dim // 2
+              if config.cos_sin == COMPUTED else 0)
+    return Cost(
+        # The rotated part of each head read and written once (the rest is not touched), the
+        # positions and the cache rows of the tokens read once.
+        bytes_moved=(2 * rotated * element_bytes
+                     + problem.num_tokens * POSITION_BYTES[problem.positions_dtype]
+                     + cache_bytes),
+        # Two products and a sum per rotated element.
+        flops=3 * rotated + SINCOS_FLOPS * sincos,
+        blocks=_blocks(problem, config),
+        threads_per_block=config.warps_per_block * WARP,
+        registers_per_thread=_registers_per_thread(problem, config),
+        bytes_in_flight_per_thread=(2 * _pairs_per_vector(problem, config)
+                                    * config.heads_per_thread * element_bytes),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch (the kernel, its launcher and its compile are device/rope.py)
+
+
+def launch(compiled, tensors: Tensors) -> None:
+    compiled(tensors["positions"], tensors["q"], tensors["k"], tensors["cos_sin_cache"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference, inputs, model problems
+
+
+def inverse_frequencies(rotary_dim: int, theta: float) -> torch.Tensor:
+    """theta ** (-2 i / rotary_dim) for each pair i, in float64."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    return theta ** -exponents
+
+
+def cos_sin_table(positions: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+    """(len(positions), rotary_dim) float64: cos of each pair's angle, then sin, the layout of
+    vLLM's cos_sin_cache. In float64: an fp32 angle at position 2^17 is off by up to 0.008 rad."""
+    angles = positions.to(torch.float64)[:, None] * inverse_frequencies(
+        rotary_dim, theta).to(positions.device)[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1)
+
+
+def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
+    """x (tokens, heads, head_dim) with its first 2 * cos.shape[-1] elements rotated by cos and
+    sin (tokens, pairs), in float64."""
+    pairs = cos.shape[-1]
+    x = x.to(torch.float64)
+    out = x.clone()
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if style == NEOX:
+        x1, x2 = x[..., :pairs], x[..., pairs:2 * pairs]
+        out[..., :pairs] = x1 * cos - x2 * sin
+        out[..., pairs:2 * pairs] = x2 * cos + x1 * sin
+    else:
+        x1, x2 = x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2]
+        out[..., 0:2 * pairs:2] = x1 * cos - x2 * sin
+        out[..., 1:2 * pairs:2] = x2 * cos + x1 * sin
+    return out
+
+
+def reference(tensors: Tensors, problem: RopeProblem) -> dict[str, torch.Tensor]:
+    """q and k rotated by the exact cos and sin of their positions (float64 angles; the result
+    in fp32)."""
+    table = cos_sin_table(tensors["positions"], problem.rotary_dim, problem.theta)
+    cos, sin = table.chunk(2, dim=-1)
+    return {name: rotated(tensors[name], cos, sin, problem.style).float() for name in ("q", "k")}
+
+
+def make_inputs(problem: RopeProblem, device, generator: torch.Generator) -> Tensors:
+    """q and k as views into one fused qkv projection output, positions drawn up to
+    MAX_POSITION (so the precision of the angle at long context is tested), and a
+    cos_sin_cache of MAX_POSITION rows whose rows at those positions hold cos and sin computed
+    in float64 and rounded once to its dtype; its other rows are NaN, so a kernel that reads
+    the wrong row fails."""
+    dtype = TORCH_DTYPES[problem.dtype]
+    qkv = torch.randn(problem.num_tokens, problem.heads + problem.kv_heads, problem.head_dim,
+                      generator=generator, device=device, dtype=torch.float32).to(dtype)
+    positions = torch.randint(0, MAX_POSITION, (problem.num_tokens,), generator=generator,
+                              device=device, dtype=POSITION_DTYPES[problem.positions_dtype])
+    cache_dtype = TORCH_DTYPES[problem.cache_dtype]
+    cache = torch.full((MAX_POSITION, problem.rotary_dim), math.nan, device=device,
+                       dtype=cache_dtype)
+    cache[positions] = cos_sin_table(positions, problem.rotary_dim, problem.theta).to(cache_dtype)
+    return {
+        "positions": positions,
+        "q": qkv[:, : problem.q_heads],
+        "k": qkv[:, problem.q_heads: problem.heads],
+        "cos_sin_cache": cache,
+    }
+
+
+def problems_for_model(model: ModelShape, dtype: str) -> list[RopeProblem]:
+    """One problem per theta the model's attention layers rotate with, NeoX style (the
+    families cutetune reads all rotate halves), int64 positions and the cache in the model's
+    dtype, as vLLM holds them."""
+    if model.head_dim is None or model.num_q_heads is None:
+        raise NotApplicableError(f"model {model.name} attends through low-rank projections "
+                                 "(MLA), whose rotary part rope does not serve yet")
+    if not model.rope_thetas:
+        raise NotApplicableError(f"model {model.name}'s config states no rope_theta")
+    if model.rope_scaling is not None:
+        raise NotApplicableError(f"model {model.name} scales its frequencies "
+                                 f"({model.rope_scaling}), which rope does not compute yet")
+    return [RopeProblem(num_tokens=1, dtype=dtype, head_dim=model.head_dim,
+                        rotary_dim=model.rotary_dim, q_heads=model.num_q_heads,
+                        kv_heads=model.num_kv_heads, style=NEOX, positions_dtype="int64",
+                        cache_dtype=dtype, theta=theta)
+            for theta in model.rope_thetas]
+
+
+KERNEL = register(KernelDef(
+    name="rope",
+    description="rotary position embedding of q and k in one in-place launch",
+    problem_type=RopeProblem,
+    space=SPACE,
+    problems_for_model=problems_for_model,
+    default_config=default_config,
+    cost=cost,
+    compile_function=DeviceCompile("cutetune.kernels.device.rope"),
+    launch=launch,
+    make_inputs=make_inputs,
+    reference=reference,
+    outputs=("q", "k"),
+    written_in_place=("q", "k"),
+    tolerance=TOLERANCE,
+    source_file=__file__,
+))
