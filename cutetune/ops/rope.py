@@ -1,0 +1,133 @@
+"""cutetune.rope: rotary position embedding of q and k in place."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cutetune.fast_call import Dim, DType, FastCall, Value
+from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
+from cutetune.kernels.rope import GPTJ, KERNEL, NEOX, RopeProblem
+from cutetune.ops.registry import Checked, CustomOp, OpDef, register
+
+POSITION_DTYPE_NAMES = {torch.int32: "int32", torch.int64: "int64"}
+
+
+def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                  cos_sin_cache: torch.Tensor, rope_theta: float) -> int:
+    """Raise one clear error, naming the argument, for the first thing wrong with the inputs;
+    return q's CUDA device index (-1: the CPU). Positions beyond the cache's rows cannot be
+    seen without waiting for the device: the caller keeps them below cos_sin_cache.shape[0]."""
+    named = (("positions", positions), ("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dtype = q.dtype
+    if dtype not in DTYPE_NAMES:
+        raise TypeError(f"q has dtype {dtype}: use one of "
+                        f"{', '.join(str(d) for d in DTYPE_NAMES)}")
+    if k.dtype is not dtype:
+        raise TypeError(f"k has dtype {k.dtype} but q has {dtype}: they must match")
+    if positions.dtype not in POSITION_DTYPE_NAMES:
+        raise TypeError(f"positions has dtype {positions.dtype}: use torch.int32 or torch.int64")
+    if cos_sin_cache.dtype not in (dtype, torch.float32):
+        raise TypeError(f"cos_sin_cache has dtype {cos_sin_cache.dtype}: use torch.float32 or "
+                        f"q's dtype {dtype}")
+    device = q.get_device()
+    if device < 0 and q.device.type != "cpu":
+        raise ValueError(f"q is on {q.device}: rope runs on a CUDA device or the CPU")
+    for name, t in named:
+        if t.get_device() != device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    q_shape, k_shape = tuple(q.shape), tuple(k.shape)
+    if len(q_shape) != 3 or len(k_shape) != 3:
+        raise ValueError(f"q and k must be (tokens, heads, head_dim), got shapes {q_shape} "
+                         f"and {k_shape}")
+    tokens, d = q_shape[0], q_shape[2]
+    if k_shape[0] != tokens or k_shape[2] != d:
+        raise ValueError(f"k {k_shape} must have q's tokens and head_dim (q is {q_shape})")
+    if tuple(positions.shape) != (tokens,):
+        raise ValueError(f"positions must be ({tokens},), one per token of q, got shape "
+                         f"{tuple(positions.shape)}")
+    if cos_sin_cache.dim() != 2 or not cos_sin_cache.is_contiguous():
+        raise ValueError("cos_sin_cache must be a contiguous (max_position, rotary_dim) tensor, "
+                         f"got shape {tuple(cos_sin_cache.shape)}")
+    rotary_dim = cos_sin_cache.shape[1]
+    if rotary_dim % 2 or not 0 < rotary_dim <= d:
+        raise ValueError(f"rotary_dim (cos_sin_cache's width) is {rotary_dim}: it must be even "
+                         f"and at most head_dim {d}")
+    if not positions.is_contiguous():
+        raise ValueError(f"positions must be contiguous, got strides {positions.stride()}")
+    q_stride, k_stride = q.stride(), k.stride()
+    if q_stride[1:] != (d, 1) or k_stride[1:] != (d, 1):
+        raise ValueError(f"the heads of q and k must be contiguous (strides (*, {d}, 1)), got "
+                         f"{q_stride} and {k_stride}")
+    token_stride_bytes = (q_stride[0] | k_stride[0]) * DTYPE_BYTES[DTYPE_NAMES[dtype]]
+    if (q.data_ptr() | k.data_ptr() | cos_sin_cache.data_ptr() | token_stride_bytes) % 16:
+        raise ValueError("q, k and cos_sin_cache must start 16-byte aligned, and the token "
+                         f"strides of q and k ({q_stride[0]}, {k_stride[0]} elements) must be "
+                         "multiples of 16 bytes")
+    if isinstance(rope_theta, bool) or not (isinstance(rope_theta, int | float)
+                                            and 1 < rope_theta < math.inf):
+        raise ValueError(f"rope_theta must be a finite number above 1, got {rope_theta!r}")
+    return device
+
+
+def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+         cos_sin_cache: torch.Tensor, rope_theta: float,
+         is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate the first rotary_dim elements of every head of q (tokens, q_heads, head_dim) and
+    k (tokens, kv_heads, head_dim) in place by the angles of `positions` (tokens,), int32 or
+    int64, in one launch on the current stream: NeoX style (rotate halves) where `is_neox`,
+    else GPT-J style (interleaved pairs).
+
+    cos_sin_cache is vLLM's (max_position, rotary_dim): cos of each pair's angle in its first
+    half, sin in its second, for the frequencies rope_theta ** (-2i / rotary_dim); its width
+    is rotary_dim. The kernel reads it or computes cos and sin from rope_theta, whichever was
+    tuned faster, so the two must agree. q and k may be views into a fused qkv tensor. On CPU
+    tensors the op computes with the kernel's reference (exact angles) instead. Under
+    torch.compile the call is the custom op cutetune::rope (no graph break)."""
+    _ROPE((positions, q, k, cos_sin_cache, rope_theta, is_neox))
+    return q, k
+
+
+def _checked(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+             cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool,
+             allocated: None) -> Checked:
+    device = _check_inputs(positions, q, k, cos_sin_cache, rope_theta)
+    tokens = q.shape[0]
+    if tokens == 0:
+        return Checked(None)
+    static = RopeProblem.static_tuple_of(
+        dtype=DTYPE_NAMES[q.dtype], head_dim=q.shape[2], rotary_dim=cos_sin_cache.shape[1],
+        q_heads=q.shape[1], kv_heads=k.shape[1], style=NEOX if is_neox else GPTJ,
+        positions_dtype=POSITION_DTYPE_NAMES[positions.dtype],
+        cache_dtype=DTYPE_NAMES[cos_sin_cache.dtype], theta=float(rope_theta))
+    return Checked(None, (positions, q, k, cos_sin_cache, rope_theta, is_neox), static, tokens,
+                   device)
+
+
+def _rope_op(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+             cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool) -> None:
+    """The custom op's body: the eager op (a compiled graph runs it, not compiling)."""
+    rope(positions, q, k, cos_sin_cache, rope_theta, is_neox)
+
+
+_ROPE = register(OpDef(
+    kernel=KERNEL,
+    fast_call=FastCall(
+        arguments=("positions", "q", "k", "cos_sin_cache", "rope_theta", "is_neox"),
+        launched=4, tokens=Dim("q", 0),
+        fields={"dtype": DType("q"), "head_dim": Dim("q", 2),
+                "rotary_dim": Dim("cos_sin_cache", 1), "q_heads": Dim("q", 1),
+                "kv_heads": Dim("k", 1), "style": Value("is_neox"),
+                "positions_dtype": DType("positions"), "cache_dtype": DType("cos_sin_cache"),
+                "theta": Value("rope_theta")}),
+    check=_checked,
+    functions=(rope,),
+    custom_ops=(CustomOp("rope", _rope_op, mutates=("q", "k")),),
+    calls=lambda t, problem: {"rope": lambda: rope(
+        t["positions"], t["q"], t["k"], t["cos_sin_cache"], problem.theta,
+        is_neox=problem.style == NEOX)},
+))
