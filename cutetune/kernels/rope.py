@@ -214,8 +214,9 @@ SPACE = Space(
 def default_config(problem: RopeProblem, device) -> RopeConfig:
     """The seed heuristic: cos and sin from the cache (vLLM's choice), the widest vector the
     rotated part splits into, one head per thread while the warps needed fit one per SM (decode:
-    the most parallel launch) and otherwise four, sharing their cos and sin, in blocks of 8
-    warps (blocks of 4-8 warps reach the copy ceiling, blocks of 1 warp do not)."""
+    the most parallel launch) and otherwise up to four sharing their cos and sin (as many as a
+    thread's registers hold), in blocks of 8 warps (blocks of 4-8 warps reach the copy ceiling,
+    blocks of 1 warp do not)."""
     for bits in (128, 64, 32):
         decode = RopeConfig(CACHE, bits, 1, 1)
         if SPACE.first_violation(problem, decode, device) is None:
@@ -223,7 +224,8 @@ def default_config(problem: RopeProblem, device) -> RopeConfig:
     warps_needed = math.ceil(problem.num_tokens * _threads_per_token(problem, decode) / WARP)
     if warps_needed <= device.sm_count:
         return decode
-    return RopeConfig(CACHE, bits, min(4, problem.q_heads), 8)
+    return next(config for config in (RopeConfig(CACHE, bits, heads, 8) for heads in (4, 2, 1))
+                if SPACE.first_violation(problem, config, device) is None)
 
 
 def _blocks(problem: RopeProblem, config: RopeConfig) -> int:
