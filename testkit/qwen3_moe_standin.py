@@ -37,10 +37,6 @@ class StandinShape:
 
 
 TINY = StandinShape()
-# Qwen3-30B-A3B's layer (DESIGN.md's table), with a small vocabulary: the benchmark's model.
-QWEN3_30B_A3B_LAYERS = StandinShape(hidden_size=2048, num_attention_heads=32,
-                                    num_key_value_heads=4, num_experts=128, num_experts_per_tok=8,
-                                    moe_intermediate_size=768, vocab_size=4096)
 VOCAB = TINY.vocab_size
 
 
