@@ -112,3 +112,38 @@ def test_the_host_time_table_shows_the_unlaunched_cost(results_copy):
     text = generator.benchmarks_md()
     assert "| model | op | bare call | op | added | added, no launch |" in text
     assert "| qwen3-8b | rmsnorm | 6.00 us | 7.90 us | **1.90 us** | 0.75 us |" in text
+
+
+HF_DROP_IN_HEAD = ("family,dims,layers,vocab,transformers,unpatched_runs,case,batch,seq_len,mode,"
+                   "unpatched_us,unpatched_iqr_us,patched_us,patched_iqr_us,speedup,"
+                   "max_logit_diff,unpatched_device_us,patched_device_us,cutetune_device_us,"
+                   "note\n")
+
+
+def test_the_hf_drop_in_table_sets_eager_and_graph_side_by_side_and_marks_misses(results_copy):
+    """Synthetic numbers (a test input, not a measurement): a miss in bold, a side that
+    could not be captured as '-' with its reason below the table."""
+    model = "qwen3_moe,Qwen/Qwen3-Coder-480B-A35B-Instruct,2,4096,5.17.0"
+    runs = '"attention sdpa, experts grouped_mm"'
+    add_listed_file(
+        results_copy, "hf-drop-in-abc1234.csv", "hf_drop_in",
+        HF_DROP_IN_HEAD
+        + f"{model},{runs},decode batch 1,1,1,eager,5000.0,10.0,5200.0,20.0,0.9615,0.0156,"
+          "460.0,300.0,25.0,\n"
+        + f"{model},{runs},decode batch 1,1,1,CUDA graph,500.0,1.0,400.0,2.0,1.25,0.0156,"
+          "nan,nan,nan,\n"
+        + f"{model},{runs},prefill 2048 tokens,1,2048,eager,9000.0,10.0,6000.0,20.0,1.5,"
+          "0.0312,7000.0,4000.0,300.0,\n"
+        + f"{model},{runs},prefill 2048 tokens,1,2048,CUDA graph,nan,nan,5000.0,2.0,nan,"
+          "0.0312,nan,nan,nan,unpatched not capturable: RuntimeError: no\n",
+        "python3 -m benchmarks.hf_decode_step --out F")
+    text = generator.benchmarks_md()
+    assert "## The Hugging Face drop-in against transformers" in text
+    assert ("- qwen3_moe: Qwen/Qwen3-Coder-480B-A35B-Instruct (attention sdpa, experts "
+            "grouped_mm)") in text
+    assert ("| qwen3_moe | decode batch 1 | 5000 | 5200 | **0.96x** | 460 / 300 (25) | 500 | "
+            "400 | 1.25x | 0.0156 |") in text
+    assert ("| qwen3_moe | prefill 2048 tokens | 9000 | 6000 | 1.50x | 7000 / 4000 (300) | - "
+            "| 5000 | - | 0.0312 |") in text
+    assert ("- qwen3_moe, prefill 2048 tokens, CUDA graph: unpatched not capturable: "
+            "RuntimeError: no") in text
