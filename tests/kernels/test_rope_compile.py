@@ -1,0 +1,125 @@
+"""The CI compile checks: the covering points of the rope space (every pair of knob values, and
+the defaults served at every bucket) compile for sm_90a on the CPU, for every public preset the
+kernel applies to (bf16) and for synthetic problems that take every other code path: GPT-J
+style, partial rotary, int32 positions, an fp32 cache, fp16 and fp32, head dims 64 and 256; and
+the PTX of a few points shows the accesses and the arithmetic the config asks for.
+
+The `sweep` marker compiles every valid point.
+"""
+
+import re
+from collections import Counter
+
+import pytest
+
+from cutetune.device.specs import DEVICE_SPECS
+from cutetune.kernels.registry import NotApplicableError
+from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, KERNEL, NEOX, RopeConfig, RopeProblem
+from cutetune.spaces.buckets import BUCKETS
+from cutetune.spaces.models import PRESETS
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.covering_points import covering_configs
+
+H200 = DEVICE_SPECS["H200"]
+
+
+def _preset_params() -> list:
+    params = []
+    for name, model in PRESETS.items():
+        try:
+            problems = KERNEL.problems_for_model(model, "bfloat16")
+        except NotApplicableError:
+            continue
+        params += [pytest.param(problem, id=name) for problem in problems]
+    return params
+
+
+def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=NEOX, positions="int64",
+             cache=None, theta=1e4, kv_heads=2):
+    return RopeProblem(num_tokens=1, dtype=dtype, head_dim=head_dim, rotary_dim=rotary_dim,
+                       q_heads=8, kv_heads=kv_heads, style=style, positions_dtype=positions,
+                       cache_dtype=cache or dtype, theta=theta)
+
+
+SYNTHETIC = [
+    pytest.param(_problem(style=GPTJ), id="gptj"),
+    pytest.param(_problem(rotary_dim=64, positions="int32"), id="neox-partial-int32"),
+    pytest.param(_problem(style=GPTJ, rotary_dim=32, cache="float32"), id="gptj-partial-fp32cache"),
+    pytest.param(_problem(dtype="float16", head_dim=64, rotary_dim=64), id="fp16-d64"),
+    pytest.param(_problem(dtype="float32", head_dim=256, rotary_dim=256, style=GPTJ,
+                          positions="int32"), id="fp32-d256-gptj"),
+]
+PRESET_PARAMS = _preset_params()
+
+
+def test_presets_cover_the_plain_theta_models():
+    # Guards the compiles against silently shrinking (a preset losing its rope problem).
+    assert {p.id for p in PRESET_PARAMS} == {name for name in PRESETS
+                                            if name.startswith("qwen3")} | {"mixtral-8x7b"}
+
+
+@pytest.mark.parametrize("problem", PRESET_PARAMS + SYNTHETIC)
+def test_covering_points_compile(problem):
+    assert_points_compile(KERNEL, problem, covering_configs(KERNEL, problem, H200, BUCKETS))
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("problem", PRESET_PARAMS + SYNTHETIC)
+def test_every_valid_point_compiles(problem):
+    valid = KERNEL.space.enumerate(problem, H200).valid
+    assert valid, f"no valid point for {problem.describe()}"
+    assert_points_compile(KERNEL, problem, valid)
+
+
+# ---------------------------------------------------------------------------------------------
+# PTX
+
+BRANCHES = 2  # q's heads in one branch, k's in the other
+
+PTX_CASES = [
+    # style, cos_sin, cache dtype, vector_bits, heads_per_thread
+    (NEOX, CACHE, "bfloat16", 128, 1),
+    (NEOX, CACHE, "float32", 128, 2),
+    (NEOX, COMPUTED, "bfloat16", 128, 2),
+    (NEOX, CACHE, "bfloat16", 64, 4),
+    (GPTJ, CACHE, "bfloat16", 128, 1),
+    (GPTJ, COMPUTED, "bfloat16", 64, 2),
+    (GPTJ, CACHE, "float32", 32, 1),
+]
+
+
+@pytest.mark.parametrize(("style", "cos_sin", "cache", "bits", "heads"), PTX_CASES,
+                         ids=[f"{s}-{c}-{d}-v{b}-h{h}" for s, c, d, b, h in PTX_CASES])
+def test_ptx_accesses_and_angle_arithmetic(style, cos_sin, cache, bits, heads, tmp_path,
+                                           monkeypatch):
+    # kv_heads a multiple of every heads_per_thread here: the compiler drops the stores of a
+    # head it can prove past the last (k's third and fourth of 2 heads).
+    problem = _problem(style=style, cache=cache, kv_heads=4)
+    ptx = ptx_of(KERNEL, problem, RopeConfig(cos_sin, bits, heads, 4), H200, tmp_path,
+                 monkeypatch)
+    accesses = Counter((op, int(lanes or 1) * int(width))
+                       for op, lanes, width in GLOBAL_ACCESS.findall(ptx))
+    halves = 2 if style == NEOX else 1
+    # q and k: every load and store one vector of the configured width, both halves of a NeoX
+    # chunk, each of the thread's heads, in each branch.
+    assert accesses[("st", bits)] == BRANCHES * heads * halves
+    assert sum(n for (op, _), n in accesses.items() if op == "st") == accesses[("st", bits)]
+    x_loads = BRANCHES * heads * halves
+    # One load of the position (64-bit).
+    assert accesses[("ld", 64)] >= 1
+    pairs = bits // 16 if style == NEOX else bits // 32
+    cache_bits = pairs * (32 if cache == "float32" else 16)
+    if cos_sin == CACHE:
+        # A cos vector and a sin vector of the chunk's pairs, in accesses of at most 128 bits.
+        pieces = 2 * max(1, cache_bits // 128)
+        loads = sum(n for (op, _), n in accesses.items() if op == "ld")
+        assert loads == x_loads + pieces + 1
+        assert not re.search(r"\.f64\b", ptx)
+    else:
+        # No cache row read: the frequencies and angles are fp64 arithmetic.
+        loads = sum(n for (op, _), n in accesses.items() if op == "ld")
+        assert loads == x_loads + 1
+        assert re.search(r"\bmul(\.rn)?\.f64\b", ptx)
+        assert "cvt.rn.f32.f64" in ptx
+        # Accurate sine and cosine: no fast-math approximation.
+        assert "sin.approx" not in ptx and "cos.approx" not in ptx
