@@ -7,3 +7,8 @@ from __future__ import annotations
 DEFAULT_BUDGET = 16
 # Seconds a trial may run beyond ten times its predicted GPU time before its worker is killed.
 DEFAULT_TRIAL_TIMEOUT_S = 30.0
+# The least tie band between finalists, in percent (why: tuner/finals.py). --tie-band accepts
+# 0 (the re-measurement's own spread alone) to MAX_TIE_BAND_PERCENT: a wider band would give
+# away real wins to the fixed order.
+DEFAULT_TIE_BAND_PERCENT = 2.0
+MAX_TIE_BAND_PERCENT = 10.0

@@ -4,8 +4,9 @@ The roofline's survivors are the candidates. The study is warm-started with the 
 default and the best-ranked points; it is exhaustive when the candidates fit the trial budget
 and TPE otherwise. Each trial asks the injected TrialRunner to compile, verify and time one
 point; a point that fails becomes a failed trial with its reason and the search goes on.
-Finalists (the fastest few and the default) are re-measured in interleaved rounds before a
-winner is named.
+Finalists (the fastest few, the default and the near-fastest the fixed order prefers) are
+re-measured in interleaved rounds, and the winner is named by a tie band and a fixed order
+(finals.py), so that the same GPU names the same winner.
 
 A study in persistent storage survives its process. Each finished trial carries its outcome in
 a user attribute, so a study started again continues where the last process stopped: finished
@@ -17,7 +18,6 @@ what an uninterrupted one would have.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +32,8 @@ from cutetune.device.funnel import Plan, candidates_of
 from cutetune.device.measure import Measurement
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
+from cutetune.tuner import finals
+from cutetune.tuner.finals import TIE_BAND_FLOOR, Finals
 from cutetune.tuner.study_storage import (
     beat,
     fail_abandoned_trials,
@@ -40,7 +42,6 @@ from cutetune.tuner.study_storage import (
     warnings_silenced,
 )
 
-FINALISTS = 3
 # TPE may propose points outside the candidates (invalid, pruned or quarantined); they cost no
 # GPU time, but after this many asks in a row without a new point, the best-ranked point not
 # yet tried is queued, so a search always reaches its budget.
@@ -50,6 +51,7 @@ WARM_START_SHARE = 4  # a quarter of a TPE budget goes to the roofline's best-ra
 PROCESS_FAILURES = ("hang", "crash", "cuda")
 OUTCOME_ATTR = "cutetune_outcome"
 ANSWERED_ATTR = "cutetune_answered"
+FINALS_ATTR = "cutetune_finals"  # the study's: its finalists as re-measured, the band, winner
 
 
 class TrialFailure(Exception):
@@ -85,7 +87,8 @@ class TrialOutcome:
 @dataclass(frozen=True)
 class StudyResult:
     """`default` is the heuristic default's outcome, re-measured beside the winner when both
-    verified; `resumed` counts the trials taken over from an earlier process."""
+    verified; `tie_band` the relative gap within which finalists were tied (None without a
+    winner); `resumed` counts the trials taken over from an earlier process."""
 
     problem: Problem
     study_name: str
@@ -96,6 +99,7 @@ class StudyResult:
     resumed: int
     started_at: datetime
     finished_at: datetime
+    tie_band: float | None = None
 
 
 def ranked_candidates(plan: Plan, default: Any) -> list[Any]:
@@ -117,12 +121,16 @@ def candidate_order(plan: Plan, default: Any, budget: int) -> list[Any]:
 def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, budget: int,
               study_name: str, storage: BaseStorage | str | None = None, seed: int = 0,
               on_trial: Callable[[TrialOutcome], None] | None = None,
-              excluded: Collection[Any] = (), retry_failed: bool = False) -> StudyResult:
+              excluded: Collection[Any] = (), retry_failed: bool = False,
+              tie_band: float = TIE_BAND_FLOOR) -> StudyResult:
     """Search `plan`'s candidates (less `excluded`) within `budget` trials, continuing the
     study of that name where one is stored. `retry_failed` tries again the points of a stored
-    study that took their process down."""
+    study that took their process down; `tie_band` is the least band within which finalists
+    are tied (finals.py)."""
     if budget < 1:
         raise ValueError(f"the trial budget must be at least 1, got {budget}")
+    if not 0 <= tie_band < 1:
+        raise ValueError(f"the tie band must be a fraction from 0 to below 1, got {tie_band}")
     started = datetime.now(UTC)
     predicted = {p.config: p.prediction.predicted_us for p in plan.kept + plan.pruned}
     candidates = candidates_of(plan, default, excluded)
@@ -184,10 +192,14 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
             on_trial(outcome)
 
     trials = tuple(sorted(outcomes.values(), key=lambda t: t.number))
-    winner, remeasured_default = _pick_winner(trials, runner, default)
-    return StudyResult(plan.problem, study_name, exhaustive, trials, winner,
-                       remeasured_default or outcomes.get(default), resumed, started,
-                       datetime.now(UTC))
+    picked = _pick_winner(trials, runner, default, tie_band)
+    if picked is None:
+        return StudyResult(plan.problem, study_name, exhaustive, trials, None,
+                           outcomes.get(default), resumed, started, datetime.now(UTC))
+    study.set_user_attr(FINALS_ATTR, picked.attr())
+    return StudyResult(plan.problem, study_name, exhaustive, trials, picked.winner,
+                       picked.default or outcomes.get(default), resumed, started,
+                       datetime.now(UTC), picked.tie_band)
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None,
@@ -219,21 +231,16 @@ def _stored_outcomes(study: optuna.Study, kernel: KernelDef) -> dict[Any, TrialO
     return outcomes
 
 
-def _pick_winner(trials: Sequence[TrialOutcome], runner: TrialRunner,
-                 default: Any) -> tuple[TrialOutcome | None, TrialOutcome | None]:
-    """The best of the fastest few, re-measured side by side, and the default as re-measured
-    with them. The default is always among them: timed in the same rounds, a tuned point
-    cannot lose to it by the drift between two moments of a search."""
-    ok = sorted((t for t in trials if t.ok), key=lambda t: t.measurement.median_us)
-    if not ok:
-        return None, None
-    finalists = ok[:FINALISTS]
-    finalists += [t for t in ok[FINALISTS:] if t.config == default]
-    if len(finalists) == 1:
-        return finalists[0], None
-    remeasured = [dataclasses.replace(t, measurement=m) for t, m in
-                  zip(finalists, runner.remeasure([t.config for t in finalists]), strict=True)]
-    winner = min(remeasured, key=lambda t: t.measurement.median_us)
-    return winner, next((t for t in remeasured if t.config == default), None)
-
-
+def _pick_winner(trials: Sequence[TrialOutcome], runner: TrialRunner, default: Any,
+                 tie_band: float) -> Finals | None:
+    """The finalists re-measured side by side, and the winner among them (finals.py); None
+    where no point verified. The default is always among them: timed in the same rounds, a
+    tuned point cannot lose to it by the drift between two moments of a search."""
+    chosen = finals.finalists([t for t in trials if t.ok], default, tie_band)
+    if not chosen:
+        return None
+    if len(chosen) == 1:
+        (only,) = chosen
+        return Finals(tuple(chosen), finals.tie_band(only.measurement, tie_band), only, None)
+    measured = runner.remeasure([t.config for t in chosen])
+    return finals.pick(finals.remeasured(chosen, measured), default, tie_band)

@@ -23,6 +23,7 @@ from cutetune.results_db import (
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
+from cutetune.tuner.finals import TIE_BAND_FLOOR
 from cutetune.tuner.study import StudyResult, TrialOutcome, TrialRunner, run_study
 
 
@@ -88,11 +89,12 @@ def tune_bucket(planned: BucketPlan, runner: TrialRunner, db: Database,
                 storage: optuna.storages.BaseStorage | None = None,
                 on_trial: Callable[[TrialOutcome], None] | None = None,
                 excluded: Collection[Any] = (), retry_failed: bool = False,
-                fresh: bool = False) -> StudyResult:
+                fresh: bool = False, tie_band: float = TIE_BAND_FLOOR) -> StudyResult:
     """Search the bucket and record every trial and the winner in one transaction.
 
     The bucket's Optuna study (in `storage`, else the results database) is continued where
-    one is stored, or deleted first when `fresh`. `excluded` points are not tried."""
+    one is stored, or deleted first when `fresh`. `excluded` points are not tried;
+    `tie_band` is the least band within which finalists are tied (finals.py)."""
     kernel, problem = planned.kernel, planned.problem
     name = study_name(kernel, problem, fingerprint)
     storage = storage if storage is not None else db.url
@@ -100,9 +102,9 @@ def tune_bucket(planned: BucketPlan, runner: TrialRunner, db: Database,
         optuna.delete_study(study_name=name, storage=storage)
     result = run_study(kernel, planned.plan, planned.default, runner, budget, name,
                        storage=storage, seed=seed, on_trial=on_trial, excluded=excluded,
-                       retry_failed=retry_failed)
-    # The winner's trial is stored with its interleaved re-measurement: the numbers that named
-    # it the winner, and the ones the winner row carries.
+                       retry_failed=retry_failed, tie_band=tie_band)
+    # The winner's trial is stored with its own interleaved re-measurement (not the fastest
+    # finalist's, where the tie band named another): the numbers the winner row carries.
     winner = result.winner.number if result.winner is not None else None
     records = tuple(trial_record(planned, result.winner if t.number == winner else t)
                     for t in result.trials)

@@ -1,0 +1,118 @@
+"""Naming a bucket's winner from its finalists, so that the same GPU names the same winner.
+
+The finalists are re-measured side by side in interleaved rounds. Those whose re-measured
+median is within the tie band of the fastest's are tied, and a fixed order picks among them:
+the heuristic default first, then the points by their canonical JSON (`config_to_json`,
+compared as text). Without the band, fresh runs on one H200 named the same winner in only 6 of
+10 buckets, the others flipping between points 0.2-1.5% apart: the minimum of noisy times
+names whichever near-tie read fastest that minute. With it, the winner changes only where a
+point is faster by more than the noise.
+
+The band is `max(floor, IQR / median)` of the fastest finalist's re-measurement (floor 2% by
+default, `cutetune tune --tie-band`):
+- the fastest's times are the reference every tie is measured from, and its IQR is the spread
+  of the very rounds every finalist shared: two points closer than that spread swap places
+  from one set of rounds to the next, and where the rounds caught the GPU in two states (a
+  decode point reads about 0.2 us slower in one, docs/performance-notes.md) the IQR spans
+  both and no closer call is trusted;
+- the floor covers what one set of rounds does not see, the change between runs minutes apart:
+  fresh runs flipped between points up to 1.5% apart, while the IQR of 25 replays within a
+  second is often under 1%. 2% is also FlashInfer's autotuner's band for the same problem.
+The price is at most the band: a tied point never loses more than that to the fastest.
+
+Which points are finalists is fixed as far as the search's times allow: the fastest few by
+(median, canonical JSON), so that equal times rank the same way in every run; the default; and
+the points the fixed order prefers among those within twice the band of the fastest by their
+search-time medians (taken at different moments of the search, so further apart than the same
+points side by side), so that the point the order would pick is re-measured in every run that
+timed it near the top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cutetune.device.measure import Measurement
+from cutetune.spaces.space import config_to_json
+from cutetune.tuner.defaults import DEFAULT_TIE_BAND_PERCENT
+
+if TYPE_CHECKING:
+    from cutetune.tuner.study import TrialOutcome
+
+TIE_BAND_FLOOR = DEFAULT_TIE_BAND_PERCENT / 100
+FASTEST = 3  # the fastest few of the search
+PREFERRED = 3  # at most this many more: the order's first among the near-fastest
+ADMISSION = 2.0  # near-fastest: within ADMISSION x the band, by search-time medians
+
+
+@dataclass(frozen=True)
+class Finals:
+    """The finalists as re-measured (in the order they were timed), the band, the winner and
+    the default (re-measured beside it; None where it did not verify)."""
+
+    finalists: tuple[TrialOutcome, ...]
+    tie_band: float
+    winner: TrialOutcome
+    default: TrialOutcome | None
+
+    def attr(self) -> dict[str, Any]:
+        """What a study keeps of its finals (JSON): why the winner won."""
+        return {"tie_band": self.tie_band, "winner": config_to_json(self.winner.config),
+                "finalists": [{"config": config_to_json(t.config),
+                               "median_us": t.measurement.median_us,
+                               "iqr_us": t.measurement.iqr_us,
+                               "repeats": t.measurement.repeats} for t in self.finalists]}
+
+
+def tie_band(fastest: Measurement, floor: float = TIE_BAND_FLOOR) -> float:
+    """The relative gap below which two points count as tied (module docstring)."""
+    if fastest.median_us <= 0:
+        return floor
+    return max(floor, fastest.iqr_us / fastest.median_us)
+
+
+def preference(config: Any, default: Any) -> tuple[bool, str]:
+    """The fixed order among tied points: the default first, then by canonical JSON."""
+    return config != default, config_to_json(config)
+
+
+def by_speed(outcomes: Sequence[TrialOutcome]) -> list[TrialOutcome]:
+    """Fastest first; equal medians in canonical-JSON order, not in the order they were tried
+    (which changes from run to run)."""
+    return sorted(outcomes, key=lambda t: (t.measurement.median_us, config_to_json(t.config)))
+
+
+def finalists(ok: Sequence[TrialOutcome], default: Any,
+              floor: float = TIE_BAND_FLOOR) -> list[TrialOutcome]:
+    """The points to re-measure, fastest first (module docstring), from the verified ones."""
+    ranked = by_speed(ok)
+    if not ranked:
+        return []
+    fastest = ranked[0].measurement
+    window = fastest.median_us * (1 + ADMISSION * tie_band(fastest, floor))
+    near = sorted((t for t in ranked if t.measurement.median_us <= window),
+                  key=lambda t: preference(t.config, default))
+    chosen = ranked[:FASTEST] + near[:PREFERRED] + [t for t in ranked if t.config == default]
+    return list({t.config: t for t in chosen}.values())
+
+
+def pick(remeasured: Sequence[TrialOutcome], default: Any,
+         floor: float = TIE_BAND_FLOOR) -> Finals:
+    """The winner among `remeasured` finalists (at least one): the preferred of those tied
+    with the fastest. Each keeps its own measurement, so the winner's is its own times."""
+    fastest = by_speed(remeasured)[0].measurement
+    band = tie_band(fastest, floor)
+    tied = [t for t in remeasured if t.measurement.median_us <= fastest.median_us * (1 + band)]
+    winner = min(tied, key=lambda t: preference(t.config, default))
+    return Finals(tuple(remeasured), band, winner,
+                  next((t for t in remeasured if t.config == default), None))
+
+
+def remeasured(finals: Sequence[TrialOutcome],
+               measurements: Sequence[Measurement]) -> list[TrialOutcome]:
+    """`finals` with the times of their side-by-side re-measurement."""
+    return [dataclasses.replace(t, measurement=m)
+            for t, m in zip(finals, measurements, strict=True)]
