@@ -38,7 +38,8 @@ def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if device < 0 and q.device.type != "cpu":
         raise ValueError(f"q is on {q.device}: rope runs on a CUDA device or the CPU")
     for name, t in named:
-        if t.get_device() != device:
+        # get_device is -1 for every device but CUDA's: on the CPU path the type tells.
+        if t.get_device() != device or (device < 0 and t.device.type != "cpu"):
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     q_shape, k_shape = tuple(q.shape), tuple(k.shape)
     if len(q_shape) != 3 or len(k_shape) != 3:

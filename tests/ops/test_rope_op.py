@@ -1,0 +1,107 @@
+"""cutetune.rope on the CPU: every bad input refused with one line naming the argument before
+anything touches a GPU, and the CPU path (the kernel's reference) written in place."""
+
+import re
+
+import pytest
+import torch
+
+import cutetune
+from cutetune.kernels.rope import GPTJ, KERNEL, NEOX, RopeProblem, cos_sin_table
+
+TOKENS, Q_HEADS, KV_HEADS, HEAD_DIM = 5, 4, 2, 128
+
+
+def _inputs(dtype=torch.bfloat16, rotary_dim=HEAD_DIM, cache_dtype=None, positions=torch.int64,
+            theta=1e4):
+    """positions, q and k as views of a fused qkv buffer, and the cache of theta."""
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(TOKENS, Q_HEADS + 2 * KV_HEADS, HEAD_DIM, generator=g).to(dtype)
+    pos = torch.randint(0, 4096, (TOKENS,), generator=g, dtype=positions)
+    cache = cos_sin_table(torch.arange(4096), rotary_dim, theta).to(cache_dtype or dtype)
+    return pos, qkv[:, :Q_HEADS], qkv[:, Q_HEADS:Q_HEADS + KV_HEADS], cache
+
+
+@pytest.mark.parametrize("style", (NEOX, GPTJ))
+@pytest.mark.parametrize("rotary_dim", (HEAD_DIM, 64))
+def test_cpu_tensors_are_rotated_in_place_with_the_reference(style, rotary_dim):
+    positions, q, k, cache = _inputs(rotary_dim=rotary_dim, positions=torch.int32)
+    qkv = q._base
+    q_before, v_before = q.clone(), qkv[:, Q_HEADS + KV_HEADS:].clone()
+    problem = RopeProblem(num_tokens=TOKENS, dtype="bfloat16", head_dim=HEAD_DIM,
+                          rotary_dim=rotary_dim, q_heads=Q_HEADS, kv_heads=KV_HEADS,
+                          style=style, positions_dtype="int32", cache_dtype="bfloat16",
+                          theta=1e4)
+    expected = KERNEL.reference({"positions": positions, "q": q, "k": k}, problem)
+    got_q, got_k = cutetune.rope(positions, q, k, cache, 1e4, is_neox=style == NEOX)
+    assert got_q is q and got_k is k
+    torch.testing.assert_close(q.float(), expected["q"], rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(k.float(), expected["k"], rtol=1.6e-2, atol=1e-2)
+    assert not torch.equal(q, q_before)
+    assert torch.equal(qkv[:, Q_HEADS + KV_HEADS:], v_before)
+
+
+def test_no_tokens_is_nothing_to_do():
+    positions, q, k, cache = _inputs()
+    cutetune.rope(positions[:0], q[:0], k[:0], cache, 1e4)
+
+
+@pytest.mark.parametrize(("mutate", "error", "message"), [
+    (lambda p, q, k, c: (p.tolist(), q, k, c), TypeError,
+     "positions must be a torch.Tensor, got list"),
+    (lambda p, q, k, c: (p, q.double(), k, c), TypeError,
+     "q has dtype torch.float64: use one of torch.bfloat16"),
+    (lambda p, q, k, c: (p, q, k.half(), c), TypeError,
+     "k has dtype torch.float16 but q has torch.bfloat16"),
+    (lambda p, q, k, c: (p.float(), q, k, c), TypeError,
+     "positions has dtype torch.float32: use torch.int32 or torch.int64"),
+    (lambda p, q, k, c: (p.short(), q, k, c), TypeError,
+     "positions has dtype torch.int16"),
+    (lambda p, q, k, c: (p, q, k, c.half()), TypeError,
+     "cos_sin_cache has dtype torch.float16: use torch.float32 or q's dtype"),
+    (lambda p, q, k, c: (p[:3], q, k, c), ValueError,
+     f"positions must be ({TOKENS},), one per token of q, got shape (3,)"),
+    (lambda p, q, k, c: (p[:, None].expand(TOKENS, 3), q, k, c), ValueError,
+     f"positions must be ({TOKENS},)"),
+    (lambda p, q, k, c: (p.repeat(2)[::2], q, k, c), ValueError,
+     "positions must be contiguous"),
+    (lambda p, q, k, c: (p, q, k, c[:, :63]), ValueError,
+     "cos_sin_cache must be a contiguous (max_position, rotary_dim) tensor"),
+    (lambda p, q, k, c: (p, q, k, c[:, :63].contiguous()), ValueError,
+     "rotary_dim (cos_sin_cache's width) is 63: it must be even and at most head_dim 128"),
+    (lambda p, q, k, c: (p, q, k, torch.cat((c, c), 1)), ValueError,
+     "rotary_dim (cos_sin_cache's width) is 256: it must be even and at most head_dim 128"),
+    (lambda p, q, k, c: (p, q, k, c[0]), ValueError,
+     "cos_sin_cache must be a contiguous (max_position, rotary_dim) tensor, got shape (128,)"),
+    (lambda p, q, k, c: (p, q[0], k, c), ValueError,
+     "q and k must be (tokens, heads, head_dim)"),
+    (lambda p, q, k, c: (p, q, k[:3], c), ValueError,
+     "must have q's tokens and head_dim"),
+    (lambda p, q, k, c: (p, q, k[..., :64], c), ValueError,
+     "must have q's tokens and head_dim"),
+    (lambda p, q, k, c: (p, q.transpose(1, 2).contiguous().transpose(1, 2), k, c), ValueError,
+     "the heads of q and k must be contiguous"),
+    (lambda p, q, k, c: (p, q, k, c.to("meta")), ValueError,
+     "cos_sin_cache is on meta but q is on cpu"),
+])
+def test_bad_input_is_one_line_naming_the_argument(mutate, error, message):
+    with pytest.raises(error, match=re.escape(message)) as info:
+        cutetune.rope(*mutate(*_inputs()), 1e4)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("theta", (1.0, float("inf"), -5.0, True))
+def test_bad_theta_is_refused(theta):
+    with pytest.raises(ValueError, match="rope_theta must be a finite number above 1"):
+        cutetune.rope(*_inputs(), theta)
+
+
+def test_an_fp32_cache_serves_bf16_heads():
+    positions, q, k, cache = _inputs(cache_dtype=torch.float32)
+    cutetune.rope(positions, q, k, cache, 1e4)
+
+
+def test_tensors_on_another_device_are_refused():
+    positions, q, k, cache = (t.to("meta") for t in _inputs())
+    with pytest.raises(ValueError, match="q is on meta: rope runs on a CUDA device or the CPU"):
+        cutetune.rope(positions, q, k, cache, 1e4)
