@@ -2,7 +2,8 @@
 
     python -m testkit.fault_run DB_URL CACHE_DIR BUDGET BUCKET [BUCKET ...]
 
-As a process, with a fake worker per GPU where FAKE_GPUS (e.g. "0,1") names them.
+As a process, with a fake worker per GPU where FAKE_GPUS (e.g. "0,1") names them, and the
+heartbeat grace period GRACE_ENV where it is set.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from testkit.fault_kernel import KERNEL, FaultProblem  # noqa: E402
 
 # Heartbeats every second, stale after two: a test need not wait long for a dead run's trial.
 HEARTBEAT_S, GRACE_S = 1, 2
+# A grace period no test outlasts, as a resume within production's 30 s sees it: no trial of a
+# killed run is failed by its heartbeat going stale.
+LONG_GRACE_S = 3600
 TRIAL_TIMEOUT_S = 2.0
 
 
@@ -39,22 +43,24 @@ def fault_workers(cache_dir: Path, gpu_worker: str = "testkit.fault_kernel:FakeG
 
 
 def run(db_url: str, cache_dir: Path, budget: int, buckets: list[int],
-        retry_failed: bool = False, workers: Workers | None = None) -> list[BucketSummary]:
+        retry_failed: bool = False, workers: Workers | None = None,
+        grace_s: int = GRACE_S) -> list[BucketSummary]:
     db = Database.open(db_url)
     try:
         return tune_model([Unit(KERNEL, FaultProblem(num_tokens=1))], buckets, db,
                           workers or fault_workers(cache_dir),
                           RunOptions(budget, retry_failed=retry_failed), Silent(),
-                          storage=open_storage(db_url, HEARTBEAT_S, GRACE_S))
+                          storage=open_storage(db_url, HEARTBEAT_S, grace_s))
     finally:
         db.dispose()
 
 
 FAKE_GPUS = "CUTETUNE_TEST_FAKE_GPUS"
+GRACE_ENV = "CUTETUNE_TEST_GRACE_S"
 
 if __name__ == "__main__":
     url, cache, budget, *buckets = sys.argv[1:]
     gpus = os.environ.get(FAKE_GPUS)
     run(url, Path(cache), int(budget), [int(b) for b in buckets],
         workers=fault_workers(Path(cache), gpus=tuple(map(int, gpus.split(","))))
-        if gpus else None)
+        if gpus else None, grace_s=int(os.environ.get(GRACE_ENV, GRACE_S)))

@@ -51,8 +51,8 @@ from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
 from cutetune.tuner.isolated import Workers
 from cutetune.tuner.study import StudyResult, TrialOutcome, candidate_order, ranked_candidates
-from cutetune.tuner.study_storage import open_storage
-from cutetune.tuner.tune import BucketPlan, plan_bucket, tune_bucket
+from cutetune.tuner.study_storage import fail_abandoned_in, open_storage
+from cutetune.tuner.tune import BucketPlan, bucket_study_names, plan_bucket, tune_bucket
 
 TUNED, STORED, NO_WINNER, FAILED = "tuned", "stored", "no winner", "failed"
 
@@ -141,6 +141,10 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
         else:
             summaries += _tune_in_parallel(pending, db, workers, storage, options,
                                            _OneAtATime(observer))
+        # No study of the run's buckets keeps a trial of a dead process RUNNING, those of the
+        # buckets found stored included, whose studies the run did not open (study_storage.py).
+        fail_abandoned_in(storage, (name for unit in units for name in bucket_study_names(
+            unit.kernel, unit.problem, buckets, fingerprint)))
         return summaries
 
 

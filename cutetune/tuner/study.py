@@ -11,7 +11,7 @@ re-measured in interleaved rounds, and the winner is named by a tie band and a f
 A study in persistent storage survives its process. Each finished trial carries its outcome in
 a user attribute, so a study started again continues where the last process stopped: finished
 points are not timed again, the warm start is queued again from the first point not finished,
-and trials a dead process left RUNNING are failed by Optuna's heartbeat check. TPE is seeded
+and trials a dead process left RUNNING are failed (study_storage.py). TPE is seeded
 afresh before each ask from the number of asks already answered, so a resumed search proposes
 what an uninterrupted one would have.
 """
@@ -35,7 +35,7 @@ from cutetune.spaces.problem import Problem
 from cutetune.tuner import finals
 from cutetune.tuner.finals import TIE_BAND_FLOOR, Finals
 from cutetune.tuner.study_storage import (
-    beat,
+    claim,
     fail_abandoned_trials,
     heartbeat,
     requeue,
@@ -161,7 +161,7 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
         study.sampler = optuna.samplers.TPESampler(seed=seed + answered)
         with warnings_silenced():
             trial = study.ask()
-        beat(study, trial)  # at once: a trial without a heartbeat never goes stale
+        claim(study, trial)  # at once: its owner and heartbeat tell a dead trial from a live one
         answered += 1
         config = kernel.space.sample(trial.suggest_categorical)
         if config not in candidates:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -64,6 +64,13 @@ def study_name(kernel: KernelDef, problem: Problem, fingerprint: DeviceFingerpri
     device = digest(repr(sorted(asdict(fingerprint).items())))
     return (f"{kernel.name} / {digest(problem.static_key())} / {problem.num_tokens} tokens / "
             f"{device} / {kernel.source_hash()[:8]}")
+
+
+def bucket_study_names(kernel: KernelDef, static_problem: Problem, tokens: Sequence[int],
+                       fingerprint: DeviceFingerprint) -> list[str]:
+    """The study names of the buckets that serve `tokens`, without planning them."""
+    return [study_name(kernel, static_problem.with_tokens(bucket_of(n)), fingerprint)
+            for n in tokens]
 
 
 def trial_record(planned: BucketPlan, outcome: TrialOutcome) -> TrialRecord:

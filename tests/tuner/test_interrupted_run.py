@@ -21,7 +21,7 @@ from cutetune.tuner.study import OUTCOME_ATTR
 from testkit import fault_run
 from testkit.child_process import child_env
 from testkit.fault_kernel import FAKE_TRIAL_SECONDS, measured_log
-from testkit.fault_run import GRACE_S, run
+from testkit.fault_run import GRACE_ENV, GRACE_S, LONG_GRACE_S, run
 
 BUDGET, BUCKETS = 6, [16, 32]
 KILL_AFTER_TRIALS = BUDGET + 2  # the first bucket finished, the second two trials in
@@ -33,6 +33,17 @@ def stored_outcomes(db_path: Path) -> int:
             return connection.execute("SELECT COUNT(*) FROM trial_user_attributes WHERE key = ?",
                                       (OUTCOME_ATTR,)).fetchone()[0]
         except sqlite3.OperationalError:  # Optuna has not created its tables yet
+            return 0
+
+
+def running_with_a_point(db_path: Path) -> int:
+    """Trials RUNNING that have their point: a trial in hand, past its ask."""
+    with sqlite3.connect(db_path) as connection:
+        try:
+            return connection.execute(
+                "SELECT COUNT(DISTINCT t.trial_id) FROM trials t JOIN trial_params p "
+                "ON p.trial_id = t.trial_id WHERE t.state = 'RUNNING'").fetchone()[0]
+        except sqlite3.OperationalError:
             return 0
 
 
@@ -90,6 +101,37 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     assert sorted(w.bucket for w in stored) == BUCKETS  # one winner per bucket
     with sqlite3.connect(db_path) as connection:
         assert connection.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_a_run_killed_in_a_trial_and_resumed_at_once_leaves_no_trial_running(tmp_path):
+    """Issue 38: killed with SIGKILL during a trial, resumed immediately (the killed trial's
+    heartbeat still fresh), finished, and run again: no study keeps a RUNNING trial."""
+    db_path, cache = tmp_path / "killed.db", tmp_path / "cache"
+    url = f"sqlite:///{db_path}"
+    killed = subprocess.Popen(
+        [sys.executable, "-m", "testkit.fault_run", url, str(cache), str(BUDGET),
+         *map(str, BUCKETS)],
+        env=child_env(**{FAKE_TRIAL_SECONDS: "0.5", GRACE_ENV: str(LONG_GRACE_S)}))
+    deadline = time.monotonic() + 180
+    while stored_outcomes(db_path) < 2 or not running_with_a_point(db_path):
+        assert killed.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, "the run did not get far enough"
+        time.sleep(0.02)
+    killed.kill()
+    killed.wait()
+
+    def running() -> list[tuple[str, int]]:
+        return [(name, t.number) for name, trials in study_trials(url).items() for t in trials
+                if t.state == optuna.trial.TrialState.RUNNING]
+
+    assert len(running()) == 1  # killed in a trial
+
+    resumed = run(url, cache, BUDGET, BUCKETS, grace_s=LONG_GRACE_S)
+    assert [s.bucket for s in resumed] == BUCKETS and all(s.winner_json for s in resumed)
+    assert running() == []
+    again = run(url, cache, BUDGET, BUCKETS, grace_s=LONG_GRACE_S)
+    assert all(s.status == "stored" for s in again)
+    assert running() == []
 
 
 @pytest.mark.parametrize(("gpus", "buckets"), [("", ["16"]), ("0,1", ["16", "32"])],
