@@ -1,0 +1,155 @@
+"""RoPE on the GPU: every code path's covering points (every valid point under the `sweep`
+marker) against the float64 reference on q and k views of a fused qkv buffer, positions up to
+the maximum context, the public op, graphs and the route's refusals."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from cutetune.device.specs import DEVICE_SPECS
+from cutetune.device.verify import check_outputs, verify
+from cutetune.kernels import rope
+from testkit.compiled_points import compile_all, compiled
+from testkit.covering_points import WHICH_POINTS, selected_points
+from testkit.every_point import assert_every_point
+
+pytestmark = pytest.mark.gpu
+
+H200 = DEVICE_SPECS["H200"]
+# Odd token count: the last block is partial, so the tail guard is exercised.
+TOKENS = 37
+
+
+def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=rope.NEOX,
+             positions="int64", cache=None, q_heads=6, kv_heads=2, theta=1e6,
+             tokens=TOKENS) -> rope.RopeProblem:
+    return rope.RopeProblem(num_tokens=tokens, dtype=dtype, head_dim=head_dim,
+                            rotary_dim=rotary_dim, q_heads=q_heads, kv_heads=kv_heads,
+                            style=style, positions_dtype=positions, cache_dtype=cache or dtype,
+                            theta=theta)
+
+
+# Every code path: each style, full and partial rotary, int32 and int64 positions, a cache of
+# q's dtype and of fp32, each dtype and head dim; covering_points adds both cos/sin sources.
+PATHS = [
+    pytest.param(_problem(), id="bf16-neox-full-int64"),
+    pytest.param(_problem(style=rope.GPTJ), id="bf16-gptj-full-int64"),
+    pytest.param(_problem(rotary_dim=64, style=rope.GPTJ, positions="int32", cache="float32"),
+                 id="bf16-gptj-partial-int32-fp32cache"),
+    pytest.param(_problem(head_dim=256, rotary_dim=64, cache="float32", q_heads=16,
+                          kv_heads=2, theta=1e7), id="bf16-neox-d256-quarter"),
+    pytest.param(_problem(dtype="float16", head_dim=64, rotary_dim=64, positions="int32"),
+                 id="fp16-neox-d64-int32"),
+    pytest.param(_problem(dtype="float32", head_dim=256, rotary_dim=128, style=rope.GPTJ,
+                          theta=1e4), id="fp32-gptj-d256-half"),
+    pytest.param(_problem(dtype="float32", rotary_dim=32, positions="int32"),
+                 id="fp32-neox-narrow-int32"),
+]
+
+
+@pytest.mark.parametrize("which", WHICH_POINTS)
+@pytest.mark.parametrize("problem", PATHS)
+def test_points_match_reference(problem, which):
+    points = selected_points(which, rope.KERNEL, problem, H200)
+    assert {p.cos_sin for p in points} == {rope.CACHE, rope.COMPUTED}
+    compile_all(rope.KERNEL, problem, points)
+    assert_every_point(points, lambda i, config: verify(
+        rope.KERNEL, problem, compiled(rope.KERNEL, problem, config), torch.device("cuda"),
+        seed=i), problem.describe())
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 1000, 4097])
+def test_token_count_is_dynamic(tokens):
+    problem = _problem()
+    default = compiled(rope.KERNEL, problem, rope.default_config(problem, H200))
+    verify(rope.KERNEL, problem.with_tokens(tokens), default, torch.device("cuda"), seed=tokens)
+
+
+@pytest.mark.parametrize("cos_sin", [rope.CACHE, rope.COMPUTED])
+@pytest.mark.parametrize("style", [rope.NEOX, rope.GPTJ])
+def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin):
+    # fp32 heads and cache, so the tolerance is fp32's (1e-5): an angle computed in fp32 at
+    # these positions is off by up to 0.06 rad and fails; the fp64 angle passes.
+    max_position = 1 << 20
+    problem = _problem(dtype="float32", style=style, tokens=64, theta=5e5)
+    g = torch.Generator("cuda").manual_seed(7)
+    qkv = torch.randn(64, 10, 128, device="cuda", generator=g)
+    positions = max_position - 1 - torch.arange(64, device="cuda") * 4099
+    cache = torch.full((max_position, 128), float("nan"), device="cuda")
+    cache[positions] = rope.cos_sin_table(positions, 128, 5e5).float()
+    tensors = {"positions": positions, "q": qkv[:, :6], "k": qkv[:, 6:8],
+               "cos_sin_cache": cache}
+    expected = rope.reference(tensors, problem)
+    config = rope.RopeConfig(cos_sin, 128, 1, 4)
+    rope.KERNEL.launch(compiled(rope.KERNEL, problem, config), tensors)
+    torch.cuda.synchronize()
+    check_outputs(rope.KERNEL, problem, tensors, expected)
+
+
+def _inputs(tokens=5, q_heads=4, kv_heads=2, d=128, rotary_dim=128, dtype=torch.bfloat16,
+            positions_dtype=torch.int64, theta=1e6):
+    """positions, q and k as views of a fused qkv buffer, the cos_sin_cache of every position
+    up to 8192 (fp32 angles rounded once, as vLLM's in q's dtype)."""
+    g = torch.Generator("cuda").manual_seed(0)
+    qkv = torch.randn(tokens, q_heads + 2 * kv_heads, d, device="cuda", generator=g).to(dtype)
+    positions = torch.randint(0, 8192, (tokens,), device="cuda", generator=g,
+                              dtype=positions_dtype)
+    cache = rope.cos_sin_table(torch.arange(8192, device="cuda"), rotary_dim, theta).to(dtype)
+    return positions, qkv[:, :q_heads], qkv[:, q_heads:q_heads + kv_heads], cache
+
+
+@pytest.mark.parametrize("rotary_dim", [128, 64])
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_public_op_matches_reference(is_neox, rotary_dim):
+    import cutetune
+
+    positions, q, k, cache = _inputs(rotary_dim=rotary_dim, positions_dtype=torch.int32)
+    qkv = q._base
+    v_before = qkv[:, 6:].clone()
+    tensors = {"positions": positions, "q": q, "k": k, "cos_sin_cache": cache}
+    problem = _problem(rotary_dim=rotary_dim, style=rope.NEOX if is_neox else rope.GPTJ,
+                       positions="int32", q_heads=4, tokens=5)
+    expected = rope.reference(tensors, problem)
+    cutetune.rope(positions, q, k, cache, 1e6, is_neox=is_neox)
+    torch.cuda.synchronize()
+    check_outputs(rope.KERNEL, problem, tensors, expected)
+    assert torch.equal(qkv[:, 6:], v_before)
+
+
+def test_public_op_captures_into_a_cuda_graph():
+    import cutetune
+
+    positions, q, k, cache = _inputs(tokens=64)
+    tensors = {"positions": positions, "q": q, "k": k, "cos_sin_cache": cache}
+    problem = _problem(q_heads=4, tokens=64)
+    cutetune.rope(positions, q.clone(), k.clone(), cache, 1e6)  # compile outside the capture
+    expected = rope.reference(tensors, problem)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        cutetune.rope(positions, q, k, cache, 1e6)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_outputs(rope.KERNEL, problem, tensors, expected)
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda p, q, k, c: (p[:3], q, k, c), "positions must be (5,), one per token of q"),
+    (lambda p, q, k, c: (p.float(), q, k, c), "positions has dtype torch.float32"),
+    (lambda p, q, k, c: (p, q, k, c[:, :64].contiguous().half()), "cos_sin_cache has dtype"),
+    (lambda p, q, k, c: (p, q, k, torch.cat((c, c), 1)), "rotary_dim (cos_sin_cache's width)"),
+    (lambda p, q, k, c: (p, q, k.half(), c), "k has dtype torch.float16"),
+])
+def test_public_op_rejects_bad_input_after_a_good_call(mutate, message):
+    # The good call makes the route serve this key; the bad one must still meet the op's
+    # checks (the compiled kernel refuses it before any launch, then the checked path names
+    # the argument), not read past the end of positions.
+    import cutetune
+
+    good = _inputs()
+    cutetune.rope(*good, 1e6)
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        cutetune.rope(*mutate(*_inputs()), 1e6)
