@@ -17,7 +17,12 @@ from cutetune.cli.options import (
     tokens_option,
 )
 from cutetune.cli.problems import model_problems
-from cutetune.tuner.defaults import DEFAULT_BUDGET, DEFAULT_TRIAL_TIMEOUT_S
+from cutetune.tuner.defaults import (
+    DEFAULT_BUDGET,
+    DEFAULT_TIE_BAND_PERCENT,
+    DEFAULT_TRIAL_TIMEOUT_S,
+    MAX_TIE_BAND_PERCENT,
+)
 
 
 @click.command(epilog=CATALOG_HELP)
@@ -34,14 +39,19 @@ from cutetune.tuner.defaults import DEFAULT_BUDGET, DEFAULT_TRIAL_TIMEOUT_S
 @click.option("--trial-timeout", default=DEFAULT_TRIAL_TIMEOUT_S, show_default=True,
               type=click.FloatRange(min=1), help="seconds a trial may take beyond ten times "
               "its predicted GPU time before its worker is killed")
+@click.option("--tie-band", default=DEFAULT_TIE_BAND_PERCENT, show_default=True,
+              type=click.FloatRange(0, MAX_TIE_BAND_PERCENT), metavar="PERCENT",
+              help="finalists re-measured within this many percent of the fastest (or within "
+                   "its timing's IQR, where wider) are tied; the default wins a tie, else the "
+                   "first point in canonical JSON order, so that runs name the same winner")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--gpus", default=None, callback=parse_gpus,
               help="GPUs to tune on, one worker each, e.g. 0,1 (all of one model); each takes "
                    "the next bucket left [default: the GPU torch uses]")
 @click.pass_obj
 def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple[int, ...],
-         trials: int, force: bool, retry_failed: bool, trial_timeout: float, seed: int,
-         gpus: tuple[int, ...] | None) -> None:
+         trials: int, force: bool, retry_failed: bool, trial_timeout: float, tie_band: float,
+         seed: int, gpus: tuple[int, ...] | None) -> None:
     """Tune KERNEL, or every kernel the model uses, for each token bucket on this GPU (or on
     each of --gpus).
 
@@ -82,7 +92,8 @@ def tune(obj: Context, kernel: str | None, model: str, dtype: str, tokens: tuple
     try:
         with RunProgress() as progress:
             summaries = tune_model(units, buckets, db, workers,
-                                   RunOptions(trials, seed, force, retry_failed), progress)
+                                   RunOptions(trials, seed, force, retry_failed,
+                                              tie_band / 100), progress)
     except KeyboardInterrupt:
         click.echo("interrupted: every finished bucket and trial is stored; the same "
                    "command continues", err=True)

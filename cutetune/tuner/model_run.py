@@ -49,6 +49,7 @@ from cutetune.results_db import (
 )
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
+from cutetune.tuner.finals import TIE_BAND_FLOOR
 from cutetune.tuner.isolated import Workers
 from cutetune.tuner.study import StudyResult, TrialOutcome, candidate_order, ranked_candidates
 from cutetune.tuner.study_storage import fail_abandoned_in, open_storage
@@ -102,6 +103,7 @@ class RunOptions:
     seed: int = 0
     force: bool = False  # re-tune buckets already stored, from their first trial
     retry_failed: bool = False  # try quarantined points again
+    tie_band: float = TIE_BAND_FLOOR  # the least band within which finalists tie (finals.py)
 
 
 @dataclass(frozen=True)
@@ -268,7 +270,8 @@ def _tune_one(planned: BucketPlan, db: Database, workers: Workers, storage: Base
     try:
         result = tune_bucket(planned, runner, db, fingerprint, options.budget, options.seed,
                              storage=storage, on_trial=on_trial, excluded=excluded,
-                             retry_failed=options.retry_failed, fresh=options.force)
+                             retry_failed=options.retry_failed, fresh=options.force,
+                             tie_band=options.tie_band)
     except ProcessLost as lost:  # the finalists' re-measurement lost the worker
         summary = BucketSummary(kernel.name, unit.problem, planned.bucket, FAILED, None, None,
                                 None, None, 0, 0, f"re-measuring the finalists: {lost}")

@@ -170,15 +170,36 @@ def test_tune_without_a_gpu_says_it_needs_one(empty_db, tmp_path, kernel):
      ["--tokens", "from 1 to 1048576"]),
     (["nosuch", "--model", "qwen3-8b"], ["unknown kernel 'nosuch'", "qk_norm"]),
     (["--model", "qwen3-8b", "--trials", "0"], ["--trials"]),
+    (["--model", "qwen3-8b", "--tie-band", "12"],
+     ["--tie-band", "12.0 is not in the range 0<=x<=10"]),
+    (["--model", "qwen3-8b", "--tie-band", "-0.5"],
+     ["--tie-band", "-0.5 is not in the range 0<=x<=10"]),
     (["--model", "qwen3-8b", "--gpus", "0,0"],
      ["--gpus", "GPU numbers must be distinct and at least 0, got '0,0'"]),
     (["--model", "qwen3-8b", "--gpus", "first"],
      ["--gpus", "'first' is not a comma-separated list of GPU numbers, e.g. 0,1"]),
 ], ids=["unknown-model", "not-in-model", "tokens-too-many", "unknown-kernel", "no-trials",
-        "same-gpu-twice", "gpus-not-numbers"])
+        "tie-band-too-wide", "tie-band-negative", "same-gpu-twice", "gpus-not-numbers"])
 def test_tune_errors_are_one_clear_line_before_any_work(empty_db, tmp_path, args, fragments):
     assert_clean_error(invoke(empty_db, "tune", *args), *fragments)
     assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize(("args", "band"), [([], 0.02), (["--tie-band", "0.5"], 0.005),
+                                             (["--tie-band", "0"], 0.0)])
+def test_the_tie_band_reaches_the_run_as_a_fraction(empty_db, monkeypatch, args, band):
+    import torch
+
+    from cutetune.tuner import model_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    runs = []
+    monkeypatch.setattr(model_run, "tune_model", lambda *arguments: runs.append(arguments) or [])
+    result = invoke(empty_db, "tune", "qk_norm", "--model", "qwen3-8b", "--tokens", "1", *args)
+    assert result.exit_code == 0, result.output
+    ((*_, options, _observer),) = runs
+    assert options.tie_band == pytest.approx(band)
 
 
 def test_tune_on_a_gpu_this_machine_does_not_show_is_one_clear_line(empty_db, tmp_path,
