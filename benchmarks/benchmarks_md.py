@@ -20,13 +20,14 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.bench_tables import table as bench_table
+from benchmarks.winner_repro import summary_lines as winner_repro_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = ROOT / "benchmarks" / "targets.md"
 OUT = ROOT / "BENCHMARKS.md"
-KINDS = ("bench", "tuned", "tune_walls", "warmup", "host_overhead", "host_units", "hf_step",
-         "hf_drop_in")
+KINDS = ("bench", "tuned", "tune_walls", "winner_repro", "warmup", "host_overhead", "host_units",
+         "hf_step", "hf_drop_in")
 # The buckets the tuned tables show, decode to prefill.
 SHOWN_BUCKETS = (1, 8, 64, 512, 4096, 32768)
 
@@ -162,6 +163,17 @@ def tune_walls_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         "Wall time of the whole process (start to exit), with the defaults (every kernel the "
         "model uses, buckets 1..32768, 16 trials per bucket) into a fresh database with a cold "
         "artifact cache (first run), then the same command again.", rows, tune_walls_table)
+
+
+def winner_repro_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    return sourced_section(
+        "## Winners of fresh runs",
+        "Fresh `cutetune tune --model M --tokens 1,8,64,512,4096,32768` runs (every kernel the "
+        "model uses, each run into an empty database; `python3 -m benchmarks.winner_repro`): "
+        "the buckets whose runs all named the same winner (target: at least 95%, issue 38), "
+        "and where they differ, the largest gap between one run's winner and another's, "
+        "measured in the same run (side by side where both were finalists), against that "
+        "run's tie band.", rows, lambda path: winner_repro_lines(pd.read_csv(path)))
 
 
 def tune_walls_table(path: Path) -> list[str]:
@@ -332,7 +344,7 @@ def host_units_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
 SECTIONS = {"bench": bench_section, "tuned": tuned_section, "tune_walls": tune_walls_section,
             "warmup": warmup_section, "host_overhead": host_overhead_section,
             "host_units": host_units_section, "hf_step": hf_step_section,
-            "hf_drop_in": hf_drop_in_section}
+            "hf_drop_in": hf_drop_in_section, "winner_repro": winner_repro_section}
 
 
 def benchmarks_md() -> str:
