@@ -1,0 +1,56 @@
+"""cutetune reads the rotary embedding of every committed config as transformers does: the
+thetas, the share of a head rotated and the scaling's type, against the rope_parameters of
+transformers' own config class built from the same config.json."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
+
+from cutetune.spaces.hf_config import FAMILY_OF_TYPE  # noqa: E402
+from cutetune.spaces.models import PRESETS_DIR, model_from_hf_config  # noqa: E402
+
+CONFIG_FILES = (sorted(PRESETS_DIR.glob("*.json"))
+                + sorted((Path(__file__).parents[1] / "data" / "hf_configs").glob("*.json")))
+# Kimi-K2's auto_map names DeepSeek-V3's configuration code.
+CLASS_OF_TYPE = {"kimi_k2": "deepseek_v3"}
+
+
+def _rope_parameters(raw: dict) -> list[dict]:
+    """transformers' rope parameters of each kind of attention layer."""
+    raw = {k: v for k, v in raw.items() if k != "quantization_config"}
+    model_type = raw.get("model_type")
+    config = CONFIG_MAPPING[CLASS_OF_TYPE.get(model_type, model_type)](**raw).get_text_config()
+    parameters = config.rope_parameters
+    return list(parameters.values()) if "rope_type" not in parameters else [parameters]
+
+
+@pytest.mark.parametrize("raw", [
+    *[pytest.param(json.loads(path.read_text()), id=path.stem) for path in CONFIG_FILES],
+    *[pytest.param({"model_type": t}, id=f"bare-{t}") for t in sorted(FAMILY_OF_TYPE)],
+])
+def test_rope_reading_matches_transformers(raw):
+    ours = model_from_hf_config(raw, name="m")
+    layers = _rope_parameters(raw)
+    factors = {p.get("partial_rotary_factor", 1.0) for p in layers}
+    assert factors == {ours.partial_rotary_factor}
+    if not ours.rope_thetas:
+        # A config that states no theta takes its class's rope (gpt-oss's is YaRN): not read
+        # yet, so rope's problems_for_model refuses such a model.
+        return
+    assert set(ours.rope_thetas) == {float(p["rope_theta"]) for p in layers}
+    kinds = {p["rope_type"] for p in layers} - {"default"}
+    if any("mrope_section" in p for p in layers):
+        kinds.add("mrope")
+    assert kinds == ({ours.rope_scaling} if ours.rope_scaling else set())
+
+
+@pytest.mark.parametrize(("name", "rotary_dim"), [("GLM-4.5", 64),
+                                                  ("Qwen3-Next-80B-A3B-Instruct", 64),
+                                                  ("Qwen2.5-7B-Instruct", 128)])
+def test_rotary_dim_is_the_rotated_share_of_a_head(name, rotary_dim):
+    path = Path(__file__).parents[1] / "data" / "hf_configs" / f"{name}.json"
+    assert model_from_hf_config(json.loads(path.read_text()), name=name).rotary_dim == rotary_dim
