@@ -111,11 +111,12 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     bdim, _, _ = cute.arch.block_dim()
-    thread = bidx * bdim + tidx
+    # 64-bit: tokens * THREADS_PER_TOKEN passes 2^31 from about a million tokens.
+    thread = cutlass.Int64(bidx) * bdim + tidx
     token = thread // THREADS_PER_TOKEN
     if token < cute.size(mQ, mode=[0]):
         # Chunks vary fastest: a warp's accesses to one head are contiguous.
-        rest = thread % THREADS_PER_TOKEN
+        rest = Int32(thread - token * THREADS_PER_TOKEN)
         group = rest // CHUNKS
         chunk = rest % CHUNKS
         position = mPositions[token]
@@ -142,7 +143,6 @@ def _rope_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
                  LOG2_THETA: cutlass.Constexpr[float]):
     threads = WARPS * WARP
-    # 64-bit: tokens * THREADS_PER_TOKEN passes 2^31 beyond about 2^22 tokens.
     needed = cutlass.Int64(cute.size(mQ, mode=[0])) * THREADS_PER_TOKEN
     _rope_kernel(mPositions, mQ, mK, mCache, VEC, PAIRS, CHUNKS, HALF_VECTORS, HEADS_PER_THREAD,
                  Q_GROUPS, THREADS_PER_TOKEN, IS_NEOX, FROM_CACHE, ROTARY_DIM,
