@@ -16,8 +16,9 @@ default, `cutetune tune --tie-band`):
   decode point reads about 0.2 us slower in one, docs/performance-notes.md) the IQR spans
   both and no closer call is trusted;
 - the floor covers what one set of rounds does not see, the change between runs minutes apart:
-  fresh runs flipped between points up to 1.5% apart, while the IQR of 25 replays within a
-  second is often under 1%. 2% is also FlashInfer's autotuner's band for the same problem.
+  fresh runs flipped between points up to 1.5% apart, while the IQR of 25 replays is under 1%
+  of the median for 95% of the H200 trials in tests/data/h200_results.db (half of them under
+  0.33%). 2% is also FlashInfer's autotuner's band for the same problem.
 The price is at most the band: a tied point never loses more than that to the fastest.
 
 Which points are finalists is fixed as far as the search's times allow: the fastest few by
