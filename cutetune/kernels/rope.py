@@ -3,7 +3,7 @@
 For each token t at position p = positions[t] and each rotated pair (x1, x2) of a head with
 pair index i < rotary_dim / 2:
 
-    angle = p * theta ** (-2 i / rotary_dim)
+    angle = p * theta ** (-2 i / rotary_dim)      (Llama 3 scaling: the frequency scaled first)
     (x1, x2) <- (x1 cos(angle) - x2 sin(angle),  x2 cos(angle) + x1 sin(angle))
 
 NeoX style pairs element i with element i + rotary_dim / 2 (rotate halves); GPT-J style pairs
@@ -13,7 +13,9 @@ elements 2i and 2i + 1 (interleaved). Only the first rotary_dim elements of a he
 q is (tokens, q_heads, head_dim) and k (tokens, kv_heads, head_dim), views into a fused qkv
 projection as engines hold them. cos and sin come either from cos_sin_cache
 (max_position, rotary_dim), cos in its first half and sin in its second (vLLM's convention),
-or are computed in the kernel from the position and theta: the config's `cos_sin` chooses, so
+or are computed in the kernel from the position, theta and the frequency scaling (Llama 3's
+stretches the low frequencies by `scaling_factor`, the high ones not, and blends between them by
+how many turns a pair makes over the original context): the config's `cos_sin` chooses, so
 the tuner picks whichever is faster for the shape; both compute the same rotation. The token
 count and strides are dynamic; everything else is compile-time.
 
@@ -56,6 +58,10 @@ POSITION_DTYPES: dict[str, torch.dtype] = {"int32": torch.int32, "int64": torch.
 POSITION_BYTES = {"int32": 4, "int64": 8}
 CACHE = "cache"
 COMPUTED = "computed"
+# Frequency scalings, by transformers' rope_type.
+DEFAULT = "default"
+LLAMA3 = "llama3"
+SCALINGS = (DEFAULT, LLAMA3)
 # The longest context the inputs of tests and tuning reach: positions are drawn up to it, where
 # an fp32 angle would be off by a hundredth of a radian.
 MAX_POSITION = 1 << 17
@@ -81,6 +87,15 @@ class RopeProblem(Problem):
     positions_dtype: str
     cache_dtype: str
     theta: float
+    # Llama 3's scaling (transformers' rope_parameters): the frequencies of pairs that turn
+    # fewer than low_freq_factor times over the original_max_position tokens are divided by
+    # scaling_factor, those that turn more than high_freq_factor times are kept, those between
+    # blended. At their defaults under the default scaling.
+    scaling: str = DEFAULT
+    scaling_factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 1.0
+    original_max_position: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,10 +119,32 @@ class RopeProblem(Problem):
                              f"of q and k ({self.dtype})")
         if not 1 < self.theta < math.inf:
             raise ValueError(f"theta must be a finite number above 1, got {self.theta}")
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"scaling {self.scaling!r} not supported: use "
+                             f"{' or '.join(SCALINGS)}")
+        factors = (self.scaling_factor, self.low_freq_factor, self.high_freq_factor,
+                   self.original_max_position)
+        if self.scaling == DEFAULT and factors != (1.0, 1.0, 1.0, 0):
+            raise ValueError(f"the default scaling takes no factors, got {factors}")
+        if self.scaling == LLAMA3 and not (
+                1 <= self.scaling_factor < math.inf
+                and 0 < self.low_freq_factor < self.high_freq_factor < math.inf
+                and self.original_max_position >= 1):
+            raise ValueError(f"llama3 scaling needs scaling_factor >= 1, 0 < low_freq_factor < "
+                             f"high_freq_factor and original_max_position >= 1, got {factors}")
 
     @property
     def heads(self) -> int:
         return self.q_heads + self.kv_heads
+
+    @property
+    def llama3(self) -> tuple[float, float, float, int] | None:
+        """(scaling_factor, low_freq_factor, high_freq_factor, original_max_position) under
+        Llama 3's scaling, else None."""
+        if self.scaling != LLAMA3:
+            return None
+        return (self.scaling_factor, self.low_freq_factor, self.high_freq_factor,
+                self.original_max_position)
 
 
 @dataclass(frozen=True)
@@ -269,17 +306,28 @@ def launch(compiled, tensors: Tensors) -> None:
 # Reference, inputs, model problems
 
 
-def inverse_frequencies(rotary_dim: int, theta: float) -> torch.Tensor:
-    """theta ** (-2 i / rotary_dim) for each pair i, in float64."""
+def inverse_frequencies(rotary_dim: int, theta: float,
+                        llama3: tuple[float, float, float, int] | None = None) -> torch.Tensor:
+    """theta ** (-2 i / rotary_dim) for each pair i, in float64, scaled as Llama 3 scales them
+    where `llama3` (RopeProblem.llama3) is given: transformers' _compute_llama3_parameters."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
-    return theta ** -exponents
+    inverse = theta ** -exponents
+    if llama3 is None:
+        return inverse
+    factor, low, high, context = llama3
+    wavelength = 2 * math.pi / inverse
+    scaled = torch.where(wavelength > context / low, inverse / factor, inverse)
+    smooth = (context / wavelength - low) / (high - low)
+    medium = (wavelength >= context / high) & (wavelength <= context / low)
+    return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
-def cos_sin_table(positions: torch.Tensor, rotary_dim: int, theta: float) -> torch.Tensor:
+def cos_sin_table(positions: torch.Tensor, rotary_dim: int, theta: float,
+                  llama3: tuple[float, float, float, int] | None = None) -> torch.Tensor:
     """(len(positions), rotary_dim) float64: cos of each pair's angle, then sin, the layout of
     vLLM's cos_sin_cache. In float64: an fp32 angle at position 2^17 is off by up to 0.008 rad."""
     angles = positions.to(torch.float64)[:, None] * inverse_frequencies(
-        rotary_dim, theta).to(positions.device)[None, :]
+        rotary_dim, theta, llama3).to(positions.device)[None, :]
     return torch.cat((angles.cos(), angles.sin()), dim=-1)
 
 
@@ -304,7 +352,8 @@ def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -
 def reference(tensors: Tensors, problem: RopeProblem) -> dict[str, torch.Tensor]:
     """q and k rotated by the exact cos and sin of their positions (float64 angles; the result
     in fp32)."""
-    table = cos_sin_table(tensors["positions"], problem.rotary_dim, problem.theta)
+    table = cos_sin_table(tensors["positions"], problem.rotary_dim, problem.theta,
+                          problem.llama3)
     cos, sin = table.chunk(2, dim=-1)
     return {name: rotated(tensors[name], cos, sin, problem.style).float() for name in ("q", "k")}
 
@@ -323,7 +372,8 @@ def make_inputs(problem: RopeProblem, device, generator: torch.Generator) -> Ten
     cache_dtype = TORCH_DTYPES[problem.cache_dtype]
     cache = torch.full((MAX_POSITION, problem.rotary_dim), math.nan, device=device,
                        dtype=cache_dtype)
-    cache[positions] = cos_sin_table(positions, problem.rotary_dim, problem.theta).to(cache_dtype)
+    cache[positions] = cos_sin_table(positions, problem.rotary_dim, problem.theta,
+                                     problem.llama3).to(cache_dtype)
     return {
         "positions": positions,
         "q": qkv[:, : problem.q_heads],
@@ -341,14 +391,26 @@ def problems_for_model(model: ModelShape, dtype: str) -> list[RopeProblem]:
                                  "(MLA), whose rotary part rope does not serve yet")
     if not model.rope_thetas:
         raise NotApplicableError(f"model {model.name}'s config states no rope_theta")
-    if model.rope_scaling is not None:
-        raise NotApplicableError(f"model {model.name} scales its frequencies "
-                                 f"({model.rope_scaling}), which rope does not compute yet")
     return [RopeProblem(num_tokens=1, dtype=dtype, head_dim=model.head_dim,
                         rotary_dim=model.rotary_dim, q_heads=model.num_q_heads,
                         kv_heads=model.num_kv_heads, style=NEOX, positions_dtype="int64",
-                        cache_dtype=dtype, theta=theta)
+                        cache_dtype=dtype, theta=theta, **_scaling_fields(model))
             for theta in model.rope_thetas]
+
+
+def _scaling_fields(model: ModelShape) -> dict:
+    """The problem's scaling fields of the model's rope_scaling; NotApplicableError for a
+    scaling rope does not compute yet."""
+    if model.rope_scaling is None:
+        return {}
+    if model.rope_scaling != LLAMA3:
+        raise NotApplicableError(f"model {model.name} scales its frequencies "
+                                 f"({model.rope_scaling}), which rope does not compute yet")
+    numbers = dict(model.rope_scaling_parameters)
+    return dict(scaling=LLAMA3, scaling_factor=numbers["factor"],
+                low_freq_factor=numbers["low_freq_factor"],
+                high_freq_factor=numbers["high_freq_factor"],
+                original_max_position=int(numbers["original_max_position_embeddings"]))
 
 
 KERNEL = register(KernelDef(

@@ -8,7 +8,7 @@ import torch
 
 from cutetune.fast_call import Dim, DType, FastCall, Value
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
-from cutetune.kernels.rope import GPTJ, KERNEL, NEOX, RopeProblem
+from cutetune.kernels.rope import DEFAULT, GPTJ, KERNEL, NEOX, RopeProblem
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 POSITION_DTYPE_NAMES = {torch.int32: "int32", torch.int64: "int64"}
@@ -76,59 +76,80 @@ def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 
 def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-         cos_sin_cache: torch.Tensor, rope_theta: float,
-         is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+         cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool = True,
+         scaling: str = DEFAULT, scaling_factor: float = 1.0, low_freq_factor: float = 1.0,
+         high_freq_factor: float = 1.0,
+         original_max_position: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate the first rotary_dim elements of every head of q (tokens, q_heads, head_dim) and
     k (tokens, kv_heads, head_dim) in place by the angles of `positions` (tokens,), int32 or
     int64, in one launch on the current stream: NeoX style (rotate halves) where `is_neox`,
     else GPT-J style (interleaved pairs).
 
     cos_sin_cache is vLLM's (max_position, rotary_dim): cos of each pair's angle in its first
-    half, sin in its second, for the frequencies rope_theta ** (-2i / rotary_dim); its width
-    is rotary_dim. The kernel reads it or computes cos and sin from rope_theta, whichever was
-    tuned faster, so the two must agree. q and k may be views into a fused qkv tensor. On CPU
-    tensors the op computes with the kernel's reference (exact angles) instead. Under
-    torch.compile the call is the custom op cutetune::rope (no graph break)."""
-    _ROPE((positions, q, k, cos_sin_cache, rope_theta, is_neox))
+    half, sin in its second, for the frequencies rope_theta ** (-2i / rotary_dim), scaled as
+    `scaling` says ("default": not; "llama3": Llama 3's scaling by scaling_factor,
+    low_freq_factor, high_freq_factor and original_max_position, its config's rope_scaling);
+    its width is rotary_dim. The kernel reads it or computes cos and sin from rope_theta and
+    the scaling, whichever was tuned faster, so the two must agree. q and k may be views into
+    a fused qkv tensor. On CPU tensors the op computes with the kernel's reference (exact
+    angles) instead. Under torch.compile the call is the custom op cutetune::rope (no graph
+    break)."""
+    _ROPE((positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling, scaling_factor,
+           low_freq_factor, high_freq_factor, original_max_position))
     return q, k
 
 
 def _checked(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-             cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool,
-             allocated: None) -> Checked:
+             cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool, scaling: str,
+             scaling_factor: float, low_freq_factor: float, high_freq_factor: float,
+             original_max_position: int, allocated: None) -> Checked:
     device = _check_inputs(positions, q, k, cos_sin_cache, rope_theta)
+    # The problem's own checks name the scaling's arguments (the fields have their names).
+    problem = RopeProblem(
+        num_tokens=max(1, q.shape[0]), dtype=DTYPE_NAMES[q.dtype], head_dim=q.shape[2],
+        rotary_dim=cos_sin_cache.shape[1], q_heads=q.shape[1], kv_heads=k.shape[1],
+        style=NEOX if is_neox else GPTJ, positions_dtype=POSITION_DTYPE_NAMES[positions.dtype],
+        cache_dtype=DTYPE_NAMES[cos_sin_cache.dtype], theta=float(rope_theta), scaling=scaling,
+        scaling_factor=float(scaling_factor), low_freq_factor=float(low_freq_factor),
+        high_freq_factor=float(high_freq_factor), original_max_position=original_max_position)
     tokens = q.shape[0]
     if tokens == 0:
         return Checked(None)
-    static = RopeProblem.static_tuple_of(
-        dtype=DTYPE_NAMES[q.dtype], head_dim=q.shape[2], rotary_dim=cos_sin_cache.shape[1],
-        q_heads=q.shape[1], kv_heads=k.shape[1], style=NEOX if is_neox else GPTJ,
-        positions_dtype=POSITION_DTYPE_NAMES[positions.dtype],
-        cache_dtype=DTYPE_NAMES[cos_sin_cache.dtype], theta=float(rope_theta))
-    return Checked(None, (positions, q, k, cos_sin_cache, rope_theta, is_neox), static, tokens,
-                   device)
+    return Checked(None, (positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling,
+                          scaling_factor, low_freq_factor, high_freq_factor,
+                          original_max_position), problem.static_tuple(), tokens, device)
 
 
 def _rope_op(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-             cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool) -> None:
+             cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool, scaling: str,
+             scaling_factor: float, low_freq_factor: float, high_freq_factor: float,
+             original_max_position: int) -> None:
     """The custom op's body: the eager op (a compiled graph runs it, not compiling)."""
-    rope(positions, q, k, cos_sin_cache, rope_theta, is_neox)
+    rope(positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling, scaling_factor,
+         low_freq_factor, high_freq_factor, original_max_position)
 
 
 _ROPE = register(OpDef(
     kernel=KERNEL,
     fast_call=FastCall(
-        arguments=("positions", "q", "k", "cos_sin_cache", "rope_theta", "is_neox"),
+        arguments=("positions", "q", "k", "cos_sin_cache", "rope_theta", "is_neox", "scaling",
+                   "scaling_factor", "low_freq_factor", "high_freq_factor",
+                   "original_max_position"),
         launched=4, tokens=Dim("q", 0),
         fields={"dtype": DType("q"), "head_dim": Dim("q", 2),
                 "rotary_dim": Dim("cos_sin_cache", 1), "q_heads": Dim("q", 1),
                 "kv_heads": Dim("k", 1), "style": Value("is_neox"),
                 "positions_dtype": DType("positions"), "cache_dtype": DType("cos_sin_cache"),
-                "theta": Value("rope_theta")}),
+                "theta": Value("rope_theta"), "scaling": Value("scaling"),
+                "scaling_factor": Value("scaling_factor"),
+                "low_freq_factor": Value("low_freq_factor"),
+                "high_freq_factor": Value("high_freq_factor"),
+                "original_max_position": Value("original_max_position")}),
     check=_checked,
     functions=(rope,),
     custom_ops=(CustomOp("rope", _rope_op, mutates=("q", "k")),),
     calls=lambda t, problem: {"rope": lambda: rope(
         t["positions"], t["q"], t["k"], t["cos_sin_cache"], problem.theta,
-        is_neox=problem.style == NEOX)},
+        problem.style == NEOX, problem.scaling, problem.scaling_factor, problem.low_freq_factor,
+        problem.high_freq_factor, problem.original_max_position)},
 ))

@@ -260,8 +260,13 @@ def _rope(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
     # Qwen3-VL's multimodal RoPE names the default type beside its mrope_section.
     kind = "mrope" if "mrope_section" in scaling else scaling.get("rope_type",
                                                                   scaling.get("type"))
+    scaled = kind not in (None, "default")
+    numbers = tuple(sorted((key, float(value)) for key, value in scaling.items()
+                           if isinstance(value, int | float) and not isinstance(value, bool)
+                           and key not in ("rope_theta", "partial_rotary_factor")))
     return dict(rope_thetas=thetas, partial_rotary_factor=factor,
-                rope_scaling=None if kind in (None, "default") else str(kind))
+                rope_scaling=str(kind) if scaled else None,
+                rope_scaling_parameters=numbers if scaled else ())
 
 
 def _sparse_layers(family: Family, cfg: _Fields, layers: int, where: str) -> list[bool]:

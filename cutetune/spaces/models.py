@@ -44,10 +44,12 @@ class ModelShape:
     # Rotary position embedding as config.json states it: the theta of each kind of attention
     # layer (Gemma 3's sliding-window layers have their own), empty where the config states
     # none (the families' defaults are not read); the share of a head it rotates; the frequency
-    # scaling's type (rope_type), None for plain theta.
+    # scaling's type (rope_type), None for plain theta, and its numbers by name (factor,
+    # low_freq_factor, original_max_position_embeddings, ...).
     rope_thetas: tuple[float, ...] = ()
     partial_rotary_factor: float = 1.0
     rope_scaling: str | None = None
+    rope_scaling_parameters: tuple[tuple[str, float], ...] = ()
 
     @property
     def rotary_dim(self) -> int | None:

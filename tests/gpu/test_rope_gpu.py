@@ -23,17 +23,23 @@ H200 = DEVICE_SPECS["H200"]
 TOKENS = 37
 
 
+# Llama 3.1's scaling.
+LLAMA3 = dict(scaling=rope.LLAMA3, scaling_factor=8.0, low_freq_factor=1.0,
+              high_freq_factor=4.0, original_max_position=8192)
+
+
 def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=rope.NEOX,
              positions="int64", cache=None, q_heads=6, kv_heads=2, theta=1e6,
-             tokens=TOKENS) -> rope.RopeProblem:
+             tokens=TOKENS, scaling=None) -> rope.RopeProblem:
     return rope.RopeProblem(num_tokens=tokens, dtype=dtype, head_dim=head_dim,
                             rotary_dim=rotary_dim, q_heads=q_heads, kv_heads=kv_heads,
                             style=style, positions_dtype=positions, cache_dtype=cache or dtype,
-                            theta=theta)
+                            theta=theta, **(scaling or {}))
 
 
 # Every code path: each style, full and partial rotary, int32 and int64 positions, a cache of
-# q's dtype and of fp32, each dtype and head dim; covering_points adds both cos/sin sources.
+# q's dtype and of fp32, each dtype and head dim, Llama 3's scaling; covering_points adds both
+# cos/sin sources.
 PATHS = [
     pytest.param(_problem(), id="bf16-neox-full-int64"),
     pytest.param(_problem(style=rope.GPTJ), id="bf16-gptj-full-int64"),
@@ -47,6 +53,9 @@ PATHS = [
                           theta=1e4), id="fp32-gptj-d256-half"),
     pytest.param(_problem(dtype="float32", rotary_dim=32, positions="int32"),
                  id="fp32-neox-narrow-int32"),
+    pytest.param(_problem(theta=5e5, scaling=LLAMA3), id="bf16-neox-llama3"),
+    pytest.param(_problem(dtype="float32", rotary_dim=64, style=rope.GPTJ, theta=5e5,
+                          cache="float32", scaling=LLAMA3), id="fp32-gptj-partial-llama3"),
 ]
 
 
@@ -68,18 +77,19 @@ def test_token_count_is_dynamic(tokens):
     verify(rope.KERNEL, problem.with_tokens(tokens), default, torch.device("cuda"), seed=tokens)
 
 
+@pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["theta", "llama3"])
 @pytest.mark.parametrize("cos_sin", [rope.CACHE, rope.COMPUTED])
 @pytest.mark.parametrize("style", [rope.NEOX, rope.GPTJ])
-def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin):
+def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin, scaling):
     # fp32 heads and cache, so the tolerance is fp32's (1e-5): an angle computed in fp32 at
     # these positions is off by up to 0.06 rad and fails; the fp64 angle passes.
     max_position = 1 << 20
-    problem = _problem(dtype="float32", style=style, tokens=64, theta=5e5)
+    problem = _problem(dtype="float32", style=style, tokens=64, theta=5e5, scaling=scaling)
     g = torch.Generator("cuda").manual_seed(7)
     qkv = torch.randn(64, 10, 128, device="cuda", generator=g)
     positions = max_position - 1 - torch.arange(64, device="cuda") * 4099
     cache = torch.full((max_position, 128), float("nan"), device="cuda")
-    cache[positions] = rope.cos_sin_table(positions, 128, 5e5).float()
+    cache[positions] = rope.cos_sin_table(positions, 128, 5e5, problem.llama3).float()
     tensors = {"positions": positions, "q": qkv[:, :6], "k": qkv[:, 6:8],
                "cos_sin_cache": cache}
     expected = rope.reference(tensors, problem)
@@ -90,30 +100,33 @@ def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin):
 
 
 def _inputs(tokens=5, q_heads=4, kv_heads=2, d=128, rotary_dim=128, dtype=torch.bfloat16,
-            positions_dtype=torch.int64, theta=1e6):
+            positions_dtype=torch.int64, theta=1e6, llama3=None):
     """positions, q and k as views of a fused qkv buffer, the cos_sin_cache of every position
     up to 8192 (fp32 angles rounded once, as vLLM's in q's dtype)."""
     g = torch.Generator("cuda").manual_seed(0)
     qkv = torch.randn(tokens, q_heads + 2 * kv_heads, d, device="cuda", generator=g).to(dtype)
     positions = torch.randint(0, 8192, (tokens,), device="cuda", generator=g,
                               dtype=positions_dtype)
-    cache = rope.cos_sin_table(torch.arange(8192, device="cuda"), rotary_dim, theta).to(dtype)
+    cache = rope.cos_sin_table(torch.arange(8192, device="cuda"), rotary_dim, theta,
+                               llama3).to(dtype)
     return positions, qkv[:, :q_heads], qkv[:, q_heads:q_heads + kv_heads], cache
 
 
+@pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["theta", "llama3"])
 @pytest.mark.parametrize("rotary_dim", [128, 64])
 @pytest.mark.parametrize("is_neox", [True, False])
-def test_public_op_matches_reference(is_neox, rotary_dim):
+def test_public_op_matches_reference(is_neox, rotary_dim, scaling):
     import cutetune
 
-    positions, q, k, cache = _inputs(rotary_dim=rotary_dim, positions_dtype=torch.int32)
+    problem = _problem(rotary_dim=rotary_dim, style=rope.NEOX if is_neox else rope.GPTJ,
+                       positions="int32", q_heads=4, tokens=5, scaling=scaling)
+    positions, q, k, cache = _inputs(rotary_dim=rotary_dim, positions_dtype=torch.int32,
+                                     llama3=problem.llama3)
     qkv = q._base
     v_before = qkv[:, 6:].clone()
     tensors = {"positions": positions, "q": q, "k": k, "cos_sin_cache": cache}
-    problem = _problem(rotary_dim=rotary_dim, style=rope.NEOX if is_neox else rope.GPTJ,
-                       positions="int32", q_heads=4, tokens=5)
     expected = rope.reference(tensors, problem)
-    cutetune.rope(positions, q, k, cache, 1e6, is_neox=is_neox)
+    cutetune.rope(positions, q, k, cache, 1e6, is_neox, **(scaling or {}))
     torch.cuda.synchronize()
     check_outputs(rope.KERNEL, problem, tensors, expected)
     assert torch.equal(qkv[:, 6:], v_before)

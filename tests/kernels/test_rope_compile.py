@@ -2,11 +2,13 @@
 the defaults served at every bucket) compile for sm_90a on the CPU, for every public preset the
 kernel applies to (bf16) and for synthetic problems that take every other code path: GPT-J
 style, partial rotary, int32 positions, an fp32 cache, fp16 and fp32, head dims 64 and 256; and
-the PTX of a few points shows the accesses and the arithmetic the config asks for.
+the PTX of a few points shows the accesses and the arithmetic the config asks for. The Llama
+3.1 presets compile the llama3 frequency scaling.
 
 The `sweep` marker compiles every valid point.
 """
 
+import dataclasses
 import re
 from collections import Counter
 
@@ -14,7 +16,16 @@ import pytest
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.registry import NotApplicableError
-from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, KERNEL, NEOX, RopeConfig, RopeProblem
+from cutetune.kernels.rope import (
+    CACHE,
+    COMPUTED,
+    DEFAULT,
+    GPTJ,
+    KERNEL,
+    NEOX,
+    RopeConfig,
+    RopeProblem,
+)
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
 from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
@@ -52,10 +63,12 @@ SYNTHETIC = [
 PRESET_PARAMS = _preset_params()
 
 
-def test_presets_cover_the_plain_theta_models():
-    # Guards the compiles against silently shrinking (a preset losing its rope problem).
+def test_presets_cover_the_models_with_attention_heads():
+    # Guards the compiles against silently shrinking (a preset losing its rope problem); the
+    # Llama 3.1 presets take the llama3 scaling's code.
     assert {p.id for p in PRESET_PARAMS} == {name for name in PRESETS
-                                            if name.startswith("qwen3")} | {"mixtral-8x7b"}
+                                            if name.startswith(("qwen3", "llama-3.1"))} | {
+        "mixtral-8x7b"}
 
 
 @pytest.mark.parametrize("problem", PRESET_PARAMS + SYNTHETIC)
@@ -123,3 +136,19 @@ def test_ptx_accesses_and_angle_arithmetic(style, cos_sin, cache, bits, heads, t
         assert "cvt.rn.f32.f64" in ptx
         # Accurate sine and cosine: no fast-math approximation.
         assert "sin.approx" not in ptx and "cos.approx" not in ptx
+
+
+def test_ptx_of_the_llama3_scaling_blends_in_fp64(tmp_path, monkeypatch):
+    (scaled,) = KERNEL.problems_for_model(PRESETS["llama-3.1-8b"], "bfloat16")
+    plain = dataclasses.replace(scaled, scaling=DEFAULT, scaling_factor=1.0,
+                                low_freq_factor=1.0, high_freq_factor=1.0,
+                                original_max_position=0)
+    config = RopeConfig(COMPUTED, 128, 1, 4)
+    (tmp_path / "scaled").mkdir()
+    (tmp_path / "plain").mkdir()
+    selects = [len(re.findall(r"\bselp\.f64\b", ptx_of(KERNEL, problem, config, H200,
+                                                         tmp_path / name, monkeypatch)))
+               for problem, name in ((scaled, "scaled"), (plain, "plain"))]
+    # Each of the chunk's 8 pairs clamps its blend weight to [0, 1]: two fp64 selects a pair
+    # (computed once, before the q/k branch).
+    assert selects[0] - selects[1] == 2 * 8

@@ -16,6 +16,7 @@ from cutetune.kernels.rope import (
     COMPUTED,
     GPTJ,
     KERNEL,
+    LLAMA3,
     NEOX,
     SPACE,
     RopeConfig,
@@ -23,6 +24,7 @@ from cutetune.kernels.rope import (
     cos_sin_table,
     cost,
     default_config,
+    inverse_frequencies,
     make_inputs,
     problems_for_model,
     reference,
@@ -32,6 +34,10 @@ from cutetune.spaces.models import PRESETS, load_model
 H200 = DEVICE_SPECS["H200"]
 DTYPES = ("bfloat16", "float16", "float32")
 HF_CONFIGS = Path(__file__).parents[1] / "data" / "hf_configs"
+
+
+LLAMA3_FIELDS = dict(scaling=LLAMA3, scaling_factor=8.0, low_freq_factor=1.0,
+                     high_freq_factor=4.0, original_max_position=8192)
 
 
 def problem(**overrides) -> RopeProblem:
@@ -60,16 +66,28 @@ def test_registered_under_its_name():
     ("theta", 1.0, "theta must be a finite number above 1"),
     ("theta", math.inf, "theta must be a finite number above 1"),
     ("num_tokens", 0, "num_tokens must be a positive integer"),
+    ("scaling", "yarn", "scaling 'yarn' not supported"),
+    ("scaling_factor", 8.0, "the default scaling takes no factors"),
 ])
 def test_problem_validation(field, value, message):
     with pytest.raises(ValueError, match=message):
         problem(**{field: value})
 
 
+@pytest.mark.parametrize("overrides", [
+    dict(scaling_factor=0.5), dict(low_freq_factor=4.0, high_freq_factor=1.0),
+    dict(original_max_position=0),
+])
+def test_llama3_scaling_validation(overrides):
+    values = dict(LLAMA3_FIELDS, **overrides)
+    with pytest.raises(ValueError, match="llama3 scaling needs scaling_factor >= 1"):
+        problem(**values)
+
+
 def test_problem_key_is_static_part_only():
     assert problem(num_tokens=1).static_key() == problem(num_tokens=4096).static_key()
     assert problem().static_tuple() == ("bfloat16", 128, 128, 32, 8, NEOX, "int64", "bfloat16",
-                                        1e6)
+                                        1e6, "default", 1.0, 1.0, 1.0, 0)
     assert problem().static_key() != problem(style=GPTJ).static_key()
 
 
@@ -98,8 +116,33 @@ def test_gemma_3_has_a_problem_per_theta():
         (256, 256, "float16")}
 
 
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "llama-3.1-70b"])
+def test_llama_3_1_takes_its_scaling(name):
+    model = PRESETS[name]
+    (p,) = problems_for_model(model, "bfloat16")
+    assert p == problem(q_heads=model.num_q_heads, kv_heads=8, theta=5e5, **LLAMA3_FIELDS)
+    assert p.llama3 == (8.0, 1.0, 4.0, 8192)
+
+
+def test_llama3_frequencies_are_transformers_own():
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(head_dim=128, hidden_size=4096, num_attention_heads=32,
+                         rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8192},
+                         rope_theta=5e5)
+    theirs, attention_factor = rope_utils.ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    ours = inverse_frequencies(128, 5e5, (8.0, 1.0, 4.0, 8192))
+    assert attention_factor == 1.0
+    # transformers computes in fp32; the scaling changes about half the frequencies.
+    torch.testing.assert_close(ours.float(), theirs, rtol=2e-6, atol=0)
+    plain = inverse_frequencies(128, 5e5)
+    assert 20 < int((ours != plain).sum()) < 64 and (ours <= plain).all()
+
+
 @pytest.mark.parametrize(("model", "message"), [
-    ("llama-3.1-8b", "scales its frequencies \\(llama3\\)"),
     ("deepseek-v3", "low-rank projections \\(MLA\\)"),
     (str(HF_CONFIGS / "Qwen3-VL-235B-A22B-Instruct.json"), "\\(mrope\\)"),
     (str(HF_CONFIGS / "gpt-oss-20b.json"), "\\(yarn\\)"),

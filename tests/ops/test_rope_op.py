@@ -41,6 +41,37 @@ def test_cpu_tensors_are_rotated_in_place_with_the_reference(style, rotary_dim):
     assert torch.equal(qkv[:, Q_HEADS + KV_HEADS:], v_before)
 
 
+def test_llama3_scaling_rotates_by_its_scaled_frequencies():
+    llama3 = (8.0, 1.0, 4.0, 8192)
+    positions, q, k, cache = _inputs(cache_dtype=torch.float32)
+    problem = RopeProblem(num_tokens=TOKENS, dtype="bfloat16", head_dim=HEAD_DIM,
+                          rotary_dim=HEAD_DIM, q_heads=Q_HEADS, kv_heads=KV_HEADS, style=NEOX,
+                          positions_dtype="int64", cache_dtype="float32", theta=5e5,
+                          scaling="llama3", scaling_factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position=8192)
+    expected = KERNEL.reference({"positions": positions, "q": q, "k": k}, problem)
+    unscaled = KERNEL.reference({"positions": positions, "q": q, "k": k},
+                                RopeProblem(**{**problem.static_fields(), "num_tokens": TOKENS,
+                                               "scaling": "default", "scaling_factor": 1.0,
+                                               "high_freq_factor": 1.0,
+                                               "original_max_position": 0}))
+    assert not torch.allclose(expected["q"], unscaled["q"], atol=1e-2)
+    cutetune.rope(positions, q, k, cache, 5e5, True, "llama3", *llama3)
+    torch.testing.assert_close(q.float(), expected["q"], rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(k.float(), expected["k"], rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(("scaling", "message"), [
+    (dict(scaling="yarn"), "scaling 'yarn' not supported: use default or llama3"),
+    (dict(scaling_factor=8.0), "the default scaling takes no factors"),
+    (dict(scaling="llama3", scaling_factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0,
+          original_max_position=8192), "llama3 scaling needs scaling_factor >= 1"),
+])
+def test_bad_scaling_is_refused(scaling, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cutetune.rope(*_inputs(), 1e4, **scaling)
+
+
 def test_no_tokens_is_nothing_to_do():
     positions, q, k, cache = _inputs()
     cutetune.rope(positions[:0], q[:0], k[:0], cache, 1e4)

@@ -46,6 +46,8 @@ def test_rope_reading_matches_transformers(raw):
     if any("mrope_section" in p for p in layers):
         kinds.add("mrope")
     assert kinds == ({ours.rope_scaling} if ours.rope_scaling else set())
+    for key, value in ours.rope_scaling_parameters:
+        assert value in {float(p[key]) for p in layers if key in p}, key
 
 
 @pytest.mark.parametrize(("name", "rotary_dim"), [("GLM-4.5", 64),

@@ -40,19 +40,34 @@ def _cached_cos_sin(mCache: cute.Tensor, position, chunk: Int32, PAIRS: int):
     return [cos[j] for j in range(PAIRS)], [sin[j] for j in range(PAIRS)]
 
 
+def _llama3_scaled(inverse, LLAMA3: tuple):
+    """Llama 3's scaling of a pair's fp64 frequency: kept where the pair turns more than
+    high_freq_factor times over the original context, divided by the factor where it turns
+    fewer than low_freq_factor times, blended by where it lies between (the blend's weight
+    clamped to [0, 1] is transformers' three cases in one)."""
+    factor, low, high, context = LLAMA3
+    turns = inverse * (context / TWO_PI)
+    weight = cutlass.max(cutlass.min((turns - low) * (1.0 / (high - low)), Float64(1.0)),
+                         Float64(0.0))
+    return inverse * (weight + (1.0 - weight) * (1.0 / factor))
+
+
 def _computed_cos_sin(position, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
-                      LOG2_THETA: float):
+                      LOG2_THETA: float, LLAMA3):
     """The chunk's cos and sin, PAIRS fp32 scalars of each, computed from the position: pair
     i's frequency theta^(-2i/ROTARY_DIM) and its angle in fp64, so the angle is exact far below
     fp32's resolution (an fp32 angle at position 2^17 is off by up to 0.008 rad); the angle
     reduced to [-pi, pi] in fp64, then sine and cosine in fp32 without fast-math
-    approximations."""
+    approximations. LLAMA3: RopeProblem.llama3 (None: theta's frequencies as they are)."""
     step = -2.0 * LOG2_THETA / ROTARY_DIM
     first = cute.math.exp2(Float64(chunk * PAIRS) * step, fastmath=False)
     angle_of = Float64(position)
     cos, sin = [], []
     for j in range(PAIRS):
-        angle = angle_of * (first * (2.0 ** (step * j)))
+        inverse = first * (2.0 ** (step * j))
+        if LLAMA3 is not None:
+            inverse = _llama3_scaled(inverse, LLAMA3)
+        angle = angle_of * inverse
         turns = cute.math.roundeven(angle * (1.0 / TWO_PI))
         reduced = Float32(angle - turns * TWO_PI)
         cos.append(cute.math.cos(reduced, fastmath=False))
@@ -107,7 +122,7 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                  HEADS_PER_THREAD: cutlass.Constexpr[int], Q_GROUPS: cutlass.Constexpr[int],
                  THREADS_PER_TOKEN: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                 LOG2_THETA: cutlass.Constexpr[float]):
+                 LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     bdim, _, _ = cute.arch.block_dim()
@@ -123,7 +138,7 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
         if cutlass.const_expr(FROM_CACHE):
             cos, sin = _cached_cos_sin(mCache, position, chunk, PAIRS)
         else:
-            cos, sin = _computed_cos_sin(position, chunk, PAIRS, ROTARY_DIM, LOG2_THETA)
+            cos, sin = _computed_cos_sin(position, chunk, PAIRS, ROTARY_DIM, LOG2_THETA, LLAMA3)
         # Groups [0, Q_GROUPS) rotate q heads, the rest k heads: a group never spans both.
         if group < Q_GROUPS:
             _rotate_heads(mQ, token, group, chunk, cos, sin, VEC, PAIRS, HALF_VECTORS,
@@ -141,12 +156,12 @@ def _rope_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                  Q_GROUPS: cutlass.Constexpr[int], THREADS_PER_TOKEN: cutlass.Constexpr[int],
                  WARPS: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                 LOG2_THETA: cutlass.Constexpr[float]):
+                 LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr):
     threads = WARPS * WARP
     needed = cutlass.Int64(cute.size(mQ, mode=[0])) * THREADS_PER_TOKEN
     _rope_kernel(mPositions, mQ, mK, mCache, VEC, PAIRS, CHUNKS, HALF_VECTORS, HEADS_PER_THREAD,
-                 Q_GROUPS, THREADS_PER_TOKEN, IS_NEOX, FROM_CACHE, ROTARY_DIM,
-                 LOG2_THETA).launch(grid=(Int32((needed + threads - 1) // threads), 1, 1),
+                 Q_GROUPS, THREADS_PER_TOKEN, IS_NEOX, FROM_CACHE, ROTARY_DIM, LOG2_THETA,
+                 LLAMA3).launch(grid=(Int32((needed + threads - 1) // threads), 1, 1),
                                     block=(threads, 1, 1), stream=stream)
 
 
@@ -172,5 +187,6 @@ def compile_kernel(problem: RopeProblem, config: RopeConfig, options: str = ""):
         (vec, pairs, _chunks(problem, config), problem.rotary_dim // 2 // vec,
          config.heads_per_thread, _q_head_groups(problem, config),
          _threads_per_token(problem, config), config.warps_per_block, problem.style == NEOX,
-         config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta)),
+         config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta),
+         problem.llama3),
         options)
