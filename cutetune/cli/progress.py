@@ -1,8 +1,9 @@
 """What `cutetune tune` shows while it runs and when it ends.
 
-On stderr: one status line for the run (trials done of those planned, ETA, the bucket in hand,
-its trial k of n and best so far), drawn by tqdm and rewritten in place on a terminal; a line
-per finished bucket. On stdout at the end: the summary table and where the time went.
+On stderr: one status line for the run (trials done of those planned, the run's ETA, the
+bucket in hand, its trial k of n and best so far), drawn by tqdm and rewritten in place on a
+terminal; a line per finished bucket. On stdout at the end: the summary table and where the
+time went.
 """
 
 from __future__ import annotations
@@ -10,21 +11,22 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 from tqdm import tqdm
 
 from cutetune.cli.table import render_table
 from cutetune.device.specs import Ceilings
+from cutetune.tuner.eta import RunEta
 from cutetune.tuner.isolated import TimeSplit
 from cutetune.tuner.model_run import BucketSummary, PendingBucket
 from cutetune.tuner.study import TrialOutcome
 from cutetune.tuner.tune import BucketPlan
 
-# The head of the status line and of each finished bucket's line; the ETA is at the mean rate
-# since the start (smoothing=0), as trials of one bucket take alike and buckets differ.
-STATUS = "[{n_fmt}/{total_fmt} trials, ETA {remaining}] {desc}"
+# The head of the status line and of each finished bucket's line. The ETA is the run's own
+# (tuner/eta.py), not tqdm's: trials differ too much for a rate of trials to foretell the rest.
+STATUS = "[{n_fmt}/{total_fmt} trials, ETA {eta}] {desc}"
 
 
 def _problem_label(problem) -> str:
@@ -40,6 +42,18 @@ def _bucket_key(planned: BucketPlan) -> tuple:
     return planned.kernel.name, planned.problem.with_tokens(1), planned.bucket
 
 
+class _StatusLine(tqdm):
+    """tqdm's line with the run's ETA as its `{eta}` field (tqdm's way to add a field)."""
+
+    def __init__(self, *arguments: Any, eta_text, **options: Any):
+        self._eta_text = eta_text
+        super().__init__(*arguments, **options)
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        return {**super().format_dict, "eta": self._eta_text()}
+
+
 class RunProgress:
     """The model run's Observer; as a context manager it clears the status line at the end."""
 
@@ -47,6 +61,7 @@ class RunProgress:
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty()
         self._bar: tqdm | None = None
+        self._eta: RunEta | None = None
         # Trials done and expected of each bucket in hand (one per GPU worker).
         self._buckets: dict[tuple, list[int]] = {}
 
@@ -58,7 +73,8 @@ class RunProgress:
             self._bar.close()
 
     def started(self, fingerprint, ceilings: Ceilings, pending: Sequence[PendingBucket],
-                skipped: int) -> None:
+                skipped: int, eta: RunEta | None = None) -> None:
+        self._eta = eta
         planned = sum(bucket.trials for bucket in pending)
         click.echo(f"{fingerprint.gpu_name} ({fingerprint.sm_count} SMs): copy ceiling "
                    f"{ceilings.copy_gbps:.0f} GB/s, launch floor {ceilings.launch_floor_us:.2f} us"
@@ -66,9 +82,17 @@ class RunProgress:
                    f"{skipped} stored already", file=self.stream)
         # On a log the status line is never drawn (its delay never passes): a line per trial
         # would bury the buckets' lines. tqdm still counts and times the trials for them.
-        self._bar = tqdm(total=planned, file=self.stream, bar_format=STATUS, smoothing=0,
-                         mininterval=0, miniters=1, dynamic_ncols=True, leave=False,
-                         delay=0 if self.live else math.inf)
+        self._bar = _StatusLine(total=planned, file=self.stream, bar_format=STATUS,
+                                mininterval=0, miniters=1, dynamic_ncols=True, leave=False,
+                                delay=0 if self.live else math.inf, eta_text=self._eta_text)
+
+    def eta_s(self) -> float | None:
+        """The remaining seconds the status line shows (None before the run has an ETA)."""
+        return self._eta.remaining_s() if self._eta is not None else None
+
+    def _eta_text(self) -> str:
+        seconds = self.eta_s()
+        return _duration(seconds) if seconds is not None else "?"
 
     def bucket_started(self, planned: BucketPlan, expected_trials: int) -> None:
         self._buckets[_bucket_key(planned)] = [0, expected_trials]

@@ -24,6 +24,13 @@ TARGET_GRAPH_US = 2000.0
 MAX_LAUNCHES_PER_GRAPH = 2000
 MAX_INPUT_SETS = 64
 MAX_ROTATION_BYTES = 8 * 2**30
+# A decode-sized point takes about a microsecond, and the GPU's state moves such a time from one
+# moment to the next at the same SM clock by more than such points differ (measured on the
+# H200: docs/performance-notes.md, Measuring). Below this time the tuner times each trial
+# between two timings of a fixed reference point (the heuristic default) and corrects it by the
+# reference's drift since its first timing (tuner/trials.py), so trials taken at different
+# moments of a search compare.
+DRIFT_CORRECTED_BELOW_US = 5.0
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,13 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cutetune.build.artifacts import ARTIFACTS_DIR, ArtifactStore, arch_for
-from cutetune.build.compile_pool import COMPILE_TIMEOUT_S, CompilePool
+from cutetune.build.compile_pool import COMPILE_TIMEOUT_S, CompilePool, CompileResult
 from cutetune.build.interrupt import raise_if_interrupted
 from cutetune.build.supervised import ProcessLost, SupervisedProcess
 from cutetune.device.measure import (
@@ -159,9 +160,9 @@ class Workers:
                                          self._compile_timeout_s, self._compiler)
         return self._pool
 
-    def compile_ahead(self, kernel: KernelDef, problem: Problem, configs: Sequence[Any]) -> None:
-        for config in configs:
-            self.pool.submit(kernel, problem, config, ahead=True)
+    def compile_ahead(self, kernel: KernelDef, problem: Problem,
+                      configs: Sequence[Any]) -> list[Future[CompileResult]]:
+        return [self.pool.submit(kernel, problem, config, ahead=True) for config in configs]
 
     def runner(self, kernel: KernelDef, problem: Problem, spec: DeviceSpec,
                ceilings: Ceilings, gpu: int = 0) -> IsolatedTrialRunner:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -49,6 +50,7 @@ from cutetune.results_db import (
 )
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
+from cutetune.tuner.eta import RunEta
 from cutetune.tuner.finals import TIE_BAND_FLOOR
 from cutetune.tuner.isolated import Workers
 from cutetune.tuner.study import StudyResult, TrialOutcome, candidate_order, ranked_candidates
@@ -86,8 +88,9 @@ class BucketSummary:
 
 class Observer(Protocol):
     def started(self, fingerprint: DeviceFingerprint, ceilings: Ceilings,
-                pending: Sequence[PendingBucket], skipped: int) -> None:
-        """The device, its ceilings, the buckets to tune and how many are stored already."""
+                pending: Sequence[PendingBucket], skipped: int, eta: RunEta) -> None:
+        """The device, its ceilings, the buckets to tune, how many are stored already, and the
+        run's ETA (tuner/eta.py), which the run keeps current."""
 
     def bucket_started(self, planned: BucketPlan, expected_trials: int) -> None: ...
 
@@ -133,8 +136,10 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
         storage = storage if storage is not None else open_storage(db.url)
 
         summaries, pending = _plan_run(units, buckets, db, fingerprint, spec, ceilings, options)
-        _compile_ahead(workers, pending, options.budget)
-        observer.started(fingerprint, ceilings, pending, len(summaries))
+        queued = _compile_ahead(workers, pending, options.budget)
+        eta = RunEta.for_run(pending, queued, workers)
+        observer = eta.updating(observer)
+        observer.started(fingerprint, ceilings, pending, len(summaries), eta)
         if len(workers.gpus) == 1:
             for bucket in pending:
                 observer.bucket_started(bucket.planned, bucket.trials)
@@ -228,16 +233,21 @@ def _plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
     return stored_summaries, pending
 
 
-def _compile_ahead(workers: Workers, pending: Sequence[PendingBucket], budget: int) -> None:
+def _compile_ahead(workers: Workers, pending: Sequence[PendingBucket],
+                   budget: int) -> list[tuple[int, bool, Future]]:
     """Queue compiles ahead of the GPU: first every bucket's warm start, in the order the
-    buckets are tuned, then every other candidate TPE may propose, best-ranked first."""
+    buckets are tuned, then every other candidate TPE may propose, best-ranked first. Returns
+    what it queued, in order, for the ETA: (the bucket's index, in its warm start, future)."""
+    queued = []
     for warm_start_only in (True, False):
-        for bucket in pending:
+        for index, bucket in enumerate(pending):
             plan, default = bucket.planned.plan, bucket.planned.default
             order = (candidate_order(plan, default, budget) if warm_start_only
                      else ranked_candidates(plan, default))
-            workers.compile_ahead(bucket.planned.kernel, bucket.planned.problem,
-                                  [c for c in order if c not in bucket.quarantined])
+            futures = workers.compile_ahead(bucket.planned.kernel, bucket.planned.problem,
+                                            [c for c in order if c not in bucket.quarantined])
+            queued += [(index, warm_start_only, future) for future in futures]
+    return queued
 
 
 def _quarantined(db: Database, fingerprint: DeviceFingerprint, unit: Unit) -> set[Any]:

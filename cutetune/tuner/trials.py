@@ -13,6 +13,7 @@ from cutlass.base_dsl.common import DSLBaseError
 from cutetune.build.compiled import CompiledPoints, MakePoint
 from cutetune.build.errors import first_line
 from cutetune.device.measure import (
+    DRIFT_CORRECTED_BELOW_US,
     Measurement,
     input_sets_for,
     time_in_graph,
@@ -24,15 +25,6 @@ from cutetune.device.verify import verify
 from cutetune.kernels.registry import KernelDef, VerificationError
 from cutetune.spaces.problem import Problem
 from cutetune.tuner.study import TrialFailure
-
-# A decode-sized point takes about a microsecond, and the GPU's state moves such a time from one
-# moment to the next at the same SM clock by more than such points differ (measured on the
-# H200: docs/performance-notes.md, Measuring). Below this time each trial is timed between two
-# timings of a fixed reference point (the heuristic default) and corrected by the reference's
-# drift since its first timing, so trials taken at different moments of a search compare.
-DRIFT_CORRECTED_BELOW_US = 5.0
-
-
 
 # The runners of one tuning process (one per bucket) share their compiles.
 _IN_PROCESS = CompiledPoints()

@@ -84,3 +84,34 @@ def test_the_time_split_of_two_gpus_sums_their_workers():
     assert time_split_line(split, 12).startswith(
         "time: 5m00s wall; the 2 GPU workers (summed) verified for 10 s, timed for 400 s and "
         "were idle for 190 s")
+
+
+class FixedEta:
+    """A run's ETA (tuner/eta.py) that says what the test sets."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def remaining_s(self) -> float:
+        return self.seconds
+
+
+def test_the_status_line_shows_the_runs_eta_not_a_rate_of_trials():
+    from types import SimpleNamespace
+
+    stream = Terminal()
+    progress = RunProgress(stream)
+    eta = FixedEta(3725.0)
+    progress.started(FINGERPRINT, CEILINGS, [SimpleNamespace(trials=100)], 0, eta)
+    assert stream.getvalue().split("\r")[-1].startswith("[0/100 trials, ETA 62m05s]")
+    planned = SimpleNamespace(kernel=qk.KERNEL, problem=PROBLEM.with_tokens(1), bucket=1)
+    progress.bucket_started(planned, 16)
+    eta.seconds = 95.0  # a trial later the run knows better; 1 trial of 100 says nothing
+    progress.trial(planned, None, None)
+    assert stream.getvalue().split("\r")[-1].startswith("[1/100 trials, ETA 1m35s]")
+    assert progress.eta_s() == 95.0
+    eta.seconds = 7.0
+    progress.bucket_finished(ROWS[0])
+    finished = [line for line in stream.getvalue().replace("\r", "\n").splitlines()
+                if "1 tokens: 1.23 us" in line]
+    assert finished and "[1/100 trials, ETA 7s] qk_norm" in finished[0]
