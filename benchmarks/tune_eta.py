@@ -1,0 +1,161 @@
+"""How honest `cutetune tune`'s ETA is (issue 38: within 30% of the true remaining time once 5%
+of the trials are done). One whole-model tune into a fresh database with a cold artifact cache,
+run as `cutetune tune --model M --tokens T` runs it (tuner/model_run.py, with the CLI's progress
+display), recording after every trial the ETA the status line shows. At the end, for the first
+trial at or past 5%, 25% and 50% of the trials planned: that ETA beside the true remaining time
+(from then until the run returned), and beside the ETA the status line showed before
+tuner/eta.py (the mean rate of trials since the start, times the trials left).
+
+    python3 -m benchmarks.tune_eta --model tests/data/hf_configs/Kimi-K2-Instruct.json \\
+        --tokens 1,8,64,512,4096,32768 --out OUT.csv [--readings READINGS.csv]
+
+A Kimi-K2 config at those six buckets (8 problems, about 700 trials) takes a few minutes on one
+H200 (all 16 buckets: about 7); the reading at every trial goes to --readings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+from cutetune.cli.progress import RunProgress, time_split_line
+from cutetune.results_db import Database
+from cutetune.tuner.isolated import Workers
+from cutetune.tuner.model_run import RunOptions, Unit, tune_model
+
+SHARES = (0.05, 0.25, 0.5)
+# The buckets a run within one 10-minute device call tunes: decode to prefill.
+DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 32768)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """After a trial: seconds since the run started, trials done, the ETA shown."""
+
+    elapsed_s: float
+    done: int
+    eta_s: float
+
+
+class RecordingProgress(RunProgress):
+    """The CLI's progress display, noting the ETA it shows after each trial."""
+
+    def __init__(self, stream: TextIO | None = None):
+        super().__init__(stream)
+        self.readings: list[Reading] = []
+        self.planned = 0
+        self.started_at: float | None = None
+
+    def started(self, fingerprint, ceilings, pending, skipped, eta=None) -> None:
+        super().started(fingerprint, ceilings, pending, skipped, eta)
+        self.planned = sum(bucket.trials for bucket in pending)
+        self.started_at = time.monotonic()
+
+    def trial(self, planned, outcome, best) -> None:
+        super().trial(planned, outcome, best)
+        self.readings.append(Reading(time.monotonic() - self.started_at,
+                                     len(self.readings) + 1, self.eta_s()))
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    readings: list[Reading]
+    planned: int  # trials planned when the run started
+    run_s: float  # from the run's start (its ETA's first reading) until it returned
+
+
+def record_run(units: Sequence[Unit], buckets: Sequence[int], db: Database, workers: Workers,
+               options: RunOptions, stream: TextIO | None = None) -> RecordedRun:
+    """Tune `units` at `buckets` as `cutetune tune` does, noting the ETA after each trial."""
+    progress = RecordingProgress(stream)
+    with progress:
+        tune_model(units, buckets, db, workers, options, progress)
+    ended = time.monotonic()
+    if progress.started_at is None:
+        raise SystemExit("the run never started")
+    return RecordedRun(progress.readings, progress.planned, ended - progress.started_at)
+
+
+def rows(run: RecordedRun, shares: Sequence[float] = SHARES) -> list[dict]:
+    """For each share of the planned trials, the first reading at or past it: the ETA, the true
+    remaining time, the mean-rate ETA, and each ETA's error in percent of the truth."""
+    out = []
+    for share in shares:
+        reading = next((r for r in run.readings if r.done >= share * run.planned), None)
+        if reading is None:
+            continue
+        true_s = run.run_s - reading.elapsed_s
+        mean_rate_s = reading.elapsed_s / reading.done * max(0, run.planned - reading.done)
+        out.append({
+            "share_pct": round(100 * share), "trials_done": reading.done,
+            "trials_planned": run.planned, "elapsed_s": round(reading.elapsed_s, 1),
+            "eta_s": round(reading.eta_s, 1), "true_remaining_s": round(true_s, 1),
+            "eta_error_pct": round(100 * (reading.eta_s - true_s) / true_s, 1),
+            "mean_rate_eta_s": round(mean_rate_s, 1),
+            "mean_rate_error_pct": round(100 * (mean_rate_s - true_s) / true_s, 1),
+            "run_s": round(run.run_s, 1)})
+    return out
+
+
+def write_csv(path: str, table: Sequence[dict]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a preset or a config.json")
+    parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
+                        help="token buckets, comma-separated")
+    parser.add_argument("--trials", type=int, default=None, help="trial budget per bucket")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--out", default=None, help="CSV of the ETA at 5%%, 25%%, 50%%")
+    parser.add_argument("--readings", default=None, help="CSV of the ETA after every trial")
+    args = parser.parse_args()
+
+    import torch
+
+    from cutetune.cli.problems import model_problems
+    from cutetune.kernels.registry import get_kernel, kernel_names
+    from cutetune.tuner.defaults import DEFAULT_BUDGET
+
+    if not torch.cuda.is_available():
+        raise SystemExit("the ETA benchmark tunes on a CUDA GPU and none is visible")
+    kernels = [get_kernel(name) for name in kernel_names()]
+    units = [Unit(k, problem) for k in kernels
+             for problem in model_problems(k, args.model, args.dtype, skip_if_absent=True)]
+    buckets = sorted({int(t) for t in args.tokens.split(",")})
+    with tempfile.TemporaryDirectory(prefix="cutetune-eta-") as directory:
+        db = Database.open(f"sqlite:///{Path(directory) / 'tune.db'}")
+        workers = Workers(Path(directory), sorted({k.compile_function.__module__
+                                                   for k in kernels}))
+        run = record_run(units, buckets, db, workers,
+                         RunOptions(args.trials or DEFAULT_BUDGET), sys.stderr)
+        db.dispose()
+    print(time_split_line(workers.split, workers.compile_processes))
+    table = [{"model": Path(args.model).stem, "tokens": args.tokens, **row}
+             for row in rows(run)]
+    for row in table:
+        print(f"{row['share_pct']:3d}% ({row['trials_done']}/{row['trials_planned']} trials, "
+              f"{row['elapsed_s']:.0f} s in): ETA {row['eta_s']:.0f} s, true "
+              f"{row['true_remaining_s']:.0f} s ({row['eta_error_pct']:+.0f}%); mean-rate ETA "
+              f"{row['mean_rate_eta_s']:.0f} s ({row['mean_rate_error_pct']:+.0f}%)",
+              flush=True)
+    if args.out and table:
+        write_csv(args.out, table)
+    if args.readings and run.readings:
+        write_csv(args.readings, [{**asdict(r), "true_remaining_s":
+                                   round(run.run_s - r.elapsed_s, 2)} for r in run.readings])
+
+
+if __name__ == "__main__":
+    main()
