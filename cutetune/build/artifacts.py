@@ -77,6 +77,13 @@ class CacheCounts:
     compile_s: float = 0.0
 
 
+@dataclass
+class _Listing:
+    """The artifact files of a directory by key, from one reading of it."""
+
+    by_key: dict[str, list[Path]] | None = None
+
+
 @dataclass(frozen=True)
 class ArtifactStore:
     """A directory of compiled points for one target arch."""
@@ -84,6 +91,10 @@ class ArtifactStore:
     directory: Path
     arch: str
     counts: CacheCounts = field(default_factory=CacheCounts, compare=False)
+    # Read once, at the first lookup: a warmup looks up every point it serves, and searching a
+    # cache of thousands of files (a tuned host's) for each took seconds. A point stored since
+    # is found by searching for it alone (`find_published`).
+    _listing: _Listing = field(default_factory=_Listing, compare=False, repr=False)
 
     def writable(self) -> bool:
         """Whether artifacts can be stored here (the directory is created if need be)."""
@@ -101,16 +112,27 @@ class ArtifactStore:
 
     def find(self, kernel: KernelDef, problem: Problem, config: Any) -> Path | None:
         """The point's artifact if a sound one is stored; an unsound one is deleted."""
-        path, unsound = find_published(self.directory / self.key(kernel, problem, config))
+        key = self.key(kernel, problem, config)
+        path, unsound = find_published(self.directory / key,
+                                       listed=self._listed().get(key, ()))
         self.counts.unsound += len(unsound)
         return path
 
     def stored_keys(self) -> set[str]:
         """The keys of the artifacts stored here, from the file names alone (`find` checks a
-        file's content when it is needed)."""
-        if not self.directory.is_dir():
-            return set()
-        return {_name_parts(path)[0] for path in self.directory.glob("*-*.so")}
+        file's content when it is needed); the directory is read now, and the later lookups
+        use this reading."""
+        self._listing.by_key = None
+        return set(self._listed())
+
+    def _listed(self) -> dict[str, list[Path]]:
+        if self._listing.by_key is None:
+            by_key: dict[str, list[Path]] = {}
+            if self.directory.is_dir():
+                for path in self.directory.glob("*-*.so"):
+                    by_key.setdefault(_name_parts(path)[0], []).append(path)
+            self._listing.by_key = by_key
+        return self._listing.by_key
 
     def compile(self, kernel: KernelDef, problem: Problem, config: Any) -> Path:
         """Compile the point in this process for `arch` and store its artifact. The arch is
