@@ -17,14 +17,15 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.results_db.fingerprint import DeviceFingerprint
-from cutetune.results_db.queries import record_tuning_results, winners_with_devices
 from cutetune.results_db.records import TrialRecord, TuningResult, Winner
-from cutetune.results_db.session import Database
 from cutetune.spaces.space import config_to_json
+
+if TYPE_CHECKING:
+    from cutetune.results_db.session import Database
 
 FORMATS = ("json", "csv")
 
@@ -54,6 +55,10 @@ def export_winners(
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    # The database's modules (SQLAlchemy) only where one is read or written: a warmup reads
+    # the shipped winners' files (read_winners) without them.
+    from cutetune.results_db.queries import winners_with_devices
+
     records = [
         {**{name: getattr(winner, name) for name in _WINNER_COLUMNS}, **asdict(device),
          "updated_at": winner.updated_at.isoformat()}
@@ -163,6 +168,8 @@ def check_import(text: str, fmt: str, device_spec: Callable[[str], Any]) -> Chec
 
 def store_import(db: Database, checked: CheckedImport) -> int:
     """Store the runs of a checked import, all in one transaction; the number stored."""
+    from cutetune.results_db.queries import record_tuning_results
+
     record_tuning_results(db, checked.runs)
     return len(checked.runs)
 

@@ -9,8 +9,11 @@ report names every difference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from importlib import metadata
+
+from cutetune.results_db.records import Winner
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,30 @@ def environment_differences(measured: DeviceFingerprint, here: DeviceFingerprint
     """The MAY_DIFFER fields that differ, as 'torch 2.11.0 (here 2.11.1)'; empty if none."""
     return ", ".join(f"{name} {getattr(measured, name)} (here {getattr(here, name)})"
                      for name in MAY_DIFFER if getattr(measured, name) != getattr(here, name))
+
+
+def choose_to_serve(measured: Iterable[tuple[DeviceFingerprint, Winner]],
+                    here: DeviceFingerprint) -> list[Winner]:
+    """Of winners with the devices they were measured on, those the fingerprint policy lets
+    `here` serve, one per kernel source, problem and bucket: one measured in this very
+    environment where there is one, else the most recent; each says how its environment
+    differed (Winner.measured_elsewhere)."""
+    chosen: dict[tuple[str, str, str, int], Winner] = {}
+    for device, winner in measured:
+        if not serves_here(device, here):
+            continue
+        winner = replace(winner, measured_elsewhere=environment_differences(device, here))
+        key = (winner.kernel_name, winner.source_hash, winner.static_key, winner.bucket)
+        held = chosen.get(key)
+        if held is None or _preferred(winner, held):
+            chosen[key] = winner
+    return list(chosen.values())
+
+
+def _preferred(candidate: Winner, held: Winner) -> bool:
+    """A winner of this environment before one of another; then the more recent."""
+    return (not candidate.measured_elsewhere, candidate.updated_at) > (
+        not held.measured_elsewhere, held.updated_at)
 
 
 def _driver_version() -> str:

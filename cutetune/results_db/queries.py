@@ -6,7 +6,7 @@ Each write is one transaction: a failure part way leaves the database as it was.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -14,11 +14,7 @@ from sqlalchemy import ColumnElement, Select, and_, case, delete, func, or_, sel
 from sqlalchemy.orm import Session
 
 from cutetune.results_db.dialects import insert_for
-from cutetune.results_db.fingerprint import (
-    DeviceFingerprint,
-    environment_differences,
-    serves_here,
-)
+from cutetune.results_db.fingerprint import DeviceFingerprint, choose_to_serve
 from cutetune.results_db.records import (
     BenchRecord,
     QuarantinedPoint,
@@ -202,28 +198,6 @@ def winners_to_serve(db: Database, here: DeviceFingerprint,
     is one, else the most recent; each says how its environment differed
     (Winner.measured_elsewhere)."""
     return choose_to_serve(winners_with_devices(db, None, kernel_name), here)
-
-
-def choose_to_serve(measured: Iterable[tuple[DeviceFingerprint, Winner]],
-                    here: DeviceFingerprint) -> list[Winner]:
-    """Of winners with the devices they were measured on, those the fingerprint policy lets
-    `here` serve, one per kernel source, problem and bucket (see winners_to_serve)."""
-    chosen: dict[tuple[str, str, str, int], Winner] = {}
-    for device, winner in measured:
-        if not serves_here(device, here):
-            continue
-        winner = replace(winner, measured_elsewhere=environment_differences(device, here))
-        key = (winner.kernel_name, winner.source_hash, winner.static_key, winner.bucket)
-        held = chosen.get(key)
-        if held is None or _preferred(winner, held):
-            chosen[key] = winner
-    return list(chosen.values())
-
-
-def _preferred(candidate: Winner, held: Winner) -> bool:
-    """A winner of this environment before one of another; then the more recent."""
-    return (not candidate.measured_elsewhere, candidate.updated_at) > (
-        not held.measured_elsewhere, held.updated_at)
 
 
 def winners(

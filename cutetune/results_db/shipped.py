@@ -8,8 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from cutetune.results_db.export import read_winners
-from cutetune.results_db.fingerprint import DeviceFingerprint
-from cutetune.results_db.queries import choose_to_serve
+from cutetune.results_db.fingerprint import DeviceFingerprint, choose_to_serve
 from cutetune.results_db.records import Winner
 
 SHIPPED_DIR = "shipped_winners"

@@ -75,12 +75,7 @@ def warmup(model: str | ModelShape, dtype: str = "bfloat16",
     `cutetune.spaces.models.model_from_hf_config` of a loaded model's config)."""
     from cutetune.device.specs import device_spec_for
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
-    from cutetune.results_db import (
-        Database,
-        DeviceFingerprint,
-        shipped_winners,
-        winners_to_serve,
-    )
+    from cutetune.results_db import DeviceFingerprint, shipped_winners, winners_to_serve_at
     from cutetune.settings import load_settings
 
     shape = model if isinstance(model, ModelShape) else load_model(model)
@@ -89,14 +84,10 @@ def warmup(model: str | ModelShape, dtype: str = "bfloat16",
     store = artifact_store(settings.cache_dir, fingerprint)
     if store is not None:
         remember_in(store.directory / CODE_HASHES)
-    db = Database.open(db_url or settings.db_url)
-    try:
-        dispatcher = Dispatcher(device_spec_for(fingerprint.gpu_name),
-                                winners_to_serve(db, fingerprint), store,
-                                compile_processes=os.cpu_count() or 1,
-                                shipped=shipped_winners(fingerprint))
-    finally:
-        db.dispose()
+    dispatcher = Dispatcher(device_spec_for(fingerprint.gpu_name),
+                            winners_to_serve_at(db_url or settings.db_url, fingerprint), store,
+                            compile_processes=os.cpu_count() or 1,
+                            shipped=shipped_winners(fingerprint))
     work = []
     for name in kernels or kernel_names():
         kernel = get_kernel(name)

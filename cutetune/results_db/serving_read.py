@@ -1,0 +1,83 @@
+"""The winners a warmup serves, read from the database at a URL without SQLAlchemy where it is
+a SQLite file: the standard library's sqlite3 reads it in one query. Importing SQLAlchemy and
+mapping the tables cost a third of a second, which an engine's start would pay before its
+first call. The query is written against schema.py's tables, and a test holds it to what
+queries.winners_with_devices reads (tests/results_db/test_serving_read.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cutetune.results_db.fingerprint import DeviceFingerprint, choose_to_serve
+from cutetune.results_db.records import Winner
+
+# queries.winners_with_devices, row for row and in its order.
+_WINNERS_WITH_DEVICES = """
+SELECT kernels.name, kernels.source_hash, problems.static_key, winners.bucket,
+       winners.config_json, winners.median_us, winners.iqr_us, winners.gbps,
+       winners.pct_roofline, winners.updated_at,
+       devices.gpu_name, devices.compute_capability, devices.sm_count, devices.driver,
+       devices.cuda, devices.torch, devices.cutlass_dsl
+FROM winners
+JOIN kernels ON winners.kernel_id = kernels.id
+JOIN problems ON winners.problem_id = problems.id
+JOIN devices ON winners.device_id = devices.id
+ORDER BY kernels.name, kernels.source_hash, problems.static_key, winners.bucket, devices.id
+"""
+
+_SQLITE = "sqlite:///"
+
+
+def winners_to_serve_at(url: str, here: DeviceFingerprint) -> list[Winner]:
+    """queries.winners_to_serve of the database at `url` (a SQLAlchemy URL). A SQLite file is
+    read with sqlite3, read-only, and one that does not exist holds no winners (nothing is
+    created). Any other URL, and a file sqlite3 cannot read as a results database (no tables
+    yet, locked, not a database), goes through SQLAlchemy as before: Database.open, which
+    creates what is missing or raises its error."""
+    path = _sqlite_file(url)
+    if path is not None:
+        if not path.is_file():
+            return []
+        try:
+            return choose_to_serve(_read(path), here)
+        except sqlite3.Error:
+            pass
+    from cutetune.results_db.queries import winners_to_serve
+    from cutetune.results_db.session import Database
+
+    db = Database.open(url)
+    try:
+        return winners_to_serve(db, here)
+    finally:
+        db.dispose()
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a plain `sqlite:///PATH` URL; None for any other (another backend or
+    driver, a query string, a SQLite URI, an in-memory database, or a path SQLAlchemy would
+    unquote: these take SQLAlchemy's reading of the URL)."""
+    if not url.startswith(_SQLITE):
+        return None
+    database = url.removeprefix(_SQLITE)
+    if not database or database == ":memory:" or database.startswith("file:") or any(
+            c in database for c in "?%"):
+        return None
+    return Path(database).expanduser()
+
+
+def _read(path: Path) -> list[tuple[DeviceFingerprint, Winner]]:
+    connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        rows = connection.execute(_WINNERS_WITH_DEVICES).fetchall()
+    finally:
+        connection.close()
+    return [(DeviceFingerprint(*row[10:]),
+             Winner(*row[:9], _stored_time(row[9]))) for row in rows]
+
+
+def _stored_time(text: str) -> datetime:
+    # SQLAlchemy stores a time in SQLite as naive UTC text (schema.UTCDateTime).
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
