@@ -9,7 +9,8 @@ A run's time goes three ways, and the number of trials left says little about ho
   target time, and more for a decode-sized point, which is timed between two timings of a
   reference;
 - the tuner between trials and around buckets: Optuna in the results database, the worker's
-  replies, the finalists' re-measurement, the store.
+  replies, the finalists' re-measurement, the store;
+and the run ends once the pool has compiled everything queued ahead, needed or not.
 A mean rate since the start charges every trial left with the pool's start-up and the first
 buckets' compiles: the first ETA of a whole-model run said 48m42s for a run of about 7 minutes.
 
@@ -353,7 +354,9 @@ class RunEta:
         for bucket in self._order:
             if bucket.started_at is None:
                 heapq.heappush(workers, play(bucket, heapq.heappop(workers)))
-        return max(workers, default=0.0)
+        # The run ends once the pool has compiled all it was queued: closing it lets each
+        # process finish the queue first (compile_pool.py), which fills the artifact cache.
+        return max(*workers, *ready.values(), 0.0)
 
 
 def _blend(prior: float, measured: float, predicted: float, trials: int) -> float:

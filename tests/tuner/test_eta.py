@@ -167,7 +167,9 @@ class PlayedRun:
                 self.readings.append(Reading(t, done, self.eta.remaining_s()))
             else:
                 self.eta.bucket_finished(key)
-        self.end = max(t for t, *_ in events)
+        # The pool's close lets it compile all it was queued first.
+        self._take_queue_until(float("inf"))
+        self.end = max(max(t for t, *_ in events), *self._free)
         return self
 
     def at_share(self, share: float) -> tuple[float, float, float]:
@@ -242,6 +244,18 @@ def test_compiles_stored_by_an_earlier_run_cost_nothing():
         assert error(eta, true) < 0.3, (eta, true)
     # The old ETA charges the cold run's first wait (start-up and a compile) to every trial.
     assert error(cold.at_share(0)[1], cold.at_share(0)[2]) > 1
+
+
+def test_the_run_ends_once_the_pool_has_compiled_its_queue():
+    """Few trials, many candidates queued ahead: the pool's queue outlasts the GPU's work."""
+    run = PlayedRun([Problem("wide", 200, ((16, 5),) * 6)],
+                    Truth(compile_s=3.0, pool_start_s=5.0), processes=2).play()
+    assert run.end > 1.2 * run.readings[-1].at
+    for share in (0.25, 0.5, 0.75):
+        eta, _, true = run.at_share(share)
+        assert error(eta, true) < 0.1, (share, eta, true)
+    _, mean_rate, true = run.at_share(0.75)  # the trials left are not what is left
+    assert error(mean_rate, true) > 0.3
 
 
 def test_the_eta_of_a_finished_run_is_zero():
