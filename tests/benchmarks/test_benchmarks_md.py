@@ -147,3 +147,27 @@ def test_the_hf_drop_in_table_sets_eager_and_graph_side_by_side_and_marks_misses
             "| 5000 | - | 0.0312 |") in text
     assert ("- qwen3_moe, prefill 2048 tokens, CUDA graph: unpatched not capturable: "
             "RuntimeError: no") in text
+
+
+WARM_START_HEAD = ("model,winners,points,loaded,cache_artifacts,cold_s,torch_import_s,"
+                   "cutetune_import_s,warmup_s,warmup_max_s,first_op_s,cuda_init_s,"
+                   "cutedsl_modules,optuna_modules,sqlalchemy_modules,starts,cpus,host_only\n")
+
+
+def test_the_warm_start_table_comes_from_a_listed_file_and_shows_cuda_where_measured(
+        results_copy):
+    """Synthetic numbers (a test input, not a measurement); without a GPU (--host-only) CUDA's
+    time is not measured: '-'."""
+    add_listed_file(results_copy, "warm-start-abc1234.csv", "warm_start",
+                    WARM_START_HEAD
+                    + "qwen3-8b,80,74,74,74,16.5,2.1,0.0008,0.61,0.66,0.05,0.35,0,0,0,3,16,False\n"
+                    + "deepseek-v3,96,90,90,90,17.0,2.2,0.0007,0.58,0.6,0.05,,0,0,0,3,16,True\n",
+                    "python3 -m benchmarks.warmup_time --out F")
+    text = generator.benchmarks_md()
+    assert "## Warm start" in text
+    assert ("| qwen3-8b | 74 | 74 | 16.5 s | 2.1 s | 0.0008 s | **0.61 s** | 0.66 s | 0.05 s "
+            "| 0.35 s | 0 / 0 / 0 | 16 |") in text
+    assert ("| deepseek-v3 | 90 | 90 | 17.0 s | 2.2 s | 0.0007 s | **0.58 s** | 0.6 s | 0.05 s "
+            "| - |") in text
+    assert text.index("## Warmup time") < text.index("## Warm start") < text.index(
+        "## Host time per call")
