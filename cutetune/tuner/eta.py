@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -254,8 +255,9 @@ class RunEta:
 
     # The estimate.
     def _compile_rates(self) -> tuple[dict[str, float], float]:
-        """Seconds a compile takes, per kernel and over the run, learned from the finished
-        compiles that ran (a stored point's took none)."""
+        """Seconds a compile takes, per kernel and over the run: the median of the finished
+        compiles that ran (a stored point's took none; a process's first compile also imports
+        CuTeDSL, which the median leaves out), blended with the prior by their number."""
         unseen = []
         for future in self._unseen:
             if not future.done():
@@ -264,11 +266,15 @@ class RunEta:
                 self._compiled.setdefault(self._kernel_of.get(future, ""), []).append(
                     future.result().seconds)
         self._unseen = unseen
-        n = sum(len(s) for s in self._compiled.values())
-        overall = ((PRIOR_COMPILES * COMPILE_S + sum(sum(s) for s in self._compiled.values()))
-                   / (PRIOR_COMPILES + n))
-        return {kernel: (PRIOR_COMPILES * overall + sum(s)) / (PRIOR_COMPILES + len(s))
-                for kernel, s in self._compiled.items()}, overall
+
+        def blended(prior: float, seconds: list[float]) -> float:
+            if not seconds:
+                return prior
+            return ((PRIOR_COMPILES * prior + len(seconds) * statistics.median(seconds))
+                    / (PRIOR_COMPILES + len(seconds)))
+
+        overall = blended(COMPILE_S, [t for s in self._compiled.values() for t in s])
+        return {kernel: blended(overall, s) for kernel, s in self._compiled.items()}, overall
 
     def _busy_scales(self) -> tuple[dict[str, float], float]:
         """Measured GPU worker seconds over predicted, per kernel measured (blended with the
