@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from cutetune.cli.main import cli
 from cutetune.kernels import qk_norm as qk
-from cutetune.kernels.registry import get_kernel
+from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import (
     Database,
     QuarantinedPoint,
@@ -536,17 +536,29 @@ def test_gpt_oss_activation_is_refused_by_name(tmp_path, empty_db):
 # -- cache ------------------------------------------------------------------------------------
 
 
+def kernels_used_by(model) -> set[str]:
+    used = set()
+    for name in kernel_names():
+        try:
+            get_kernel(name).problems_for_model(model, "bfloat16")
+        except NotApplicableError:
+            continue
+        used.add(name)
+    return used
+
+
 def test_cache_build_fills_the_cache_for_a_model_then_ls_lists_and_clear_empties_it(
         stored_db, tmp_path, monkeypatch):
     """On a machine without a GPU: every point a warmup of Qwen3-8B would serve on the H200
-    (its stored qk_norm winners, the shipped ones elsewhere) compiled for sm_90a."""
+    (its stored qk_norm winners, the shipped ones elsewhere, the defaults of kernels not
+    tuned yet) compiled for sm_90a, for every kernel the model uses."""
     monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(tmp_path))
     built = invoke(stored_db, "cache", "build", "--model", "qwen3-8b", "--jobs", "2")
     assert built.exit_code == 0, built.output
     assert "points for sm_90a: " in built.output and "0 already stored" in built.output
     listed = CliRunner().invoke(cli, ["cache", "ls"])
     rows = [line for line in listed.output.splitlines() if "sm_90a" in line]
-    assert {row.split()[0] for row in rows} == {"qk_norm", "rmsnorm", "silu_and_mul"}
+    assert {row.split()[0] for row in rows} == kernels_used_by(load_model("qwen3-8b"))
     stored_configs = {w.config_json for w in winners(Database.open(stored_db))}
     assert all(any(c in row for row in rows) for c in stored_configs)
     rmsnorm_keys = {p.static_key() for p in get_kernel("rmsnorm").problems_for_model(
