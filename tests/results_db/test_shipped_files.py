@@ -21,13 +21,10 @@ from cutetune.serving.plan import NEAREST, SHIPPED
 from cutetune.serving.table import Dispatcher
 from cutetune.spaces.buckets import BUCKETS, DEFAULT_TUNE_TOKENS
 from cutetune.spaces.models import load_model
+from testkit.h200_results import AWAITING_H200_TUNE
 
 SHIPPED_FILES = sorted(Path(str(resources.files("cutetune") / "shipped_winners")).glob("*.json"))
 H200 = DeviceFingerprint("NVIDIA H200", "9.0", 132, "13.0", "13.0", "2.11.0+cu130", "4.8.1")
-# Kernels added since the files were tuned, with where their H200 tune stands: a shipped model
-# uses them, but no file holds their winners yet (warmup serves their heuristic default). Once
-# a file holds one, the exemption must go.
-AWAITING_H200_TUNE = {"rope": "issue 39 item 1: written without a GPU, tuned next session"}
 
 
 def test_the_readme_names_every_shipped_model():
