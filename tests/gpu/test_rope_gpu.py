@@ -102,7 +102,7 @@ def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin, scaling):
 def _inputs(tokens=5, q_heads=4, kv_heads=2, d=128, rotary_dim=128, dtype=torch.bfloat16,
             positions_dtype=torch.int64, theta=1e6, llama3=None):
     """positions, q and k as views of a fused qkv buffer, the cos_sin_cache of every position
-    up to 8192 (fp32 angles rounded once, as vLLM's in q's dtype)."""
+    up to 8192 (float64 angles, rounded once to q's dtype, in which vLLM holds its cache)."""
     g = torch.Generator("cuda").manual_seed(0)
     qkv = torch.randn(tokens, q_heads + 2 * kv_heads, d, device="cuda", generator=g).to(dtype)
     positions = torch.randint(0, 8192, (tokens,), device="cuda", generator=g,
