@@ -11,13 +11,16 @@ from pathlib import Path
 
 from cutetune.build.artifacts import ArtifactStore
 from cutetune.build.publish import publish
-from testkit.fault_kernel import KERNEL, FaultConfig, FaultProblem
+from cutetune.kernels.activation import ActivationConfig, SiluAndMulProblem
+from cutetune.kernels.registry import get_kernel
 
-PROBLEM = FaultProblem(num_tokens=1)
-POINTS = [FaultConfig("ok", passes) for passes in (1, 2, 4)]
+KERNEL = get_kernel("silu_and_mul")
+PROBLEM = SiluAndMulProblem(num_tokens=1, dtype="bfloat16", intermediate=3072)
+POINTS = [ActivationConfig(vector_bits=128, vectors_per_thread=1, warps_per_block=warps,
+                           cache_hints="normal") for warps in (1, 4, 8)]
 
 
-def store_file(store: ArtifactStore, config: FaultConfig) -> Path:
+def store_file(store: ArtifactStore, config: ActivationConfig) -> Path:
     """A file published under the point's key, as a compile stores one."""
     return publish(store.directory / store.key(KERNEL, PROBLEM, config),
                    lambda path: path.write_bytes(os.urandom(64)))
