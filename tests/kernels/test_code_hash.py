@@ -338,7 +338,7 @@ def device_imports(kernel: KernelDef, copy: Path) -> list[tuple[Path, str]]:
 # may have registered a kernel of its own (testkit's fault kernel), whose files lie elsewhere.
 KERNELS = [name for name in kernel_names()
            if all(Path(path).resolve().is_relative_to(KERNELS_DIR)
-                  for path in get_kernel(name).device_files())]
+                  for path in get_kernel(name).device_files)]
 SEARCH_ONLY = {
     "heuristic": lambda kernel, copy: edit_functions(copy, kernel.default_config),
     "cost model": lambda kernel, copy: edit_functions(copy, kernel.cost),
