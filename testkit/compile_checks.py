@@ -5,11 +5,28 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
+from cutetune.kernels.registry import NotApplicableError
+from cutetune.spaces.models import PRESETS
 from testkit.every_point import assert_every_point
 
 # A global access: ld.global[.nc].v4.b32, st.global.b32, ...; group 1 the op, 2 the vector
 # count (absent: 1), 3 the bits per lane of the vector.
 GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
+
+
+def preset_params(kernel) -> list:
+    """A pytest param per problem the presets give `kernel` (in bf16), named after its preset;
+    presets the kernel does not apply to give none."""
+    params = []
+    for name, model in PRESETS.items():
+        try:
+            problems = kernel.problems_for_model(model, "bfloat16")
+        except NotApplicableError:
+            continue
+        params += [pytest.param(problem, id=name) for problem in problems]
+    return params
 
 
 def assert_points_compile(kernel, problem, configs) -> None:

@@ -16,25 +16,18 @@ import pytest
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormConfig, QKNormProblem
-from cutetune.kernels.registry import NotApplicableError
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.compile_checks import (
+    GLOBAL_ACCESS,
+    assert_points_compile,
+    preset_params,
+    ptx_of,
+)
 from testkit.covering_points import covering_configs
 
 DTYPES = ("bfloat16", "float16", "float32")
 H200 = DEVICE_SPECS["H200"]
-
-
-def _preset_params() -> list:
-    params = []
-    for name, model in PRESETS.items():
-        try:
-            problems = KERNEL.problems_for_model(model, "bfloat16")
-        except NotApplicableError:
-            continue
-        params += [pytest.param(problem, id=name) for problem in problems]
-    return params
 
 
 def _synthetic_params() -> list:
@@ -50,7 +43,7 @@ def _synthetic_params() -> list:
     ]
 
 
-PRESET_PARAMS = _preset_params()
+PRESET_PARAMS = preset_params(KERNEL)
 
 
 def test_sweep_covers_every_qwen3_preset():

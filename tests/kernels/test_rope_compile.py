@@ -15,7 +15,6 @@ from collections import Counter
 import pytest
 
 from cutetune.device.specs import DEVICE_SPECS
-from cutetune.kernels.registry import NotApplicableError
 from cutetune.kernels.rope import (
     CACHE,
     COMPUTED,
@@ -28,21 +27,15 @@ from cutetune.kernels.rope import (
 )
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.compile_checks import (
+    GLOBAL_ACCESS,
+    assert_points_compile,
+    preset_params,
+    ptx_of,
+)
 from testkit.covering_points import covering_configs
 
 H200 = DEVICE_SPECS["H200"]
-
-
-def _preset_params() -> list:
-    params = []
-    for name, model in PRESETS.items():
-        try:
-            problems = KERNEL.problems_for_model(model, "bfloat16")
-        except NotApplicableError:
-            continue
-        params += [pytest.param(problem, id=name) for problem in problems]
-    return params
 
 
 def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=NEOX, positions="int64",
@@ -60,7 +53,7 @@ SYNTHETIC = [
     pytest.param(_problem(dtype="float32", head_dim=256, rotary_dim=256, style=GPTJ,
                           positions="int32"), id="fp32-d256-gptj"),
 ]
-PRESET_PARAMS = _preset_params()
+PRESET_PARAMS = preset_params(KERNEL)
 
 
 def test_presets_cover_the_models_with_attention_heads():
