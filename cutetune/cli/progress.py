@@ -22,7 +22,7 @@ from cutetune.tuner.eta import RunEta
 from cutetune.tuner.isolated import TimeSplit
 from cutetune.tuner.model_run import BucketSummary, PendingBucket
 from cutetune.tuner.study import TrialOutcome
-from cutetune.tuner.tune import BucketPlan
+from cutetune.tuner.tune import BucketPlan, bucket_key
 
 # The head of the status line and of each finished bucket's line. The ETA is the run's own
 # (tuner/eta.py), not tqdm's: trials differ too much for a rate of trials to foretell the rest.
@@ -36,10 +36,6 @@ def _problem_label(problem) -> str:
 def _duration(seconds: float) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
-
-
-def _bucket_key(planned: BucketPlan) -> tuple:
-    return planned.kernel.name, planned.problem.with_tokens(1), planned.bucket
 
 
 class _StatusLine(tqdm):
@@ -95,11 +91,11 @@ class RunProgress:
         return _duration(seconds) if seconds is not None else "?"
 
     def bucket_started(self, planned: BucketPlan, expected_trials: int) -> None:
-        self._buckets[_bucket_key(planned)] = [0, expected_trials]
+        self._buckets[bucket_key(planned)] = [0, expected_trials]
 
     def trial(self, planned: BucketPlan, outcome: TrialOutcome,
               best: TrialOutcome | None) -> None:
-        counts = self._buckets[_bucket_key(planned)]
+        counts = self._buckets[bucket_key(planned)]
         counts[0] += 1
         best_text = f"best {best.measurement.median_us:.2f} us" if best else "no point ok yet"
         self._bar.set_description_str(

@@ -45,7 +45,7 @@ from cutetune.device.measure import (
     WARMUP_REPLAYS,
     input_sets_for,
 )
-from cutetune.tuner.tune import BucketPlan
+from cutetune.tuner.tune import BucketPlan, bucket_key
 
 if TYPE_CHECKING:
     from cutetune.tuner.isolated import Workers
@@ -110,11 +110,6 @@ class BucketWork:
     finalists_busy_s: float  # predicted GPU worker seconds re-measuring its finalists
     warm: tuple[Future, ...] = ()
     others: tuple[Future, ...] = ()
-
-
-def bucket_key(planned: BucketPlan) -> tuple:
-    """A bucket's name in a run: kernel, static problem, bucket (as a BucketSummary gives)."""
-    return planned.kernel.name, planned.problem.with_tokens(1), planned.bucket
 
 
 def bucket_work(planned: BucketPlan, trials: int, warm: Sequence[Future] = (),

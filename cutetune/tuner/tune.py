@@ -44,6 +44,12 @@ class BucketPlan:
         return self.problem.num_tokens
 
 
+def bucket_key(planned: BucketPlan) -> tuple:
+    """A bucket's name in a run: kernel, static problem, bucket (as a BucketSummary gives
+    them)."""
+    return planned.kernel.name, planned.problem.with_tokens(1), planned.bucket
+
+
 def plan_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spec: DeviceSpec,
                 ceilings: Ceilings) -> BucketPlan:
     """The plan of the bucket that serves `num_tokens`."""
