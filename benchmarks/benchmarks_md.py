@@ -20,14 +20,15 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.bench_tables import table as bench_table
+from benchmarks.winner_repro import compare_files
 from benchmarks.winner_repro import summary_lines as winner_repro_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = ROOT / "benchmarks" / "targets.md"
 OUT = ROOT / "BENCHMARKS.md"
-KINDS = ("bench", "tuned", "tune_walls", "winner_repro", "warmup", "warm_start", "host_overhead",
-         "host_units", "hf_step", "hf_drop_in")
+KINDS = ("bench", "tuned", "tune_walls", "tune_eta", "winner_repro", "warm_start",
+         "host_overhead", "host_units", "hf_drop_in")
 # The buckets the tuned tables show, decode to prefill.
 SHOWN_BUCKETS = (1, 8, 64, 512, 4096, 32768)
 
@@ -67,7 +68,7 @@ def read_index() -> pd.DataFrame:
     unknown = sorted(set(index["kind"]) - set(KINDS))
     if unknown:
         raise SystemExit(f"index.csv: unknown kind {', '.join(unknown)}; kinds: {KINDS}")
-    missing = [f for f in index["file"] if not (RESULTS / f).is_file()]
+    missing = [f for f in index["file"] if not (RESULTS / f).exists()]
     if missing:
         raise SystemExit(f"index.csv lists files that are not there: {', '.join(missing)}")
     listed = set(index["file"]) | {"index.csv"}
@@ -173,7 +174,36 @@ def winner_repro_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         "the buckets whose runs all named the same winner (target: at least 95%, issue 38), "
         "and where they differ, the largest gap between one run's winner and another's, "
         "measured in the same run (side by side where both were finalists), against that "
-        "run's tie band.", rows, lambda path: winner_repro_lines(pd.read_csv(path)))
+        "run's tie band. Each source is a folder of the runs' CSVs, compared here.", rows,
+        lambda folder: winner_repro_lines(compare_files(sorted(folder.glob("*-run*.csv")))))
+
+
+# Issue 38 item 3: the ETA within this share of the true remaining time from 5% of the trials.
+ETA_TARGET_PCT = 30
+
+
+def tune_eta_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    return sourced_section(
+        "## The ETA of a whole-model run",
+        "`python3 -m benchmarks.tune_eta`: one whole-model `cutetune tune` run into an empty "
+        "database with a cold artifact cache; the ETA its status line showed when 5%, 25% and "
+        "50% of the planned trials were done, beside the time the run then still took, and the "
+        "ETA a mean rate since the start would have given. Error: ETA over the true remaining "
+        f"time, less 1; in bold beyond the target of {ETA_TARGET_PCT}%.", rows, tune_eta_table)
+
+
+def tune_eta_table(path: Path) -> list[str]:
+    def error(pct: float) -> str:
+        return f"{pct:+.0f}%" if abs(pct) <= ETA_TARGET_PCT else f"**{pct:+.0f}%**"
+
+    frame = pd.read_csv(path)
+    return ["| model | tokens | trials done | elapsed | ETA | true remaining | error | "
+            "mean-rate ETA (error) | whole run |", "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            *(f"| {r.model} | {r.tokens} | {r.trials_done} of {r.trials_planned} "
+              f"({r.share_pct}%) | {r.elapsed_s:.0f} s | {r.eta_s:.0f} s | "
+              f"{r.true_remaining_s:.0f} s | {error(r.eta_error_pct)} | "
+              f"{r.mean_rate_eta_s:.0f} s ({r.mean_rate_error_pct:+.0f}%) | {r.run_s:.0f} s |"
+              for r in frame.itertuples())]
 
 
 def tune_walls_table(path: Path) -> list[str]:
@@ -186,25 +216,6 @@ def tune_walls_table(path: Path) -> list[str]:
     return ["| model | first run | same command again |", "|---|---:|---:|",
             *(f"| {model} | {w['first']} s | {w['again']} s |"
               for model, w in sorted(walls.items()))]
-
-
-def warmup_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
-    return sourced_section(
-        "## Warmup time",
-        "`cutetune.warmup(model)` in a fresh process (torch imported, CUDA initialised, the "
-        "bytecode of what it imports compiled, as an installed package has it), with a "
-        "distinct winner at every bucket of every problem: cold (empty artifact cache, "
-        "compiled in parallel processes) and warm (every point loaded from the cache), and how "
-        "many CuTeDSL modules the warm warmup imported. The time is the warmup call's alone, "
-        "after the process had initialised CUDA, which an engine's warm start pays too.",
-        rows, warmup_table)
-
-
-def warmup_table(path: Path) -> list[str]:
-    return ["| model | distinct points | cold | warm | CuTeDSL modules (warm) | CPU cores |",
-            "|---|---:|---:|---:|---:|---:|",
-            *(f"| {r.model} | {r.points} | {r.cold_s} s | **{r.warm_s} s** | "
-              f"{r.warm_cutedsl_modules} | {r.cpus} |" for r in pd.read_csv(path).itertuples())]
 
 
 def warm_start_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
@@ -234,43 +245,6 @@ def warm_start_table(path: Path) -> list[str]:
               f"{'-' if pd.isna(r.cuda_init_s) else f'{r.cuda_init_s} s'} | "
               f"{r.cutedsl_modules} / {r.optuna_modules} / {r.sqlalchemy_modules} | {r.cpus} |"
               for r in pd.read_csv(path).itertuples())]
-
-
-def hf_step_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
-    return sourced_section(
-        "## A Hugging Face model's step",
-        "A 2-layer Qwen3-30B-A3B-shaped `transformers` model (random bf16 weights, a "
-        "4096-token vocabulary), unpatched, patched by `cutetune.integrations.transformers."
-        "patch`, and patched by liger-kernel's `apply_liger_kernel_to_qwen3_moe`: a decode step "
-        "is a (batch, 1) forward without a KV cache, the prefill one sequence of 4096 tokens; "
-        "medians of 50 calls timed with CUDA events (us). The unpatched model cannot be "
-        "captured in a CUDA graph (transformers' expert loop reads on the host which experts "
-        "were hit); liger's patched model failed to capture too (CUDA: 'operation failed due "
-        "to a previous error during capture'). Where measured, the kernels' device time of one "
-        "eager forward (torch.profiler, summed), unpatched and patched by cutetune, and the "
-        "part of the patched one cutetune's kernels take.",
-        rows, hf_step_table)
-
-
-def hf_step_table(path: Path) -> list[str]:
-    """A column per variant (us); where the file has the patched forward's kernel time, a last
-    column with the part cutetune's kernels take (hf_decode_step.py writes it as a note)."""
-    frame = pd.read_csv(path)
-    us = frame.pivot_table(index="case", columns="model", values="median us", sort=False)
-    variants = list(frame["model"].unique())
-    notes = frame["note"].fillna("")
-    share = notes.str.startswith("cutetune's kernels ")
-    shares = dict(zip(frame.loc[share, "case"],
-                      notes[share].str.removeprefix("cutetune's kernels "), strict=True))
-    extra = ["cutetune's kernels (share)"] if shares else []
-    lines = ["| case | " + " | ".join(variants + extra) + " |",
-             "|---|" + "---:|" * (len(variants) + len(extra))]
-    for case in us.index:
-        cells = [f"{us.loc[case, v]:.0f}" if pd.notna(us.loc[case].get(v)) else "-"
-                 for v in variants]
-        lines.append(f"| {case} | " + " | ".join(
-            cells + ([shares.get(case, "-")] if shares else [])) + " |")
-    return lines
 
 
 # Issue 38 item 4: the patched model at least this many times as fast as transformers' own.
@@ -372,9 +346,9 @@ def host_units_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
 # Each section is written from its kind's rows of the index; it gets the whole index too (the
 # peers' section names the kernels the tuned files hold but no bench file does).
 SECTIONS = {"bench": bench_section, "tuned": tuned_section, "tune_walls": tune_walls_section,
-            "warmup": warmup_section, "warm_start": warm_start_section,
+            "tune_eta": tune_eta_section, "warm_start": warm_start_section,
             "host_overhead": host_overhead_section,
-            "host_units": host_units_section, "hf_step": hf_step_section,
+            "host_units": host_units_section,
             "hf_drop_in": hf_drop_in_section, "winner_repro": winner_repro_section}
 
 

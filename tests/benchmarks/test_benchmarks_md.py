@@ -31,8 +31,8 @@ def test_a_data_file_the_index_does_not_list_is_refused(results_copy):
 
 
 def test_a_listed_file_that_is_missing_is_refused(results_copy):
-    (results_copy / "warmup-0c0d6b2.csv").unlink()
-    with pytest.raises(SystemExit, match="not there: warmup-0c0d6b2.csv"):
+    (results_copy / "warm-start-b640aae.csv").unlink()
+    with pytest.raises(SystemExit, match="not there: warm-start-b640aae.csv"):
         generator.benchmarks_md()
 
 
@@ -40,13 +40,18 @@ def test_every_section_comes_from_its_data():
     text = generator.benchmarks_md()
     for heading in ("## Method", "## Kernels against the peers",
                     "## Tuned winners of the shipped models", "## Whole-model tuning time",
-                    "## Warmup time", "## Host time per call", "## A Hugging Face model's step",
-                    "## Targets missed"):
+                    "## The ETA of a whole-model run", "## Winners of fresh runs",
+                    "## Warm start", "## Host time per call",
+                    "## The Hugging Face drop-in against transformers", "## Targets missed"):
         assert heading in text
     # A number from each kind of file, as the file holds it.
-    assert "| qwen3-8b | 60 | 16.74 s | **0.864 s** | 0 | 16 |" in text
-    assert ("| prefill 4096 tokens | 8588 | 6619 | 4717 | - | 3474 | 6477 | - | 308.5 us (8.9%) |"
-            in text)
+    assert ("| qwen3-8b | 74 | 74 | 14.05 s | 1.786 s | 0.0004 s | **0.255 s** | 0.262 s | "
+            "0.024 s | 0.199 s | 0 / 0 / 0 | 16 |") in text
+    assert ("| qwen3_moe | decode batch 64 | 14216 | 12601 | 1.13x | 10132 / 9462 (54) | 10960 "
+            "| 10128 | 1.08x | 0.0625 |") in text
+    assert "| 182 of 728 (25%) | 62 s | 151 s | 102 s | **+47%** | 186 s (+81%) | 164 s |" in text
+    # The winners' table is compared from the runs' own CSVs in the listed folder.
+    assert "| qwen3-8b | 4 | 30 | **21 (70%)** | 0 | 9 |" in text
     assert "| moe_dispatch into buffers | 10.88 us | 12.38 us | **1.50 us** | 2.32 us |" in text
     assert "555.04 (104.8%)" in text
 
@@ -88,20 +93,6 @@ def test_a_newer_bench_file_gives_the_current_number_of_what_both_measured(resul
     assert ("| hidden=7 | 4096 | - | 22.00 | 44.00 | - | - | - | 5.00 | 50.0% | 22.7% | 2.00x |"
             in text)
     assert "11.00" not in text
-
-
-def test_the_hf_step_table_shows_cutetunes_share_where_the_file_has_it(results_copy):
-    add_listed_file(results_copy, "hf-step-abc1234.csv", "hf_step",
-                    "case,model,median us,IQR us,note\n"
-                    "decode batch 1,\"unpatched, eager\",5000.0,10.0,\n"
-                    "decode batch 1,\"cutetune, CUDA graph\",370.0,2.0,\n"
-                    "decode batch 1,\"cutetune, kernels' device time\",360.0,,"
-                    "cutetune's kernels 21.0 us (5.8%)\n",
-                    "python3 -m benchmarks.hf_decode_step --layers 2 --out F")
-    text = generator.benchmarks_md()
-    assert ("| case | unpatched, eager | cutetune, CUDA graph | cutetune, kernels' device time "
-            "| cutetune's kernels (share) |") in text
-    assert "| decode batch 1 | 5000 | 370 | 360 | 21.0 us (5.8%) |" in text
 
 
 def test_the_host_time_table_shows_the_unlaunched_cost(results_copy):
@@ -169,5 +160,18 @@ def test_the_warm_start_table_comes_from_a_listed_file_and_shows_cuda_where_meas
             "| 0.35 s | 0 / 0 / 0 | 16 |") in text
     assert ("| deepseek-v3 | 90 | 90 | 17.0 s | 2.2 s | 0.0007 s | **0.58 s** | 0.6 s | 0.05 s "
             "| - |") in text
-    assert text.index("## Warmup time") < text.index("## Warm start") < text.index(
+    assert text.index("## Winners of fresh runs") < text.index("## Warm start") < text.index(
         "## Host time per call")
+
+
+def test_the_eta_table_marks_an_error_beyond_the_target(results_copy):
+    """Synthetic numbers (a test input, not a measurement): within 30% plain, beyond it bold."""
+    add_listed_file(results_copy, "tune-eta-abc1234.csv", "tune_eta",
+                    "model,tokens,share_pct,trials_done,trials_planned,elapsed_s,eta_s,"
+                    "true_remaining_s,eta_error_pct,mean_rate_eta_s,mean_rate_error_pct,run_s\n"
+                    "m,\"1,8\",5,10,200,4.0,110.0,100.0,10.0,150.0,50.0,104.0\n"
+                    "m,\"1,8\",25,50,200,20.0,40.0,84.0,-52.4,60.0,-28.6,104.0\n",
+                    "python3 -m benchmarks.tune_eta --model m --out F")
+    text = generator.benchmarks_md()
+    assert "| m | 1,8 | 10 of 200 (5%) | 4 s | 110 s | 100 s | +10% | 150 s (+50%) | 104 s |" in text
+    assert "| m | 1,8 | 50 of 200 (25%) | 20 s | 40 s | 84 s | **-52%** | 60 s (-29%) | 104 s |" in text

@@ -153,17 +153,20 @@ def test_runs_resume_and_stop_within_the_budget(tmp_path, monkeypatch):
     assert "| model | runs | buckets | same winner |" in done.stdout
 
 
-def test_benchmarks_md_shows_the_comparison_only_where_one_is_listed(tmp_path, monkeypatch):
+def test_benchmarks_md_compares_the_runs_of_a_listed_folder(tmp_path, monkeypatch):
     assert ("winner_repro" in set(generator.read_index()["kind"])) == (
         "## Winners of fresh runs" in generator.benchmarks_md())
     copy = tmp_path / "results"
     shutil.copytree(generator.RESULTS, copy)
     monkeypatch.setattr(generator, "RESULTS", copy)
-    winner_repro.compare(synthetic_runs()).to_csv(copy / "winner-repro-abc1234.csv",
-                                                  index=False)
+    # A listed folder of the runs' CSVs, as `winner_repro run --out` writes them.
+    folder = copy / "winner-repro-abc1234"
+    folder.mkdir()
+    for (model, run), rows in synthetic_runs().groupby(["model", "run"]):
+        rows.to_csv(folder / f"{winner_repro.run_name(model, run)}.csv", index=False)
     with (copy / "index.csv").open("a") as index:
-        index.write("winner-repro-abc1234.csv,winner_repro,abc1234,2026-12-04,one H200,"
-                    "python3 -m benchmarks.winner_repro compare RUNS --out F\n")
+        index.write("winner-repro-abc1234,winner_repro,abc1234,2026-12-04,one H200,"
+                    "python3 -m benchmarks.winner_repro run --out F\n")
     text = generator.benchmarks_md()
     assert "## Winners of fresh runs" in text
     assert "| m | 5 | 4 | **1 (25%)** | 1 | 2 |" in text
