@@ -10,7 +10,12 @@ tuner/eta.py (the mean rate of trials since the start, times the trials left).
         --tokens 1,8,64,512,4096,32768 --out OUT.csv [--readings READINGS.csv]
 
 A Kimi-K2 config at those six buckets (8 problems, about 700 trials) takes a few minutes on one
-H200 (all 16 buckets: about 7); the reading at every trial goes to --readings.
+H200 (all 16 buckets: about 7); the reading at every trial goes to --readings, with the
+trial's kernel and what the run's time split (tuner/isolated.py TimeSplit) held by then: the
+GPU worker's verify and timing seconds, the seconds trials waited for compiles, and the CPU
+seconds of the compiles the pool has finished. From those the tuner's own time between trials
+can be told per kernel and against the pool's activity, which the ETA's rates are calibrated
+from.
 """
 
 from __future__ import annotations
@@ -37,18 +42,24 @@ DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 32768)
 
 @dataclass(frozen=True)
 class Reading:
-    """After a trial: seconds since the run started, trials done, the ETA shown."""
+    """After a trial: seconds since the run started, trials done, the ETA shown, the trial's
+    kernel, and the run's time split so far (seconds)."""
 
     elapsed_s: float
     done: int
     eta_s: float
+    kernel: str
+    gpu_busy_s: float
+    compile_wait_s: float
+    compile_cpu_s: float
 
 
 class RecordingProgress(RunProgress):
     """The CLI's progress display, noting the ETA it shows after each trial."""
 
-    def __init__(self, stream: TextIO | None = None):
+    def __init__(self, workers: Workers, stream: TextIO | None = None):
         super().__init__(stream)
+        self.workers = workers
         self.readings: list[Reading] = []
         self.planned = 0
         self.started_at: float | None = None
@@ -60,8 +71,11 @@ class RecordingProgress(RunProgress):
 
     def trial(self, planned, outcome, best) -> None:
         super().trial(planned, outcome, best)
+        split = self.workers.split
         self.readings.append(Reading(time.monotonic() - self.started_at,
-                                     len(self.readings) + 1, self.eta_s()))
+                                     len(self.readings) + 1, self.eta_s(), planned.kernel.name,
+                                     split.verify_s + split.timing_s, split.compile_wait_s,
+                                     self.workers.pool.cpu_seconds))
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,7 @@ class RecordedRun:
 def record_run(units: Sequence[Unit], buckets: Sequence[int], db: Database, workers: Workers,
                options: RunOptions, stream: TextIO | None = None) -> RecordedRun:
     """Tune `units` at `buckets` as `cutetune tune` does, noting the ETA after each trial."""
-    progress = RecordingProgress(stream)
+    progress = RecordingProgress(workers, stream)
     with progress:
         tune_model(units, buckets, db, workers, options, progress)
     ended = time.monotonic()

@@ -173,5 +173,7 @@ def test_the_eta_table_marks_an_error_beyond_the_target(results_copy):
                     "m,\"1,8\",25,50,200,20.0,40.0,84.0,-52.4,60.0,-28.6,104.0\n",
                     "python3 -m benchmarks.tune_eta --model m --out F")
     text = generator.benchmarks_md()
-    assert "| m | 1,8 | 10 of 200 (5%) | 4 s | 110 s | 100 s | +10% | 150 s (+50%) | 104 s |" in text
-    assert "| m | 1,8 | 50 of 200 (25%) | 20 s | 40 s | 84 s | **-52%** | 60 s (-29%) | 104 s |" in text
+    assert ("| m | 1,8 | 10 of 200 (5%) | 4 s | 110 s | 100 s | +10% | 150 s (+50%) | 104 s |"
+            in text)
+    assert ("| m | 1,8 | 50 of 200 (25%) | 20 s | 40 s | 84 s | **-52%** | 60 s (-29%) | 104 s |"
+            in text)

@@ -14,7 +14,8 @@ from testkit.sound_fault_points import UNITS, sound_points_only
 
 
 def test_each_share_takes_the_first_reading_at_or_past_it():
-    readings = [Reading(elapsed_s=10.0 * done, done=done, eta_s=300.0 - 10 * done)
+    readings = [Reading(elapsed_s=10.0 * done, done=done, eta_s=300.0 - 10 * done,
+                        kernel="k", gpu_busy_s=0.0, compile_wait_s=0.0, compile_cpu_s=0.0)
                 for done in range(1, 21)]
     table = rows(RecordedRun(readings, planned=20, run_s=250.0))
     assert [(r["share_pct"], r["trials_done"]) for r in table] == [(5, 1), (25, 5), (50, 10)]
@@ -32,6 +33,13 @@ def test_a_recorded_run_has_a_reading_per_trial(tmp_path, capsys):
     db.dispose()
     assert run.planned == 6 and [r.done for r in run.readings] == list(range(1, 7))
     assert all(r.eta_s >= 0 for r in run.readings)
+    # Each reading names its trial's kernel and the run's time split so far, which only grows.
+    assert {r.kernel for r in run.readings} == {unit.kernel.name for unit in UNITS}
+    for earlier, later in zip(run.readings, run.readings[1:], strict=False):
+        assert later.gpu_busy_s >= earlier.gpu_busy_s
+        assert later.compile_wait_s >= earlier.compile_wait_s
+        assert later.compile_cpu_s >= earlier.compile_cpu_s
+    assert run.readings[-1].compile_cpu_s > 0  # the pool compiled the fault kernel's points
     assert run.readings[-1].elapsed_s < run.run_s
     assert [r["trials_done"] for r in rows(run)] == [1, 2, 3]
     assert "ETA" in capsys.readouterr().err  # the display's lines, as the CLI shows them
