@@ -261,8 +261,9 @@ def _rope(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
     kind = "mrope" if "mrope_section" in scaling else scaling.get("rope_type",
                                                                   scaling.get("type"))
     scaled = kind not in (None, "default")
+    # YaRN's truncate, a bool, reads as 1.0 or 0.0 beside the numbers.
     numbers = tuple(sorted((key, float(value)) for key, value in scaling.items()
-                           if isinstance(value, int | float) and not isinstance(value, bool)
+                           if isinstance(value, int | float)
                            and key not in ("rope_theta", "partial_rotary_factor")))
     return dict(rope_thetas=thetas, partial_rotary_factor=factor,
                 rope_scaling=str(kind) if scaled else None,

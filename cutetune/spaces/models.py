@@ -45,7 +45,7 @@ class ModelShape:
     # layer (Gemma 3's sliding-window layers have their own), empty where the config states
     # none (the families' defaults are not read); the share of a head it rotates; the frequency
     # scaling's type (rope_type), None for plain theta, and its numbers by name (factor,
-    # low_freq_factor, original_max_position_embeddings, ...).
+    # low_freq_factor, original_max_position_embeddings, ...; YaRN's truncate as 1.0 or 0.0).
     rope_thetas: tuple[float, ...] = ()
     partial_rotary_factor: float = 1.0
     rope_scaling: str | None = None

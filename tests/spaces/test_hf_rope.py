@@ -17,6 +17,10 @@ CONFIG_FILES = (sorted(PRESETS_DIR.glob("*.json"))
                 + sorted((Path(__file__).parents[1] / "data" / "hf_configs").glob("*.json")))
 # Kimi-K2's auto_map names DeepSeek-V3's configuration code.
 CLASS_OF_TYPE = {"kimi_k2": "deepseek_v3"}
+# Qwen3's long-context setting, as its model cards give it.
+QWEN3_YARN = {**json.loads((PRESETS_DIR / "qwen3-8b.json").read_text()),
+              "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                               "original_max_position_embeddings": 32768}}
 
 
 def _rope_parameters(raw: dict) -> list[dict]:
@@ -30,6 +34,7 @@ def _rope_parameters(raw: dict) -> list[dict]:
 
 @pytest.mark.parametrize("raw", [
     *[pytest.param(json.loads(path.read_text()), id=path.stem) for path in CONFIG_FILES],
+    pytest.param(QWEN3_YARN, id="qwen3-8b-yarn"),
     *[pytest.param({"model_type": t}, id=f"bare-{t}") for t in sorted(FAMILY_OF_TYPE)],
 ])
 def test_rope_reading_matches_transformers(raw):
