@@ -3,8 +3,9 @@
 For each token t at position p = positions[t] and each rotated pair (x1, x2) of a head with
 pair index i < rotary_dim / 2:
 
-    angle = p * theta ** (-2 i / rotary_dim)      (Llama 3 scaling: the frequency scaled first)
+    angle = p * theta ** (-2 i / rotary_dim)      (Llama 3, YaRN: the frequency scaled first)
     (x1, x2) <- (x1 cos(angle) - x2 sin(angle),  x2 cos(angle) + x1 sin(angle))
+                                                  (YaRN: cos and sin times its attention_factor)
 
 NeoX style pairs element i with element i + rotary_dim / 2 (rotate halves); GPT-J style pairs
 elements 2i and 2i + 1 (interleaved). Only the first rotary_dim elements of a head rotate
@@ -15,7 +16,9 @@ projection as engines hold them. cos and sin come either from cos_sin_cache
 (max_position, rotary_dim), cos in its first half and sin in its second (vLLM's convention),
 or are computed in the kernel from the position, theta and the frequency scaling (Llama 3's
 stretches the low frequencies by `scaling_factor`, the high ones not, and blends between them by
-how many turns a pair makes over the original context): the config's `cos_sin` chooses, so
+how many turns a pair makes over the original context; YaRN blends them by the pair's index
+along a ramp between two correction dimensions, and scales cos and sin by its attention factor,
+which a YaRN cache's rows hold already, as vLLM's do): the config's `cos_sin` chooses, so
 the tuner picks whichever is faster for the shape; both compute the same rotation. The token
 count and strides are dynamic; everything else is compile-time.
 
@@ -26,6 +29,7 @@ token, so the cos and sin it loads or computes serve all of them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -61,7 +65,16 @@ COMPUTED = "computed"
 # Frequency scalings, by transformers' rope_type.
 DEFAULT = "default"
 LLAMA3 = "llama3"
-SCALINGS = (DEFAULT, LLAMA3)
+YARN = "yarn"
+SCALINGS = (DEFAULT, LLAMA3, YARN)
+# The scaling fields of RopeProblem each scaling reads; the others stay at their defaults.
+SCALING_FIELDS = {
+    DEFAULT: (),
+    LLAMA3: ("scaling_factor", "low_freq_factor", "high_freq_factor", "original_max_position"),
+    YARN: ("scaling_factor", "original_max_position", "beta_fast", "beta_slow", "truncate",
+           "attention_factor"),
+}
+SCALED_FIELDS = frozenset(name for names in SCALING_FIELDS.values() for name in names)
 # The longest context the inputs of tests and tuning reach: positions are drawn up to it, where
 # an fp32 angle would be off by a hundredth of a radian.
 MAX_POSITION = 1 << 17
@@ -90,12 +103,22 @@ class RopeProblem(Problem):
     # Llama 3's scaling (transformers' rope_parameters): the frequencies of pairs that turn
     # fewer than low_freq_factor times over the original_max_position tokens are divided by
     # scaling_factor, those that turn more than high_freq_factor times are kept, those between
-    # blended. At their defaults under the default scaling.
+    # blended. At their defaults where the scaling does not read them (SCALING_FIELDS).
     scaling: str = DEFAULT
     scaling_factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 1.0
     original_max_position: int = 0
+    # YaRN's (transformers' rope_parameters, their defaults but for attention_factor): pairs
+    # that turn more than beta_fast times over the original_max_position tokens keep their
+    # frequency, those that turn fewer than beta_slow times are divided by scaling_factor, those
+    # between blended along a ramp of pair indices (its ends rounded outwards where `truncate`);
+    # cos and sin are multiplied by attention_factor, resolved as transformers resolves it
+    # (yarn_attention_factor where the config states none).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -122,16 +145,29 @@ class RopeProblem(Problem):
         if self.scaling not in SCALINGS:
             raise ValueError(f"scaling {self.scaling!r} not supported: use "
                              f"{' or '.join(SCALINGS)}")
-        factors = (self.scaling_factor, self.low_freq_factor, self.high_freq_factor,
-                   self.original_max_position)
-        if self.scaling == DEFAULT and factors != (1.0, 1.0, 1.0, 0):
-            raise ValueError(f"the default scaling takes no factors, got {factors}")
+        if not isinstance(self.truncate, bool):
+            raise ValueError(f"truncate must be True or False, got {self.truncate!r}")
+        stray = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                 if f.name in SCALED_FIELDS and f.name not in SCALING_FIELDS[self.scaling]
+                 and getattr(self, f.name) != f.default]
+        if stray:
+            raise ValueError(f"the {self.scaling} scaling takes no factors, got "
+                             f"{', '.join(stray)}")
+        stated = ", ".join(f"{name}={getattr(self, name)!r}"
+                           for name in SCALING_FIELDS[self.scaling])
         if self.scaling == LLAMA3 and not (
                 1 <= self.scaling_factor < math.inf
                 and 0 < self.low_freq_factor < self.high_freq_factor < math.inf
                 and self.original_max_position >= 1):
             raise ValueError(f"llama3 scaling needs scaling_factor >= 1, 0 < low_freq_factor < "
-                             f"high_freq_factor and original_max_position >= 1, got {factors}")
+                             f"high_freq_factor and original_max_position >= 1, got {stated}")
+        if self.scaling == YARN and not (
+                1 <= self.scaling_factor < math.inf and self.original_max_position >= 1
+                and 0 < self.beta_slow <= self.beta_fast < math.inf
+                and 0 < self.attention_factor < math.inf):
+            raise ValueError(f"yarn scaling needs scaling_factor >= 1, original_max_position >= "
+                             f"1, 0 < beta_slow <= beta_fast and attention_factor > 0, got "
+                             f"{stated}")
 
     @property
     def heads(self) -> int:
@@ -145,6 +181,49 @@ class RopeProblem(Problem):
             return None
         return (self.scaling_factor, self.low_freq_factor, self.high_freq_factor,
                 self.original_max_position)
+
+    @property
+    def yarn(self) -> tuple[float, float, float, float] | None:
+        """(scaling_factor, low, high, attention_factor) under YaRN's scaling, else None: pair
+        i's frequency is divided by scaling_factor with the weight clamp((i - low) / (high -
+        low), 0, 1) and kept with the rest (yarn_ramp gives low and high)."""
+        if self.scaling != YARN:
+            return None
+        low, high = yarn_ramp(self.rotary_dim, self.theta, self.beta_fast, self.beta_slow,
+                              self.original_max_position, self.truncate)
+        return (self.scaling_factor, low, high, self.attention_factor)
+
+
+def yarn_ramp(rotary_dim: int, theta: float, beta_fast: float, beta_slow: float,
+              original_max_position: int, truncate: bool) -> tuple[float, float]:
+    """The ends of YaRN's ramp of pair indices, transformers' find_correction_range: where a
+    pair turns beta_fast and beta_slow times over the original context, rounded outwards where
+    `truncate`, clamped to [0, rotary_dim - 1] (transformers' bound, though the pairs stop at
+    rotary_dim / 2), and apart by 0.001 where they meet, as transformers keeps them."""
+
+    def dimension(turns: float) -> float:
+        return (rotary_dim * math.log(original_max_position / (turns * 2 * math.pi))
+                / (2 * math.log(theta)))
+
+    low, high = dimension(beta_fast), dimension(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    return float(low), float(high + 0.001 if low == high else high)
+
+
+def yarn_attention_factor(factor: float, mscale: float | None = None,
+                          mscale_all_dim: float | None = None) -> float:
+    """transformers' default attention_factor of YaRN where the config states none: the
+    paper's 0.1 mscale ln(factor) + 1 (1 for factor <= 1), with mscale 1, or its ratio at
+    mscale and mscale_all_dim where both are given (DeepSeek)."""
+
+    def get_mscale(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if mscale and mscale_all_dim:
+        return get_mscale(mscale) / get_mscale(mscale_all_dim)
+    return get_mscale(1.0)
 
 
 @dataclass(frozen=True)
@@ -307,11 +386,20 @@ def launch(compiled, tensors: Tensors) -> None:
 
 
 def inverse_frequencies(rotary_dim: int, theta: float,
-                        llama3: tuple[float, float, float, int] | None = None) -> torch.Tensor:
+                        llama3: tuple[float, float, float, int] | None = None,
+                        yarn: tuple[float, float, float, float] | None = None) -> torch.Tensor:
     """theta ** (-2 i / rotary_dim) for each pair i, in float64, scaled as Llama 3 scales them
-    where `llama3` (RopeProblem.llama3) is given: transformers' _compute_llama3_parameters."""
+    where `llama3` (RopeProblem.llama3) is given: transformers' _compute_llama3_parameters; as
+    YaRN does where `yarn` (RopeProblem.yarn) is: its _compute_yarn_parameters."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
     inverse = theta ** -exponents
+    if yarn is not None:
+        factor, low, high, _ = yarn
+        # Interpolated (divided by the factor) by the pair's weight on the ramp, extrapolated
+        # (kept) by the rest.
+        ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low)
+                / (high - low)).clamp(0, 1)
+        return inverse / factor * ramp + inverse * (1 - ramp)
     if llama3 is None:
         return inverse
     factor, low, high, context = llama3
@@ -323,12 +411,15 @@ def inverse_frequencies(rotary_dim: int, theta: float,
 
 
 def cos_sin_table(positions: torch.Tensor, rotary_dim: int, theta: float,
-                  llama3: tuple[float, float, float, int] | None = None) -> torch.Tensor:
+                  llama3: tuple[float, float, float, int] | None = None,
+                  yarn: tuple[float, float, float, float] | None = None) -> torch.Tensor:
     """(len(positions), rotary_dim) float64: cos of each pair's angle, then sin, the layout of
-    vLLM's cos_sin_cache. In float64: an fp32 angle at position 2^17 is off by up to 0.008 rad."""
+    vLLM's cos_sin_cache, both times YaRN's attention factor under `yarn` (as vLLM's YaRN cache
+    holds them). In float64: an fp32 angle at position 2^17 is off by up to 0.008 rad."""
     angles = positions.to(torch.float64)[:, None] * inverse_frequencies(
-        rotary_dim, theta, llama3).to(positions.device)[None, :]
-    return torch.cat((angles.cos(), angles.sin()), dim=-1)
+        rotary_dim, theta, llama3, yarn).to(positions.device)[None, :]
+    table = torch.cat((angles.cos(), angles.sin()), dim=-1)
+    return table if yarn is None else table * yarn[3]
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
@@ -353,7 +444,7 @@ def reference(tensors: Tensors, problem: RopeProblem) -> dict[str, torch.Tensor]
     """q and k rotated by the exact cos and sin of their positions (float64 angles; the result
     in fp32)."""
     table = cos_sin_table(tensors["positions"], problem.rotary_dim, problem.theta,
-                          problem.llama3)
+                          problem.llama3, problem.yarn)
     cos, sin = table.chunk(2, dim=-1)
     return {name: rotated(tensors[name], cos, sin, problem.style).float() for name in ("q", "k")}
 
@@ -373,7 +464,7 @@ def make_inputs(problem: RopeProblem, device, generator: torch.Generator) -> Ten
     cache = torch.full((MAX_POSITION, problem.rotary_dim), math.nan, device=device,
                        dtype=cache_dtype)
     cache[positions] = cos_sin_table(positions, problem.rotary_dim, problem.theta,
-                                     problem.llama3).to(cache_dtype)
+                                     problem.llama3, problem.yarn).to(cache_dtype)
     return {
         "positions": positions,
         "q": qkv[:, : problem.q_heads],
@@ -399,18 +490,30 @@ def problems_for_model(model: ModelShape, dtype: str) -> list[RopeProblem]:
 
 
 def _scaling_fields(model: ModelShape) -> dict:
-    """The problem's scaling fields of the model's rope_scaling; NotApplicableError for a
-    scaling rope does not compute yet."""
+    """The problem's scaling fields of the model's rope_scaling, with transformers' defaults
+    for what it leaves out; NotApplicableError for a scaling rope does not compute yet."""
     if model.rope_scaling is None:
         return {}
-    if model.rope_scaling != LLAMA3:
-        raise NotApplicableError(f"model {model.name} scales its frequencies "
-                                 f"({model.rope_scaling}), which rope does not compute yet")
     numbers = dict(model.rope_scaling_parameters)
-    return dict(scaling=LLAMA3, scaling_factor=numbers["factor"],
-                low_freq_factor=numbers["low_freq_factor"],
-                high_freq_factor=numbers["high_freq_factor"],
-                original_max_position=int(numbers["original_max_position_embeddings"]))
+    if model.rope_scaling == LLAMA3:
+        return dict(scaling=LLAMA3, scaling_factor=numbers["factor"],
+                    low_freq_factor=numbers["low_freq_factor"],
+                    high_freq_factor=numbers["high_freq_factor"],
+                    original_max_position=int(numbers["original_max_position_embeddings"]))
+    if model.rope_scaling == YARN:
+        factor = numbers["factor"]
+        attention = numbers.get("attention_factor")
+        # transformers reads a beta of 0 as unstated, like a missing one.
+        return dict(scaling=YARN, scaling_factor=factor,
+                    original_max_position=int(numbers["original_max_position_embeddings"]),
+                    beta_fast=numbers.get("beta_fast") or 32.0,
+                    beta_slow=numbers.get("beta_slow") or 1.0,
+                    truncate=bool(numbers.get("truncate", True)),
+                    attention_factor=attention if attention is not None else
+                    yarn_attention_factor(factor, numbers.get("mscale"),
+                                          numbers.get("mscale_all_dim")))
+    raise NotApplicableError(f"model {model.name} scales its frequencies "
+                             f"({model.rope_scaling}), which rope does not compute yet")
 
 
 KERNEL = register(KernelDef(

@@ -8,7 +8,15 @@ import torch
 
 from cutetune.fast_call import Dim, DType, FastCall, Value
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
-from cutetune.kernels.rope import DEFAULT, GPTJ, KERNEL, NEOX, RopeProblem
+from cutetune.kernels.rope import (
+    DEFAULT,
+    GPTJ,
+    KERNEL,
+    NEOX,
+    YARN,
+    RopeProblem,
+    yarn_attention_factor,
+)
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 POSITION_DTYPE_NAMES = {torch.int32: "int32", torch.int64: "int64"}
@@ -78,8 +86,9 @@ def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
          cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool = True,
          scaling: str = DEFAULT, scaling_factor: float = 1.0, low_freq_factor: float = 1.0,
-         high_freq_factor: float = 1.0,
-         original_max_position: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+         high_freq_factor: float = 1.0, original_max_position: int = 0, beta_fast: float = 32.0,
+         beta_slow: float = 1.0, truncate: bool = True,
+         attention_factor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate the first rotary_dim elements of every head of q (tokens, q_heads, head_dim) and
     k (tokens, kv_heads, head_dim) in place by the angles of `positions` (tokens,), int32 or
     int64, in one launch on the current stream: NeoX style (rotate halves) where `is_neox`,
@@ -88,22 +97,29 @@ def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     cos_sin_cache is vLLM's (max_position, rotary_dim): cos of each pair's angle in its first
     half, sin in its second, for the frequencies rope_theta ** (-2i / rotary_dim), scaled as
     `scaling` says ("default": not; "llama3": Llama 3's scaling by scaling_factor,
-    low_freq_factor, high_freq_factor and original_max_position, its config's rope_scaling);
-    its width is rotary_dim. The kernel reads it or computes cos and sin from rope_theta and
+    low_freq_factor, high_freq_factor and original_max_position, its config's rope_scaling;
+    "yarn": YaRN's by scaling_factor, original_max_position, beta_fast, beta_slow and
+    truncate, with cos and sin multiplied by attention_factor, as vLLM's YaRN cache holds them;
+    attention_factor None: transformers' default, 0.1 ln(scaling_factor) + 1 under yarn, else
+    1); its width is rotary_dim. The kernel reads it or computes cos and sin from rope_theta and
     the scaling, whichever was tuned faster, so the two must agree. q and k may be views into
     a fused qkv tensor. On CPU tensors the op computes with the kernel's reference (exact
     angles) instead. Under torch.compile the call is the custom op cutetune::rope (no graph
     break)."""
     _ROPE((positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling, scaling_factor,
-           low_freq_factor, high_freq_factor, original_max_position))
+           low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow,
+           truncate, attention_factor))
     return q, k
 
 
 def _checked(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool, scaling: str,
              scaling_factor: float, low_freq_factor: float, high_freq_factor: float,
-             original_max_position: int, allocated: None) -> Checked:
+             original_max_position: int, beta_fast: float, beta_slow: float, truncate: bool,
+             attention_factor: float | None, allocated: None) -> Checked:
     device = _check_inputs(positions, q, k, cos_sin_cache, rope_theta)
+    if attention_factor is None:
+        attention_factor = yarn_attention_factor(scaling_factor) if scaling == YARN else 1.0
     # The problem's own checks name the scaling's arguments (the fields have their names).
     problem = RopeProblem(
         num_tokens=max(1, q.shape[0]), dtype=DTYPE_NAMES[q.dtype], head_dim=q.shape[2],
@@ -111,22 +127,27 @@ def _checked(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         style=NEOX if is_neox else GPTJ, positions_dtype=POSITION_DTYPE_NAMES[positions.dtype],
         cache_dtype=DTYPE_NAMES[cos_sin_cache.dtype], theta=float(rope_theta), scaling=scaling,
         scaling_factor=float(scaling_factor), low_freq_factor=float(low_freq_factor),
-        high_freq_factor=float(high_freq_factor), original_max_position=original_max_position)
+        high_freq_factor=float(high_freq_factor), original_max_position=original_max_position,
+        beta_fast=float(beta_fast), beta_slow=float(beta_slow), truncate=truncate,
+        attention_factor=float(attention_factor))
     tokens = q.shape[0]
     if tokens == 0:
         return Checked(None)
     return Checked(None, (positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling,
                           scaling_factor, low_freq_factor, high_freq_factor,
-                          original_max_position), problem.static_tuple(), tokens, device)
+                          original_max_position, beta_fast, beta_slow, truncate,
+                          attention_factor), problem.static_tuple(), tokens, device)
 
 
 def _rope_op(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool, scaling: str,
              scaling_factor: float, low_freq_factor: float, high_freq_factor: float,
-             original_max_position: int) -> None:
+             original_max_position: int, beta_fast: float, beta_slow: float, truncate: bool,
+             attention_factor: float | None) -> None:
     """The custom op's body: the eager op (a compiled graph runs it, not compiling)."""
     rope(positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling, scaling_factor,
-         low_freq_factor, high_freq_factor, original_max_position)
+         low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow,
+         truncate, attention_factor)
 
 
 _ROPE = register(OpDef(
@@ -134,7 +155,8 @@ _ROPE = register(OpDef(
     fast_call=FastCall(
         arguments=("positions", "q", "k", "cos_sin_cache", "rope_theta", "is_neox", "scaling",
                    "scaling_factor", "low_freq_factor", "high_freq_factor",
-                   "original_max_position"),
+                   "original_max_position", "beta_fast", "beta_slow", "truncate",
+                   "attention_factor"),
         launched=4, tokens=Dim("q", 0),
         fields={"dtype": DType("q"), "head_dim": Dim("q", 2),
                 "rotary_dim": Dim("cos_sin_cache", 1), "q_heads": Dim("q", 1),
@@ -144,12 +166,18 @@ _ROPE = register(OpDef(
                 "scaling_factor": Value("scaling_factor"),
                 "low_freq_factor": Value("low_freq_factor"),
                 "high_freq_factor": Value("high_freq_factor"),
-                "original_max_position": Value("original_max_position")}),
+                "original_max_position": Value("original_max_position"),
+                "beta_fast": Value("beta_fast"), "beta_slow": Value("beta_slow"),
+                "truncate": Value("truncate"),
+                # None (transformers' default) keys apart from the value it stands for: the
+                # same problem, reached by two keys.
+                "attention_factor": Value("attention_factor")}),
     check=_checked,
     functions=(rope,),
     custom_ops=(CustomOp("rope", _rope_op, mutates=("q", "k")),),
     calls=lambda t, problem: {"rope": lambda: rope(
         t["positions"], t["q"], t["k"], t["cos_sin_cache"], problem.theta,
         problem.style == NEOX, problem.scaling, problem.scaling_factor, problem.low_freq_factor,
-        problem.high_freq_factor, problem.original_max_position)},
+        problem.high_freq_factor, problem.original_max_position, problem.beta_fast,
+        problem.beta_slow, problem.truncate, problem.attention_factor)},
 ))

@@ -3,7 +3,7 @@ the defaults served at every bucket) compile for sm_90a on the CPU, for every pu
 kernel applies to (bf16) and for synthetic problems that take every other code path: GPT-J
 style, partial rotary, int32 positions, an fp32 cache, fp16 and fp32, head dims 64 and 256; and
 the PTX of a few points shows the accesses and the arithmetic the config asks for. The Llama
-3.1 presets compile the llama3 frequency scaling.
+3.1 presets compile the llama3 frequency scaling; synthetic problems the yarn one.
 
 The `sweep` marker compiles every valid point.
 """
@@ -22,8 +22,11 @@ from cutetune.kernels.rope import (
     GPTJ,
     KERNEL,
     NEOX,
+    SCALED_FIELDS,
+    YARN,
     RopeConfig,
     RopeProblem,
+    yarn_attention_factor,
 )
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
@@ -39,10 +42,17 @@ H200 = DEVICE_SPECS["H200"]
 
 
 def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=NEOX, positions="int64",
-             cache=None, theta=1e4, kv_heads=2):
+             cache=None, theta=1e4, kv_heads=2, **scaling):
     return RopeProblem(num_tokens=1, dtype=dtype, head_dim=head_dim, rotary_dim=rotary_dim,
                        q_heads=8, kv_heads=kv_heads, style=style, positions_dtype=positions,
-                       cache_dtype=cache or dtype, theta=theta)
+                       cache_dtype=cache or dtype, theta=theta, **scaling)
+
+
+# Qwen3's long-context YaRN; gpt-oss's (its ramp's ends not rounded).
+QWEN3_YARN = dict(scaling=YARN, scaling_factor=4.0, original_max_position=32768,
+                  attention_factor=yarn_attention_factor(4.0))
+GPT_OSS_YARN = dict(scaling=YARN, scaling_factor=32.0, original_max_position=4096,
+                    truncate=False, attention_factor=yarn_attention_factor(32.0))
 
 
 SYNTHETIC = [
@@ -52,6 +62,9 @@ SYNTHETIC = [
     pytest.param(_problem(dtype="float16", head_dim=64, rotary_dim=64), id="fp16-d64"),
     pytest.param(_problem(dtype="float32", head_dim=256, rotary_dim=256, style=GPTJ,
                           positions="int32"), id="fp32-d256-gptj"),
+    pytest.param(_problem(theta=1e6, **QWEN3_YARN), id="neox-yarn"),
+    pytest.param(_problem(dtype="float32", head_dim=64, rotary_dim=32, style=GPTJ, theta=1.5e5,
+                          **GPT_OSS_YARN), id="fp32-gptj-partial-yarn-untruncated"),
 ]
 PRESET_PARAMS = preset_params(KERNEL)
 
@@ -131,17 +144,26 @@ def test_ptx_accesses_and_angle_arithmetic(style, cos_sin, cache, bits, heads, t
         assert "sin.approx" not in ptx and "cos.approx" not in ptx
 
 
-def test_ptx_of_the_llama3_scaling_blends_in_fp64(tmp_path, monkeypatch):
-    (scaled,) = KERNEL.problems_for_model(PRESETS["llama-3.1-8b"], "bfloat16")
-    plain = dataclasses.replace(scaled, scaling=DEFAULT, scaling_factor=1.0,
-                                low_freq_factor=1.0, high_freq_factor=1.0,
-                                original_max_position=0)
+def _unscaled(problem: RopeProblem) -> RopeProblem:
+    return dataclasses.replace(problem, scaling=DEFAULT, **{
+        f.name: f.default for f in dataclasses.fields(RopeProblem) if f.name in SCALED_FIELDS})
+
+
+@pytest.mark.parametrize(("scaled", "products"), [
+    pytest.param(KERNEL.problems_for_model(PRESETS["llama-3.1-8b"], "bfloat16")[0], 0,
+                 id="llama3"),
+    pytest.param(_problem(theta=1e6, kv_heads=8, **QWEN3_YARN), 2 * 8, id="yarn"),
+])
+def test_ptx_of_a_scaling_blends_in_fp64(scaled, products, tmp_path, monkeypatch):
     config = RopeConfig(COMPUTED, 128, 1, 4)
-    (tmp_path / "scaled").mkdir()
-    (tmp_path / "plain").mkdir()
-    selects = [len(re.findall(r"\bselp\.f64\b", ptx_of(KERNEL, problem, config, H200,
-                                                         tmp_path / name, monkeypatch)))
-               for problem, name in ((scaled, "scaled"), (plain, "plain"))]
+    counts = []
+    for problem, name in ((scaled, "scaled"), (_unscaled(scaled), "plain")):
+        (tmp_path / name).mkdir()
+        ptx = ptx_of(KERNEL, problem, config, H200, tmp_path / name, monkeypatch)
+        counts.append(Counter(selects=len(re.findall(r"\bselp\.f64\b", ptx)),
+                              products=len(re.findall(r"\bmul(\.rn)?\.f32\b", ptx))))
+    counts[0].subtract(counts[1])
     # Each of the chunk's 8 pairs clamps its blend weight to [0, 1]: two fp64 selects a pair
-    # (computed once, before the q/k branch).
-    assert selects[0] - selects[1] == 2 * 8
+    # (computed once, before the q/k branch); YaRN multiplies its cos and sin by the attention
+    # factor in fp32.
+    assert counts[0] == Counter(selects=2 * 8, products=products)

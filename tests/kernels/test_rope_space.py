@@ -1,7 +1,9 @@
 """rope's Problem, Config space, seed heuristic, cost, reference and model problems (no
 compiling)."""
 
+import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from cutetune.kernels.rope import (
     LLAMA3,
     NEOX,
     SPACE,
+    YARN,
     RopeConfig,
     RopeProblem,
     cos_sin_table,
@@ -28,8 +31,9 @@ from cutetune.kernels.rope import (
     make_inputs,
     problems_for_model,
     reference,
+    yarn_attention_factor,
 )
-from cutetune.spaces.models import PRESETS, load_model
+from cutetune.spaces.models import PRESETS, PRESETS_DIR, load_model, model_from_hf_config
 
 H200 = DEVICE_SPECS["H200"]
 DTYPES = ("bfloat16", "float16", "float32")
@@ -38,6 +42,9 @@ HF_CONFIGS = Path(__file__).parents[1] / "data" / "hf_configs"
 
 LLAMA3_FIELDS = dict(scaling=LLAMA3, scaling_factor=8.0, low_freq_factor=1.0,
                      high_freq_factor=4.0, original_max_position=8192)
+# Qwen3's long-context YaRN, as its model cards give it (transformers' beta and truncate).
+YARN_FIELDS = dict(scaling=YARN, scaling_factor=4.0, original_max_position=32768,
+                   attention_factor=0.1 * math.log(4.0) + 1)
 
 
 def problem(**overrides) -> RopeProblem:
@@ -66,8 +73,10 @@ def test_registered_under_its_name():
     ("theta", 1.0, "theta must be a finite number above 1"),
     ("theta", math.inf, "theta must be a finite number above 1"),
     ("num_tokens", 0, "num_tokens must be a positive integer"),
-    ("scaling", "yarn", "scaling 'yarn' not supported"),
-    ("scaling_factor", 8.0, "the default scaling takes no factors"),
+    ("scaling", "longrope", "scaling 'longrope' not supported: use default or llama3 or yarn"),
+    ("scaling_factor", 8.0, "the default scaling takes no factors, got scaling_factor=8.0"),
+    ("beta_fast", 16.0, "the default scaling takes no factors, got beta_fast=16.0"),
+    ("truncate", 0, "truncate must be True or False, got 0"),
 ])
 def test_problem_validation(field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -84,10 +93,32 @@ def test_llama3_scaling_validation(overrides):
         problem(**values)
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    (dict(scaling_factor=0.5), "yarn scaling needs scaling_factor >= 1"),
+    (dict(original_max_position=0), "yarn scaling needs"),
+    (dict(beta_fast=1.0, beta_slow=2.0), "0 < beta_slow <= beta_fast"),
+    (dict(beta_slow=0.0), "0 < beta_slow <= beta_fast"),
+    (dict(attention_factor=0.0), "attention_factor > 0, got scaling_factor=4.0, "
+                                 "original_max_position=32768, beta_fast=32.0, beta_slow=1.0, "
+                                 "truncate=True, attention_factor=0.0"),
+    (dict(low_freq_factor=2.0), "the yarn scaling takes no factors, got low_freq_factor=2.0"),
+])
+def test_yarn_scaling_validation(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        problem(**dict(YARN_FIELDS, **overrides))
+
+
+def test_llama3_takes_no_yarn_fields():
+    with pytest.raises(ValueError, match="the llama3 scaling takes no factors, got "
+                                         "truncate=False"):
+        problem(**LLAMA3_FIELDS, truncate=False)
+
+
 def test_problem_key_is_static_part_only():
     assert problem(num_tokens=1).static_key() == problem(num_tokens=4096).static_key()
     assert problem().static_tuple() == ("bfloat16", 128, 128, 32, 8, NEOX, "int64", "bfloat16",
-                                        1e6, "default", 1.0, 1.0, 1.0, 0)
+                                        1e6, "default", 1.0, 1.0, 1.0, 0, 32.0, 1.0, True,
+                                        1.0)
     assert problem().static_key() != problem(style=GPTJ).static_key()
 
 
@@ -142,10 +173,68 @@ def test_llama3_frequencies_are_transformers_own():
     assert 20 < int((ours != plain).sum()) < 64 and (ours <= plain).all()
 
 
+# YaRN as configs state it: Qwen3's (transformers' defaults but factor and context), gpt-oss's
+# (untruncated ramp ends), and one of a half-rotated head with its own betas and DeepSeek's
+# mscale pair, and one stating its attention_factor.
+YARN_CONFIGS = [
+    pytest.param({**json.loads((PRESETS_DIR / "qwen3-8b.json").read_text()),
+                  "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                   "original_max_position_embeddings": 32768}}, id="qwen3-8b"),
+    pytest.param(json.loads((HF_CONFIGS / "gpt-oss-20b.json").read_text()), id="gpt-oss-20b"),
+    pytest.param({"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+                  "rope_theta": 1e4, "partial_rotary_factor": 0.5,
+                  "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "beta_fast": 16,
+                                   "beta_slow": 2, "mscale": 0.707, "mscale_all_dim": 1.0,
+                                   "original_max_position_embeddings": 4096}},
+                 id="partial-mscale"),
+    pytest.param({"model_type": "qwen2", "hidden_size": 3584, "num_attention_heads": 28,
+                  "rope_theta": 1e6,
+                  "rope_scaling": {"type": "yarn", "factor": 4.0, "attention_factor": 1.25,
+                                   "original_max_position_embeddings": 32768}},
+                 id="qwen2.5-attention-factor"),
+]
+
+
+@pytest.mark.parametrize("raw", YARN_CONFIGS)
+def test_yarn_frequencies_and_attention_factor_are_transformers_own(raw):
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    (p,) = problems_for_model(model_from_hf_config(raw, name="m"), "bfloat16")
+    theirs, attention_factor = rope_utils.ROPE_INIT_FUNCTIONS["yarn"](
+        CONFIG_MAPPING[raw["model_type"]](**raw), "cpu")
+    assert p.scaling == YARN and p.yarn[3] == p.attention_factor
+    assert p.attention_factor == pytest.approx(attention_factor, rel=1e-12)
+    ours = inverse_frequencies(p.rotary_dim, p.theta, yarn=p.yarn)
+    # transformers computes in fp32; the ramp leaves some pairs as they are and divides others.
+    torch.testing.assert_close(ours.float(), theirs, rtol=2e-6, atol=0)
+    plain = inverse_frequencies(p.rotary_dim, p.theta)
+    assert (ours == plain).any() and (ours < plain).any() and (ours <= plain).all()
+
+
+def test_gpt_oss_takes_its_yarn():
+    (p,) = problems_for_model(load_model(str(HF_CONFIGS / "gpt-oss-20b.json")), "bfloat16")
+    assert p == problem(head_dim=64, rotary_dim=64, q_heads=64, kv_heads=8, theta=150000.0,
+                        scaling=YARN, scaling_factor=32.0, original_max_position=4096,
+                        truncate=False, attention_factor=yarn_attention_factor(32.0))
+    assert p.attention_factor == pytest.approx(0.1 * math.log(32) + 1)
+
+
+def test_yarn_table_holds_the_attention_factor():
+    # vLLM's YaRN cache: cos and sin times the attention factor, so position 0 reads it.
+    p = problem(**YARN_FIELDS)
+    table = cos_sin_table(torch.tensor([0, 5]), 128, 1e6, yarn=p.yarn)
+    assert torch.equal(table[0], torch.cat((torch.full((64,), p.attention_factor,
+                                                       dtype=torch.float64),
+                                            torch.zeros(64, dtype=torch.float64))))
+    cos, sin = table[1].chunk(2)
+    torch.testing.assert_close(cos**2 + sin**2, torch.full((64,), p.attention_factor**2,
+                                                           dtype=torch.float64))
+
+
 @pytest.mark.parametrize(("model", "message"), [
     ("deepseek-v3", "low-rank projections \\(MLA\\)"),
     (str(HF_CONFIGS / "Qwen3-VL-235B-A22B-Instruct.json"), "\\(mrope\\)"),
-    (str(HF_CONFIGS / "gpt-oss-20b.json"), "\\(yarn\\)"),
 ])
 def test_not_applicable_until_its_variant_lands(model, message):
     with pytest.raises(NotApplicableError, match=message):

@@ -1,6 +1,8 @@
 """cutetune.rope on the CPU: every bad input refused with one line naming the argument before
 anything touches a GPU, and the CPU path (the kernel's reference) written in place."""
 
+import dataclasses
+import math
 import re
 
 import pytest
@@ -61,11 +63,44 @@ def test_llama3_scaling_rotates_by_its_scaled_frequencies():
     torch.testing.assert_close(k.float(), expected["k"], rtol=1.6e-2, atol=1e-2)
 
 
+# A short original context and a low theta, so that positions below 4096 turn the pairs the
+# ramp blends far enough for bf16 to tell the betas and truncate apart.
+YARN = dict(scaling="yarn", scaling_factor=4.0, original_max_position=512, beta_fast=16.0,
+            beta_slow=2.0, truncate=False)
+
+
+@pytest.mark.parametrize("attention_factor", [None, 1.5])
+def test_yarn_scaling_rotates_by_its_frequencies_and_attention_factor(attention_factor):
+    positions, q, k, cache = _inputs(cache_dtype=torch.float32)
+    problem = RopeProblem(num_tokens=TOKENS, dtype="bfloat16", head_dim=HEAD_DIM,
+                          rotary_dim=HEAD_DIM, q_heads=Q_HEADS, kv_heads=KV_HEADS, style=NEOX,
+                          positions_dtype="int64", cache_dtype="float32", theta=1e4, **YARN,
+                          # None: transformers' default.
+                          attention_factor=attention_factor or 0.1 * math.log(4.0) + 1)
+    inputs = {"positions": positions, "q": q, "k": k}
+    expected = KERNEL.reference(inputs, problem)
+    for other in (dict(beta_fast=32.0), dict(beta_slow=1.0), dict(truncate=True),
+                  dict(attention_factor=1.25)):
+        differs = KERNEL.reference(inputs, dataclasses.replace(problem, **other))
+        assert not torch.allclose(expected["q"], differs["q"], rtol=1.6e-2, atol=1e-2), other
+    cutetune.rope(positions, q, k, cache, 1e4, True, **YARN, attention_factor=attention_factor)
+    torch.testing.assert_close(q.float(), expected["q"], rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(k.float(), expected["k"], rtol=1.6e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize(("scaling", "message"), [
-    (dict(scaling="yarn"), "scaling 'yarn' not supported: use default or llama3"),
+    (dict(scaling="longrope"), "scaling 'longrope' not supported: use default or llama3 or yarn"),
     (dict(scaling_factor=8.0), "the default scaling takes no factors"),
+    (dict(attention_factor=1.5), "the default scaling takes no factors, got "
+                                 "attention_factor=1.5"),
     (dict(scaling="llama3", scaling_factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0,
           original_max_position=8192), "llama3 scaling needs scaling_factor >= 1"),
+    (dict(scaling="yarn", scaling_factor=4.0), "yarn scaling needs scaling_factor >= 1, "
+                                               "original_max_position >= 1"),
+    (dict(YARN, beta_slow=64.0), "0 < beta_slow <= beta_fast"),
+    (dict(YARN, low_freq_factor=2.0), "the yarn scaling takes no factors, got "
+                                      "low_freq_factor=2.0"),
+    (dict(YARN, truncate="no"), "truncate must be True or False, got 'no'"),
 ])
 def test_bad_scaling_is_refused(scaling, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -52,13 +52,23 @@ def _llama3_scaled(inverse, LLAMA3: tuple):
     return inverse * (weight + (1.0 - weight) * (1.0 / factor))
 
 
+def _yarn_scaled(inverse, pair, YARN: tuple):
+    """YaRN's scaling of a pair's fp64 frequency: divided by the factor with the weight of the
+    pair's place on the ramp from low to high (clamped to [0, 1]), kept with the rest."""
+    factor, low, high, _ = YARN
+    ramp = cutlass.max(cutlass.min((Float64(pair) - low) * (1.0 / (high - low)), Float64(1.0)),
+                       Float64(0.0))
+    return inverse * (1.0 - ramp + ramp * (1.0 / factor))
+
+
 def _computed_cos_sin(position, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
-                      LOG2_THETA: float, LLAMA3):
+                      LOG2_THETA: float, LLAMA3, YARN):
     """The chunk's cos and sin, PAIRS fp32 scalars of each, computed from the position: pair
     i's frequency theta^(-2i/ROTARY_DIM) and its angle in fp64, so the angle is exact far below
     fp32's resolution (an fp32 angle at position 2^17 is off by up to 0.008 rad); the angle
     reduced to [-pi, pi] in fp64, then sine and cosine in fp32 without fast-math
-    approximations. LLAMA3: RopeProblem.llama3 (None: theta's frequencies as they are)."""
+    approximations. LLAMA3, YARN: RopeProblem.llama3 and .yarn (None: theta's frequencies as
+    they are); YaRN's attention factor multiplies cos and sin in fp32."""
     step = -2.0 * LOG2_THETA / ROTARY_DIM
     first = cute.math.exp2(Float64(chunk * PAIRS) * step, fastmath=False)
     angle_of = Float64(position)
@@ -67,11 +77,15 @@ def _computed_cos_sin(position, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
         inverse = first * (2.0 ** (step * j))
         if LLAMA3 is not None:
             inverse = _llama3_scaled(inverse, LLAMA3)
+        if YARN is not None:
+            inverse = _yarn_scaled(inverse, chunk * PAIRS + j, YARN)
         angle = angle_of * inverse
         turns = cute.math.roundeven(angle * (1.0 / TWO_PI))
         reduced = Float32(angle - turns * TWO_PI)
         cos.append(cute.math.cos(reduced, fastmath=False))
         sin.append(cute.math.sin(reduced, fastmath=False))
+        if YARN is not None:
+            cos[j], sin[j] = cos[j] * YARN[3], sin[j] * YARN[3]
     return cos, sin
 
 
@@ -122,7 +136,8 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                  HEADS_PER_THREAD: cutlass.Constexpr[int], Q_GROUPS: cutlass.Constexpr[int],
                  THREADS_PER_TOKEN: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                 LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr):
+                 LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                 YARN: cutlass.Constexpr):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     bdim, _, _ = cute.arch.block_dim()
@@ -138,7 +153,8 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
         if cutlass.const_expr(FROM_CACHE):
             cos, sin = _cached_cos_sin(mCache, position, chunk, PAIRS)
         else:
-            cos, sin = _computed_cos_sin(position, chunk, PAIRS, ROTARY_DIM, LOG2_THETA, LLAMA3)
+            cos, sin = _computed_cos_sin(position, chunk, PAIRS, ROTARY_DIM, LOG2_THETA, LLAMA3,
+                                         YARN)
         # Groups [0, Q_GROUPS) rotate q heads, the rest k heads: a group never spans both.
         if group < Q_GROUPS:
             _rotate_heads(mQ, token, group, chunk, cos, sin, VEC, PAIRS, HALF_VECTORS,
@@ -156,13 +172,14 @@ def _rope_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                  Q_GROUPS: cutlass.Constexpr[int], THREADS_PER_TOKEN: cutlass.Constexpr[int],
                  WARPS: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                 LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr):
+                 LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                 YARN: cutlass.Constexpr):
     threads = WARPS * WARP
     needed = cutlass.Int64(cute.size(mQ, mode=[0])) * THREADS_PER_TOKEN
     _rope_kernel(mPositions, mQ, mK, mCache, VEC, PAIRS, CHUNKS, HALF_VECTORS, HEADS_PER_THREAD,
                  Q_GROUPS, THREADS_PER_TOKEN, IS_NEOX, FROM_CACHE, ROTARY_DIM, LOG2_THETA,
-                 LLAMA3).launch(grid=(Int32((needed + threads - 1) // threads), 1, 1),
-                                    block=(threads, 1, 1), stream=stream)
+                 LLAMA3, YARN).launch(grid=(Int32((needed + threads - 1) // threads), 1, 1),
+                                      block=(threads, 1, 1), stream=stream)
 
 
 def compile_kernel(problem: RopeProblem, config: RopeConfig, options: str = ""):
@@ -188,5 +205,5 @@ def compile_kernel(problem: RopeProblem, config: RopeConfig, options: str = ""):
          config.heads_per_thread, _q_head_groups(problem, config),
          _threads_per_token(problem, config), config.warps_per_block, problem.style == NEOX,
          config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta),
-         problem.llama3),
+         problem.llama3, problem.yarn),
         options)
