@@ -26,6 +26,12 @@ TOKENS = 37
 # Llama 3.1's scaling.
 LLAMA3 = dict(scaling=rope.LLAMA3, scaling_factor=8.0, low_freq_factor=1.0,
               high_freq_factor=4.0, original_max_position=8192)
+# Qwen3's long-context YaRN (its attention factor transformers' default, which its cache holds);
+# gpt-oss's, whose ramp's ends are not rounded.
+YARN = dict(scaling=rope.YARN, scaling_factor=4.0, original_max_position=32768,
+            attention_factor=rope.yarn_attention_factor(4.0))
+GPT_OSS_YARN = dict(scaling=rope.YARN, scaling_factor=32.0, original_max_position=4096,
+                    truncate=False, attention_factor=rope.yarn_attention_factor(32.0))
 
 
 def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=rope.NEOX,
@@ -38,8 +44,8 @@ def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=rope.NEOX,
 
 
 # Every code path: each style, full and partial rotary, int32 and int64 positions, a cache of
-# q's dtype and of fp32, each dtype and head dim, Llama 3's scaling; covering_points adds both
-# cos/sin sources.
+# q's dtype and of fp32, each dtype and head dim, Llama 3's and YaRN's scalings; covering_points
+# adds both cos/sin sources.
 PATHS = [
     pytest.param(_problem(), id="bf16-neox-full-int64"),
     pytest.param(_problem(style=rope.GPTJ), id="bf16-gptj-full-int64"),
@@ -56,6 +62,10 @@ PATHS = [
     pytest.param(_problem(theta=5e5, scaling=LLAMA3), id="bf16-neox-llama3"),
     pytest.param(_problem(dtype="float32", rotary_dim=64, style=rope.GPTJ, theta=5e5,
                           cache="float32", scaling=LLAMA3), id="fp32-gptj-partial-llama3"),
+    pytest.param(_problem(scaling=YARN), id="bf16-neox-yarn"),
+    pytest.param(_problem(dtype="float32", head_dim=64, rotary_dim=32, style=rope.GPTJ,
+                          theta=1.5e5, cache="float32", scaling=GPT_OSS_YARN),
+                 id="fp32-gptj-partial-yarn-untruncated"),
 ]
 
 
@@ -77,7 +87,7 @@ def test_token_count_is_dynamic(tokens):
     verify(rope.KERNEL, problem.with_tokens(tokens), default, torch.device("cuda"), seed=tokens)
 
 
-@pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["theta", "llama3"])
+@pytest.mark.parametrize("scaling", [None, LLAMA3, YARN], ids=["theta", "llama3", "yarn"])
 @pytest.mark.parametrize("cos_sin", [rope.CACHE, rope.COMPUTED])
 @pytest.mark.parametrize("style", [rope.NEOX, rope.GPTJ])
 def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin, scaling):
@@ -89,7 +99,8 @@ def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin, scaling):
     qkv = torch.randn(64, 10, 128, device="cuda", generator=g)
     positions = max_position - 1 - torch.arange(64, device="cuda") * 4099
     cache = torch.full((max_position, 128), float("nan"), device="cuda")
-    cache[positions] = rope.cos_sin_table(positions, 128, 5e5, problem.llama3).float()
+    cache[positions] = rope.cos_sin_table(positions, 128, 5e5, problem.llama3,
+                                          problem.yarn).float()
     tensors = {"positions": positions, "q": qkv[:, :6], "k": qkv[:, 6:8],
                "cos_sin_cache": cache}
     expected = rope.reference(tensors, problem)
@@ -100,19 +111,20 @@ def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin, scaling):
 
 
 def _inputs(tokens=5, q_heads=4, kv_heads=2, d=128, rotary_dim=128, dtype=torch.bfloat16,
-            positions_dtype=torch.int64, theta=1e6, llama3=None):
+            positions_dtype=torch.int64, theta=1e6, **scaled):
     """positions, q and k as views of a fused qkv buffer, the cos_sin_cache of every position
-    up to 8192 (float64 angles, rounded once to q's dtype, in which vLLM holds its cache)."""
+    up to 8192 (float64 angles, rounded once to q's dtype, in which vLLM holds its cache),
+    scaled as `scaled` (cos_sin_table's llama3 and yarn) says."""
     g = torch.Generator("cuda").manual_seed(0)
     qkv = torch.randn(tokens, q_heads + 2 * kv_heads, d, device="cuda", generator=g).to(dtype)
     positions = torch.randint(0, 8192, (tokens,), device="cuda", generator=g,
                               dtype=positions_dtype)
     cache = rope.cos_sin_table(torch.arange(8192, device="cuda"), rotary_dim, theta,
-                               llama3).to(dtype)
+                               **scaled).to(dtype)
     return positions, qkv[:, :q_heads], qkv[:, q_heads:q_heads + kv_heads], cache
 
 
-@pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["theta", "llama3"])
+@pytest.mark.parametrize("scaling", [None, LLAMA3, YARN], ids=["theta", "llama3", "yarn"])
 @pytest.mark.parametrize("rotary_dim", [128, 64])
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_public_op_matches_reference(is_neox, rotary_dim, scaling):
@@ -121,7 +133,7 @@ def test_public_op_matches_reference(is_neox, rotary_dim, scaling):
     problem = _problem(rotary_dim=rotary_dim, style=rope.NEOX if is_neox else rope.GPTJ,
                        positions="int32", q_heads=4, tokens=5, scaling=scaling)
     positions, q, k, cache = _inputs(rotary_dim=rotary_dim, positions_dtype=torch.int32,
-                                     llama3=problem.llama3)
+                                     llama3=problem.llama3, yarn=problem.yarn)
     qkv = q._base
     v_before = qkv[:, 6:].clone()
     tensors = {"positions": positions, "q": q, "k": k, "cos_sin_cache": cache}
