@@ -489,12 +489,23 @@ def problems_for_model(model: ModelShape, dtype: str) -> list[RopeProblem]:
             for theta in model.rope_thetas]
 
 
+# What transformers requires a config's scaling to state (rope_parameters, by its names).
+STATED_PARAMETERS = {
+    LLAMA3: ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    YARN: ("factor", "original_max_position_embeddings"),
+}
+
+
 def _scaling_fields(model: ModelShape) -> dict:
     """The problem's scaling fields of the model's rope_scaling, with transformers' defaults
     for what it leaves out; NotApplicableError for a scaling rope does not compute yet."""
     if model.rope_scaling is None:
         return {}
     numbers = dict(model.rope_scaling_parameters)
+    missing = [key for key in STATED_PARAMETERS.get(model.rope_scaling, ()) if key not in numbers]
+    if missing:
+        raise NotApplicableError(f"model {model.name}'s {model.rope_scaling} scaling states no "
+                                 f"{' or '.join(missing)}")
     if model.rope_scaling == LLAMA3:
         return dict(scaling=LLAMA3, scaling_factor=numbers["factor"],
                     low_freq_factor=numbers["low_freq_factor"],

@@ -262,12 +262,19 @@ def _rope(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
                                                                   scaling.get("type"))
     scaled = kind not in (None, "default")
     # YaRN's truncate, a bool, reads as 1.0 or 0.0 beside the numbers.
-    numbers = tuple(sorted((key, float(value)) for key, value in scaling.items()
-                           if isinstance(value, int | float)
-                           and key not in ("rope_theta", "partial_rotary_factor")))
+    numbers = {key: float(value) for key, value in scaling.items()
+               if isinstance(value, int | float)
+               and key not in ("rope_theta", "partial_rotary_factor")}
+    if (kind in ("llama3", "yarn", "longrope")
+            and "original_max_position_embeddings" not in numbers
+            and (context := cfg.positive_int("max_position_embeddings"))):
+        # transformers takes the pretraining context, where the parameters leave it out, from
+        # max_position_embeddings (one beside them is not read: the families' config classes
+        # declare none, and set it after they standardise the parameters).
+        numbers["original_max_position_embeddings"] = float(context)
     return dict(rope_thetas=thetas, partial_rotary_factor=factor,
                 rope_scaling=str(kind) if scaled else None,
-                rope_scaling_parameters=numbers if scaled else ())
+                rope_scaling_parameters=tuple(sorted(numbers.items())) if scaled else ())
 
 
 def _sparse_layers(family: Family, cfg: _Fields, layers: int, where: str) -> list[bool]:

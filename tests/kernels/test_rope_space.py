@@ -220,6 +220,23 @@ def test_gpt_oss_takes_its_yarn():
     assert p.attention_factor == pytest.approx(0.1 * math.log(32) + 1)
 
 
+@pytest.mark.parametrize(("scaling", "context"), [
+    ({"rope_type": "yarn", "factor": 4.0}, 40960),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 32768),
+])
+def test_yarn_context_is_transformers_own(scaling, context):
+    raw = {**json.loads((PRESETS_DIR / "qwen3-8b.json").read_text()), "rope_scaling": scaling}
+    (p,) = problems_for_model(model_from_hf_config(raw, name="m"), "bfloat16")
+    assert raw["max_position_embeddings"] == 40960 and p.original_max_position == context
+
+
+def test_a_scaling_that_states_no_factor_is_not_applicable():
+    raw = {"model_type": "qwen3", "rope_theta": 1e6,
+           "rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 4096}}
+    with pytest.raises(NotApplicableError, match="model m's yarn scaling states no factor$"):
+        problems_for_model(model_from_hf_config(raw, name="m"), "bfloat16")
+
+
 def test_yarn_table_holds_the_attention_factor():
     # vLLM's YaRN cache: cos and sin times the attention factor, so position 0 reads it.
     p = problem(**YARN_FIELDS)

@@ -35,6 +35,12 @@ def _rope_parameters(raw: dict) -> list[dict]:
 @pytest.mark.parametrize("raw", [
     *[pytest.param(json.loads(path.read_text()), id=path.stem) for path in CONFIG_FILES],
     pytest.param(QWEN3_YARN, id="qwen3-8b-yarn"),
+    # transformers takes the pretraining context from max_position_embeddings.
+    pytest.param({**QWEN3_YARN, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+                 id="qwen3-8b-yarn-unstated-context"),
+    # ... and not from beside the parameters.
+    pytest.param({**QWEN3_YARN, "original_max_position_embeddings": 8192},
+                 id="qwen3-8b-yarn-context-beside"),
     *[pytest.param({"model_type": t}, id=f"bare-{t}") for t in sorted(FAMILY_OF_TYPE)],
 ])
 def test_rope_reading_matches_transformers(raw):
