@@ -498,7 +498,8 @@ STATED_PARAMETERS = {
 
 def _scaling_fields(model: ModelShape) -> dict:
     """The problem's scaling fields of the model's rope_scaling, with transformers' defaults
-    for what it leaves out; NotApplicableError for a scaling rope does not compute yet."""
+    for what it leaves out; NotApplicableError for a scaling rope does not compute yet, or one
+    that leaves out what transformers requires of it."""
     if model.rope_scaling is None:
         return {}
     numbers = dict(model.rope_scaling_parameters)
