@@ -4,22 +4,26 @@ the embedding table.
     out[t] = weight[ids[t] - vocab_start]   where vocab_start <= ids[t] < vocab_end
     out[t] = 0                              otherwise
 
-ids is (tokens,) int32 or int64; weight (vocab_end - vocab_start, hidden) holds this rank's rows
-of a vocabulary of vocab_size (the whole table on one GPU: vocab_start 0, vocab_end vocab_size);
-out is (tokens, hidden) in weight's dtype. A token whose id another rank holds gets a zero row,
-so that summing the ranks' outputs (an all-reduce) gives every token its row. An id outside the
-whole vocabulary, [0, vocab_size), is an engine's bug: its row is zero too, and the kernel
-raises `error` (1,) int32 on the device, as moe_dispatch flags its bad expert ids. The kernel
-only ever sets the flag, never clears it, so one flag serves many calls (and CUDA graph
-replays) without a memset each: the caller zeroes it when it reads it.
+ids is (tokens,) int32 or int64; weight (rows, hidden) holds this rank's ids [vocab_start,
+vocab_end) of a vocabulary of vocab_size (the whole table on one GPU: vocab_start 0, vocab_end
+vocab_size), rows = vocab_end - vocab_start, or more where an engine pads its shard (vLLM does):
+the padding rows are never read. out is (tokens, hidden) in weight's dtype. A token whose id
+another rank holds gets a zero row, so that summing the ranks' outputs (an all-reduce) gives
+every token its row. An id outside the whole vocabulary, [0, vocab_size), is an engine's bug:
+its row is zero too, and the kernel raises `error` (1,) int32 on the device, as moe_dispatch
+flags its bad expert ids; so does an id of the rank's that its table has no row for (fewer rows
+than the range), so that no id reads outside the table. The kernel only ever sets the flag,
+never clears it, so one flag serves many calls (and CUDA graph replays) without a memset each:
+the caller zeroes it when it reads it.
 
 Work split: a row is hidden / VEC vectors; the vectors of all output rows are numbered
 row-major and a block takes THREADS * VECTORS_PER_THREAD consecutive numbers, thread `tid` the
 numbers tid, tid + THREADS, ..., so each store instruction of a warp is coalesced (and each
 load of a row's vectors too). A block may straddle rows, so any hidden that the vector divides
 works. The token count, the weight's rows and both row strides are dynamic; the rank's range
-and the vocabulary are compile-time. The config's cache_hints chooses plain or streaming
-(evict-first) loads of the rows and stores of out.
+and the vocabulary are compile-time (the op's key holds them, not the table's rows). The
+config's cache_hints chooses plain or streaming (evict-first) loads of the rows and stores of
+out.
 """
 
 from __future__ import annotations
@@ -195,12 +199,15 @@ def launch(compiled, tensors: Tensors) -> None:
 
 def reference(tensors: Tensors, problem: EmbeddingProblem) -> dict[str, torch.Tensor]:
     """The rank's rows gathered in fp32 (zero for ids it does not hold) and the flag as the
-    kernel leaves it: raised where an id lies outside [0, vocab_size), else as it was."""
+    kernel leaves it: raised where an id lies outside [0, vocab_size) or is the rank's but
+    past its table's rows, else as it was."""
     ids = tensors["ids"].to(torch.int64)
-    in_rank = (ids >= problem.vocab_start) & (ids < problem.vocab_end)
-    rows = torch.where(in_rank, ids - problem.vocab_start, 0)
-    out = torch.where(in_rank[:, None], tensors["weight"][rows].float(), 0.0)
-    bad = ((ids < 0) | (ids >= problem.vocab_size)).any().to(torch.int32)
+    weight = tensors["weight"]
+    local = ids - problem.vocab_start
+    owned = (local >= 0) & (ids < problem.vocab_end)
+    held = owned & (local < weight.shape[0])
+    out = torch.where(held[:, None], weight[torch.where(held, local, 0)].float(), 0.0)
+    bad = ((ids < 0) | (ids >= problem.vocab_size) | (owned & ~held)).any().to(torch.int32)
     return {"out": out, "error": tensors["error"] | bad}
 
 
@@ -227,7 +234,8 @@ def check(outputs: Tensors, expected: dict[str, torch.Tensor], problem: Embeddin
 def make_inputs(problem: EmbeddingProblem, device, generator: torch.Generator) -> Tensors:
     """ids drawn as a uniform vocabulary would draw them (the rank's share of them its own,
     the rest another rank's), a table of INPUT_ROWS_PER_TOKEN random rows per token (up to the
-    rank's rows; its own ids index those), out allocated (the verifier poisons it) and the flag
+    rank's rows; its own ids index those: a table of fewer rows than the range serves them as
+    the whole one would), out allocated (the verifier poisons it) and the flag
     zeroed. From BAD_IDS_FROM_TOKENS tokens, two ids lie outside the vocabulary: -1, and
     vocab_size (int32) or 2^32 + vocab_start (int64: read in 32 bits, it would pass for this
     rank's first row)."""

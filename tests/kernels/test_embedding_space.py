@@ -200,6 +200,25 @@ def test_reference_flags_an_id_outside_the_vocabulary_and_zeroes_its_row(bad):
     assert torch.equal(expected["out"][0], t["weight"][1].float())
 
 
+def test_a_padded_table_reads_the_range_only():
+    """vLLM pads a rank's shard: rows past the range are never read."""
+    p = problem(hidden=8, vocab_size=20, vocab_start=10, vocab_end=16, num_tokens=3)
+    t = _tensors(torch.tensor([15, 16, 17]), rows=8)
+    expected = reference(t, p)
+    assert torch.equal(expected["out"][0], t["weight"][5].float())
+    assert torch.equal(expected["out"][1:], torch.zeros(2, 8))
+    assert expected["error"].tolist() == [0]
+
+
+def test_an_id_of_the_rank_past_its_table_is_flagged_and_reads_nothing():
+    p = problem(hidden=8, vocab_size=20, vocab_start=10, vocab_end=16, num_tokens=2)
+    t = _tensors(torch.tensor([13, 14]), rows=4)
+    expected = reference(t, p)
+    assert torch.equal(expected["out"][0], t["weight"][3].float())
+    assert torch.equal(expected["out"][1], torch.zeros(8))
+    assert expected["error"].tolist() == [1]
+
+
 def test_reference_leaves_a_raised_flag_raised():
     p = problem(hidden=8, vocab_size=20, vocab_start=10, vocab_end=16, num_tokens=1)
     t = _tensors(torch.tensor([11]))

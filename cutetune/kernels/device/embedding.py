@@ -41,24 +41,30 @@ def _embedding_kernel(mIds: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mErro
         rows.append(row0 + at // vectors_per_row)
         cols.append(at % vectors_per_row)
         ids.append(mIds[cutlass.min(rows[v], tokens - 1)])
-    fragments = []
+    table_rows = cute.size(mW, mode=[0])
+    fragments, bad = [], []
     for v in cutlass.range_constexpr(VECTORS_PER_THREAD):
         # Registers, not values: a value loaded under the branch would not be seen past it.
-        # Another rank's id (or a bad one) keeps the zeros; the compares are in the ids' own
-        # width, so an int64 id is never cut to 32 bits before it is known to be in range.
+        # Another rank's id (or a bad one) keeps the zeros. The compares are in the ids' own
+        # width, so an int64 id is never cut to 32 bits before it is known to be in range; an
+        # id of the rank's past the table's rows reads nothing (and is flagged).
+        local = ids[v] - START
+        owned = local >= 0 and ids[v] < END
+        held = owned and local < table_rows
         fragment = cute.make_rmem_tensor((VEC,), mO.element_type)
         fragment.fill(0)
-        if ids[v] >= START and ids[v] < END:
-            tWgW = cute.zipped_divide(mW[Int32(ids[v] - START), None], (VEC,))
+        if held:
+            tWgW = cute.zipped_divide(mW[Int32(local), None], (VEC,))
             cache_hints.load_into(tWgW[(None, cols[v])], fragment, HINTS)
         fragments.append(fragment)
+        bad.append(ids[v] < 0 or ids[v] >= VOCAB or (owned and not held))
     for v in cutlass.range_constexpr(VECTORS_PER_THREAD):
         if rows[v] < tokens:
             tOgO = cute.zipped_divide(mO[rows[v], None], (VEC,))
             cache_hints.store_from(fragments[v], tOgO[(None, cols[v])], HINTS)
             # One thread per bad token raises the flag; racing stores all write 1, and no
             # thread clears it (the caller does).
-            if cols[v] == 0 and (ids[v] < 0 or ids[v] >= VOCAB):
+            if cols[v] == 0 and bad[v]:
                 mError[0] = Int32(1)
 
 
