@@ -9,6 +9,7 @@ register differ, so a kernel added, renamed or removed without this list is caug
 from __future__ import annotations
 
 KERNEL_NAMES: tuple[str, ...] = (
+    "embedding",
     "gelu_and_mul",
     "moe_combine",
     "moe_dispatch",

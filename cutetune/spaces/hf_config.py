@@ -72,32 +72,34 @@ class Family:
 
 
 _DENSE = {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_act": "silu",
-          "rms_norm_eps": 1e-6, "hidden_size": 4096}
+          "rms_norm_eps": 1e-6, "hidden_size": 4096, "vocab_size": 32000}
+_QWEN = {**_DENSE, "vocab_size": 151936}
 
 _GEMMA = {**{k: v for k, v in _DENSE.items() if k != "hidden_act"}, "hidden_size": 2304,
           "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
-          "head_dim": 256, "intermediate_size": 9216, "hidden_activation": "gelu_pytorch_tanh"}
+          "head_dim": 256, "intermediate_size": 9216, "hidden_activation": "gelu_pytorch_tanh",
+          "vocab_size": 256000}
 
 FAMILIES: tuple[Family, ...] = (
     Family(("llama",), {**_DENSE, "num_key_value_heads": None, "head_dim": None,
                         "intermediate_size": 11008}),
     Family(("mistral",), {**_DENSE, "num_key_value_heads": 8, "head_dim": None,
                           "intermediate_size": 14336}),
-    Family(("qwen2",), {**_DENSE, "num_key_value_heads": 32, "head_dim": None,
+    Family(("qwen2",), {**_QWEN, "num_key_value_heads": 32, "head_dim": None,
                         "intermediate_size": 22016}),
-    Family(("qwen3",), {**_DENSE, "num_key_value_heads": 32, "head_dim": 128,
+    Family(("qwen3",), {**_QWEN, "num_key_value_heads": 32, "head_dim": 128,
                         "intermediate_size": 22016}, qk_norm="per_head"),
     Family(("qwen3_vl_text", "qwen3_vl"),
-           {**_DENSE, "num_key_value_heads": 32, "head_dim": 128, "intermediate_size": 22016},
+           {**_QWEN, "num_key_value_heads": 32, "head_dim": 128, "intermediate_size": 22016},
            qk_norm="per_head"),
     Family(("qwen3_moe",),
-           {**_DENSE, "hidden_size": 2048, "num_hidden_layers": 24, "num_key_value_heads": 4,
+           {**_QWEN, "hidden_size": 2048, "num_hidden_layers": 24, "num_key_value_heads": 4,
             "head_dim": None, "intermediate_size": 6144, "moe_intermediate_size": 768,
             "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
             "mlp_only_layers": []},
            aliases={"num_local_experts": "num_experts"}, qk_norm="per_head", mlp="sparse_step"),
     Family(("qwen3_vl_moe_text", "qwen3_vl_moe"),
-           {**_DENSE, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+           {**_QWEN, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
             "num_key_value_heads": 16, "head_dim": None, "intermediate_size": 5632,
             "moe_intermediate_size": 1408, "num_experts": 60, "num_experts_per_tok": 4,
             "decoder_sparse_step": 1, "mlp_only_layers": []},
@@ -105,7 +107,7 @@ FAMILIES: tuple[Family, ...] = (
     # Qwen3-Next's norms scale by (1 + w), its weights initialised to zeros. Its linear-attention
     # layers' gated norm is another kernel, which cutetune does not serve.
     Family(("qwen3_next",),
-           {**_DENSE, "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
+           {**_QWEN, "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16,
             "num_key_value_heads": 2, "head_dim": 256, "intermediate_size": 5632,
             "moe_intermediate_size": 512, "num_experts": 512, "num_experts_per_tok": 10,
             "decoder_sparse_step": 1, "mlp_only_layers": [],
@@ -120,7 +122,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(("gpt_oss",),
            {**_DENSE, "hidden_size": 2880, "num_hidden_layers": 36, "num_attention_heads": 64,
             "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5,
-            "intermediate_size": 2880, "num_local_experts": 128, "num_experts_per_tok": 4},
+            "intermediate_size": 2880, "num_local_experts": 128, "num_experts_per_tok": 4,
+            "vocab_size": 201088},
            aliases={"num_experts": "num_local_experts"}, mlp="experts",
            expert_width_field="intermediate_size", experts_field="num_local_experts",
            fixed_activation=CLAMPED_SWIGLU),
@@ -130,7 +133,7 @@ FAMILIES: tuple[Family, ...] = (
             "num_key_value_heads": None, "head_dim": None, "intermediate_size": 18432,
             "moe_intermediate_size": 2048, "n_routed_experts": 256, "num_experts_per_tok": 8,
             "first_k_dense_replace": 3, "n_shared_experts": 1, "q_lora_rank": 1536,
-            "kv_lora_rank": 512},
+            "kv_lora_rank": 512, "vocab_size": 129280},
            aliases={"num_local_experts": "n_routed_experts"}, mlp="first_k_dense",
            experts_field="n_routed_experts", shared_experts="count", mla_norm_eps=1e-6),
     Family(("glm4_moe",),
@@ -138,7 +141,7 @@ FAMILIES: tuple[Family, ...] = (
             "num_key_value_heads": 8, "head_dim": None, "rms_norm_eps": 1e-5,
             "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 128,
             "num_experts_per_tok": 8, "first_k_dense_replace": 1, "n_shared_experts": 1,
-            "use_qk_norm": False},
+            "use_qk_norm": False, "vocab_size": 151552},
            aliases={"num_local_experts": "n_routed_experts"}, qk_norm="flag",
            mlp="first_k_dense", experts_field="n_routed_experts", shared_experts="count",
            partial_rotary_factor=0.5),
@@ -147,14 +150,14 @@ FAMILIES: tuple[Family, ...] = (
             "num_key_value_heads": 20, "head_dim": None, "rms_norm_eps": 1e-5,
             "intermediate_size": 10240, "moe_intermediate_size": 1536, "n_routed_experts": 64,
             "num_experts_per_tok": 4, "n_shared_experts": 1, "q_lora_rank": 768,
-            "kv_lora_rank": 512, "mlp_layer_types": None},
+            "kv_lora_rank": 512, "mlp_layer_types": None, "vocab_size": 154880},
            aliases={"num_local_experts": "n_routed_experts"}, mlp="layer_types",
            experts_field="n_routed_experts", shared_experts="count", mla_norm_eps=1e-6),
     # Gemma's norms scale by (1 + w); its MLP's activation is hidden_activation. Gemma 3
     # normalises q and k per head, Gemma 2 does not.
     Family(("gemma2",), _GEMMA, norm_weight_bias=1.0, activation_field="hidden_activation"),
-    Family(("gemma3_text", "gemma3"), _GEMMA, norm_weight_bias=1.0, qk_norm="per_head",
-           activation_field="hidden_activation"),
+    Family(("gemma3_text", "gemma3"), {**_GEMMA, "vocab_size": 262208}, norm_weight_bias=1.0,
+           qk_norm="per_head", activation_field="hidden_activation"),
 )
 
 FAMILY_OF_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
@@ -235,6 +238,7 @@ def _read(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
                                 if mla and (width := cfg.positive_int(key))),
         extra_norm_eps=family.mla_norm_eps,
         hidden_act=_activation(family, cfg),
+        vocab_size=cfg.positive_int("vocab_size"),
         **_rope(family, cfg, where),
     )
 

@@ -50,6 +50,8 @@ class ModelShape:
     partial_rotary_factor: float = 1.0
     rope_scaling: str | None = None
     rope_scaling_parameters: tuple[tuple[str, float], ...] = ()
+    # Rows of the token embedding (config.json's vocab_size, or its class's default).
+    vocab_size: int | None = None
 
     @property
     def rotary_dim(self) -> int | None:

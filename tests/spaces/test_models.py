@@ -66,7 +66,7 @@ def test_flat_qwen3_config(tmp_path):
     model = load_model(_write(tmp_path / "config.json", QWEN3_8B_HF))
     assert model == ModelShape(name=tmp_path.name, hidden_size=4096, num_q_heads=32,
                                num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, qk_norm=True,
-                               intermediate_size=12288)
+                               intermediate_size=12288, vocab_size=151936)
 
 
 def test_directory_holding_config_json(tmp_path):
