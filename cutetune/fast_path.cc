@@ -27,7 +27,7 @@ namespace {
 
 // The reading kinds, as cutetune/fast_path.py encodes them.
 constexpr int64_t kDtype = 0, kDim = 1, kValue = 2;
-constexpr int kMaxKey = 32;  // words; cutetune/fast_path.py checks each route's key fits
+constexpr int kMaxKey = 40;  // words; cutetune/fast_path.py checks each route's key fits
 
 struct Key {
   int32_t size = 0;

@@ -43,7 +43,7 @@ FAST_PATH_DIR = "fast-path"
 # The reading kinds, as fast_path.cc numbers them, and the words its keys hold at most (the
 # device one, a value two: its type and its bits).
 _DTYPE, _DIM, _VALUE = 0, 1, 2
-_KEY_WORDS = 32
+_KEY_WORDS = 40
 
 
 def _not_served(*arguments: Any) -> bool:

@@ -352,7 +352,7 @@ def test_a_key_longer_than_the_route_holds_is_refused():
         frozen=True, kw_only=True)
     kernel = dataclasses.replace(QK_KERNEL, name="wide", problem_type=wide)
     fields.update({f"f{i}": Value("eps") for i in range(16)})
-    with pytest.raises(ValueError, match="reads a key of 45 words; fast_path.cc holds 32"):
+    with pytest.raises(ValueError, match="reads a key of 45 words; fast_path.cc holds 40"):
         fast_path.Route(kernel, FastCall(arguments=("q", "eps"), launched=1,
                                          tokens=Dim("q", 0), fields=fields))
 

@@ -9,7 +9,9 @@ pair index i < rotary_dim / 2:
 
 NeoX style pairs element i with element i + rotary_dim / 2 (rotate halves); GPT-J style pairs
 elements 2i and 2i + 1 (interleaved). Only the first rotary_dim elements of a head rotate
-(partial rotary); the rest stay as they are.
+(partial rotary); the rest stay as they are. Multimodal RoPE (Qwen2-VL's and Qwen3-VL's
+mrope) gives each token three positions, temporal, height and width (positions is (3, tokens)),
+and rotates each pair by one of them (mrope_stream), the rest as above.
 
 q is (tokens, q_heads, head_dim) and k (tokens, kv_heads, head_dim), views into a fused qkv
 projection as engines hold them. cos and sin come either from cos_sin_cache
@@ -75,6 +77,12 @@ SCALING_FIELDS = {
            "attention_factor"),
 }
 SCALED_FIELDS = frozenset(name for names in SCALING_FIELDS.values() for name in names)
+# Multimodal RoPE, by how its sections lay the three position streams over the pairs.
+MROPE_NONE = "none"
+MROPE_SECTIONS = "sections"  # Qwen2-VL, Qwen2.5-VL: a run of pairs per stream
+MROPE_INTERLEAVED = "interleaved"  # Qwen3-VL: temporal, height, width, temporal, ...
+MROPES = (MROPE_NONE, MROPE_SECTIONS, MROPE_INTERLEAVED)
+STREAMS = 3
 # The longest context the inputs of tests and tuning reach: positions are drawn up to it, where
 # an fp32 angle would be off by a hundredth of a radian.
 MAX_POSITION = 1 << 17
@@ -119,6 +127,12 @@ class RopeProblem(Problem):
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float = 1.0
+    # Multimodal RoPE (mrope_stream): positions (3, tokens), and the pairs each stream rotates,
+    # mrope_t + mrope_h + mrope_w = rotary_dim / 2 (transformers' mrope_section); all 0 without.
+    mrope: str = MROPE_NONE
+    mrope_t: int = 0
+    mrope_h: int = 0
+    mrope_w: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -168,6 +182,30 @@ class RopeProblem(Problem):
             raise ValueError(f"yarn scaling needs scaling_factor >= 1, original_max_position >= "
                              f"1, 0 < beta_slow <= beta_fast and attention_factor > 0, got "
                              f"{stated}")
+        self._check_mrope()
+
+    def _check_mrope(self) -> None:
+        sections = (self.mrope_t, self.mrope_h, self.mrope_w)
+        if self.mrope not in MROPES:
+            raise ValueError(f"mrope {self.mrope!r} not supported: use {', '.join(MROPES)}")
+        if self.mrope == MROPE_NONE:
+            if any(sections):
+                raise ValueError(f"mrope sections {sections} given without mrope: name its "
+                                 f"layout ({MROPE_SECTIONS} or {MROPE_INTERLEAVED})")
+            return
+        pairs = self.rotary_dim // 2
+        if min(sections) < 0 or sum(sections) != pairs:
+            raise ValueError(f"mrope sections {sections} must be at least 0 each and sum to "
+                             f"rotary_dim / 2 = {pairs}")
+        # Interleaved, the height stream takes pairs 1, 4, ..., 3 h - 2 and the width stream
+        # pairs 2, 5, ..., 3 w - 1: each must end inside the rotated pairs.
+        if self.mrope == MROPE_INTERLEAVED and (3 * self.mrope_h - 2 >= pairs
+                                                or 3 * self.mrope_w - 1 >= pairs):
+            raise ValueError(f"interleaved mrope sections {sections} run past the {pairs} "
+                             "rotated pairs: 3 h - 2 and 3 w - 1 must be below them")
+        if self.scaling != DEFAULT:
+            raise ValueError(f"mrope with the {self.scaling} scaling is not supported: mrope "
+                             "rotates by theta's frequencies as they are")
 
     @property
     def heads(self) -> int:
@@ -192,6 +230,32 @@ class RopeProblem(Problem):
         low, high = yarn_ramp(self.rotary_dim, self.theta, self.beta_fast, self.beta_slow,
                               self.original_max_position, self.truncate)
         return (self.scaling_factor, low, high, self.attention_factor)
+
+    @property
+    def mrope_sections(self) -> tuple[str, int, int, int] | None:
+        """(mrope, mrope_t, mrope_h, mrope_w) under multimodal RoPE, else None."""
+        if self.mrope == MROPE_NONE:
+            return None
+        return (self.mrope, self.mrope_t, self.mrope_h, self.mrope_w)
+
+    @property
+    def position_streams(self) -> int:
+        """Rows of the positions tensor: three under mrope, else one (a (tokens,) tensor)."""
+        return STREAMS if self.mrope != MROPE_NONE else 1
+
+
+def mrope_stream(pair: int, sections: tuple[str, int, int, int]) -> int:
+    """The position stream (0 temporal, 1 height, 2 width) pair `pair` rotates by, as
+    transformers' Qwen2-VL (sections: split by mrope_section) and Qwen3-VL (interleaved:
+    recomposition_frequencies) lay them out."""
+    layout, t, h, w = sections
+    if layout == MROPE_SECTIONS:
+        return 0 if pair < t else 1 if pair < t + h else 2
+    if pair % 3 == 1 and pair < 3 * h:
+        return 1
+    if pair % 3 == 2 and pair < 3 * w:
+        return 2
+    return 0
 
 
 def yarn_ramp(rotary_dim: int, theta: float, beta_fast: float, beta_slow: float,
@@ -352,8 +416,9 @@ def _blocks(problem: RopeProblem, config: RopeConfig) -> int:
 def cost(problem: RopeProblem, config: RopeConfig, device) -> Cost:
     rotated = problem.num_tokens * problem.heads * problem.rotary_dim
     element_bytes = DTYPE_BYTES[problem.dtype]
-    cache_bytes = (problem.num_tokens * problem.rotary_dim * DTYPE_BYTES[problem.cache_dtype]
-                   if config.cos_sin == CACHE else 0)
+    # Under mrope a chunk's pairs may rotate by any of the three streams: a cache row of each.
+    cache_bytes = (problem.num_tokens * problem.position_streams * problem.rotary_dim
+                   * DTYPE_BYTES[problem.cache_dtype] if config.cos_sin == CACHE else 0)
     # Every thread of a token computes the cos and sin of its own chunk.
     sincos = (problem.num_tokens * _head_groups(problem, config) * problem.rotary_dim // 2
               if config.cos_sin == COMPUTED else 0)
@@ -361,7 +426,8 @@ def cost(problem: RopeProblem, config: RopeConfig, device) -> Cost:
         # The rotated part of each head read and written once (the rest is not touched), the
         # positions and the cache rows of the tokens read once.
         bytes_moved=(2 * rotated * element_bytes
-                     + problem.num_tokens * POSITION_BYTES[problem.positions_dtype]
+                     + problem.num_tokens * problem.position_streams
+                     * POSITION_BYTES[problem.positions_dtype]
                      + cache_bytes),
         # Two products and a sum per rotated element.
         flops=3 * rotated + SINCOS_FLOPS * sincos,
@@ -440,31 +506,47 @@ def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -
     return out
 
 
+def problem_cos_sin(positions: torch.Tensor, problem: RopeProblem) -> torch.Tensor:
+    """The (tokens, rotary_dim) float64 cos and sin of `positions` as `problem` rotates by them:
+    cos_sin_table's, or under mrope each pair's column from the table of its stream's
+    positions (positions is (3, tokens))."""
+    if problem.mrope_sections is None:
+        return cos_sin_table(positions, problem.rotary_dim, problem.theta, problem.llama3,
+                             problem.yarn)
+    tables = [cos_sin_table(stream, problem.rotary_dim, problem.theta) for stream in positions]
+    pairs = problem.rotary_dim // 2
+    streams = torch.tensor([mrope_stream(i, problem.mrope_sections) for i in range(pairs)],
+                           device=positions.device).repeat(2)  # cos's columns, then sin's
+    return torch.stack(tables).gather(0, streams.expand(1, positions.shape[1], -1))[0]
+
+
 def reference(tensors: Tensors, problem: RopeProblem) -> dict[str, torch.Tensor]:
     """q and k rotated by the exact cos and sin of their positions (float64 angles; the result
     in fp32)."""
-    table = cos_sin_table(tensors["positions"], problem.rotary_dim, problem.theta,
-                          problem.llama3, problem.yarn)
-    cos, sin = table.chunk(2, dim=-1)
+    cos, sin = problem_cos_sin(tensors["positions"], problem).chunk(2, dim=-1)
     return {name: rotated(tensors[name], cos, sin, problem.style).float() for name in ("q", "k")}
 
 
 def make_inputs(problem: RopeProblem, device, generator: torch.Generator) -> Tensors:
     """q and k as views into one fused qkv projection output, positions drawn up to
-    MAX_POSITION (so the precision of the angle at long context is tested), and a
+    MAX_POSITION (so the precision of the angle at long context is tested; three streams of
+    them under mrope, drawn apart, so a pair rotated by the wrong stream fails), and a
     cos_sin_cache of MAX_POSITION rows whose rows at those positions hold cos and sin computed
     in float64 and rounded once to its dtype; its other rows are NaN, so a kernel that reads
     the wrong row fails."""
     dtype = TORCH_DTYPES[problem.dtype]
     qkv = torch.randn(problem.num_tokens, problem.heads + problem.kv_heads, problem.head_dim,
                       generator=generator, device=device, dtype=torch.float32).to(dtype)
-    positions = torch.randint(0, MAX_POSITION, (problem.num_tokens,), generator=generator,
-                              device=device, dtype=POSITION_DTYPES[problem.positions_dtype])
+    shape = ((problem.num_tokens,) if problem.mrope_sections is None
+             else (STREAMS, problem.num_tokens))
+    positions = torch.randint(0, MAX_POSITION, shape, generator=generator, device=device,
+                              dtype=POSITION_DTYPES[problem.positions_dtype])
     cache_dtype = TORCH_DTYPES[problem.cache_dtype]
     cache = torch.full((MAX_POSITION, problem.rotary_dim), math.nan, device=device,
                        dtype=cache_dtype)
-    cache[positions] = cos_sin_table(positions, problem.rotary_dim, problem.theta,
-                                     problem.llama3, problem.yarn).to(cache_dtype)
+    every = positions.flatten()  # every stream's positions: their rows are the ones read
+    cache[every] = cos_sin_table(every, problem.rotary_dim, problem.theta, problem.llama3,
+                                 problem.yarn).to(cache_dtype)
     return {
         "positions": positions,
         "q": qkv[:, : problem.q_heads],
@@ -503,6 +585,10 @@ def _scaling_fields(model: ModelShape) -> dict:
     if model.rope_scaling is None:
         return {}
     numbers = dict(model.rope_scaling_parameters)
+    if model.rope_scaling == "mrope":
+        t, h, w = model.mrope_section
+        return dict(mrope=MROPE_INTERLEAVED if numbers.get("mrope_interleaved") else
+                    MROPE_SECTIONS, mrope_t=t, mrope_h=h, mrope_w=w)
     missing = [key for key in STATED_PARAMETERS.get(model.rope_scaling, ()) if key not in numbers]
     if missing:
         raise NotApplicableError(f"model {model.name}'s {model.rope_scaling} scaling states no "

@@ -12,7 +12,11 @@ from cutetune.kernels.rope import (
     DEFAULT,
     GPTJ,
     KERNEL,
+    MROPE_INTERLEAVED,
+    MROPE_NONE,
+    MROPE_SECTIONS,
     NEOX,
+    STREAMS,
     YARN,
     RopeProblem,
     yarn_attention_factor,
@@ -23,7 +27,7 @@ POSITION_DTYPE_NAMES = {torch.int32: "int32", torch.int64: "int64"}
 
 
 def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                  cos_sin_cache: torch.Tensor, rope_theta: float) -> int:
+                  cos_sin_cache: torch.Tensor, rope_theta: float, mrope: str) -> int:
     """Raise one clear error, naming the argument, for the first thing wrong with the inputs;
     return q's CUDA device index (-1: the CPU). Positions beyond the cache's rows cannot be
     seen without waiting for the device: the caller keeps them below cos_sin_cache.shape[0]."""
@@ -56,8 +60,12 @@ def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     tokens, d = q_shape[0], q_shape[2]
     if k_shape[0] != tokens or k_shape[2] != d:
         raise ValueError(f"k {k_shape} must have q's tokens and head_dim (q is {q_shape})")
-    if tuple(positions.shape) != (tokens,):
+    if mrope == MROPE_NONE and tuple(positions.shape) != (tokens,):
         raise ValueError(f"positions must be ({tokens},), one per token of q, got shape "
+                         f"{tuple(positions.shape)}")
+    if mrope != MROPE_NONE and tuple(positions.shape) != (STREAMS, tokens):
+        raise ValueError(f"positions must be ({STREAMS}, {tokens}) under mrope, a temporal, a "
+                         f"height and a width position per token of q, got shape "
                          f"{tuple(positions.shape)}")
     if cos_sin_cache.dim() != 2 or not cos_sin_cache.is_contiguous():
         raise ValueError("cos_sin_cache must be a contiguous (max_position, rotary_dim) tensor, "
@@ -88,11 +96,18 @@ def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
          scaling: str = DEFAULT, scaling_factor: float = 1.0, low_freq_factor: float = 1.0,
          high_freq_factor: float = 1.0, original_max_position: int = 0, beta_fast: float = 32.0,
          beta_slow: float = 1.0, truncate: bool = True,
-         attention_factor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         attention_factor: float | None = None, mrope_section: tuple[int, int, int] | None = None,
+         mrope_interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate the first rotary_dim elements of every head of q (tokens, q_heads, head_dim) and
     k (tokens, kv_heads, head_dim) in place by the angles of `positions` (tokens,), int32 or
     int64, in one launch on the current stream: NeoX style (rotate halves) where `is_neox`,
     else GPT-J style (interleaved pairs).
+
+    Multimodal RoPE (Qwen2-VL's, Qwen3-VL's mrope) where mrope_section (temporal, height,
+    width: pairs per stream, summing to rotary_dim / 2) is given: positions is (3, tokens),
+    each token's temporal, height and width positions, and each pair rotates by one stream's,
+    in runs of pairs per stream, or interleaved (temporal, height, width, ...) where
+    `mrope_interleaved`, as transformers and vLLM lay them out.
 
     cos_sin_cache is vLLM's (max_position, rotary_dim): cos of each pair's angle in its first
     half, sin in its second, for the frequencies rope_theta ** (-2i / rotary_dim), scaled as
@@ -106,18 +121,36 @@ def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     a fused qkv tensor. On CPU tensors the op computes with the kernel's reference (exact
     angles) instead. Under torch.compile the call is the custom op cutetune::rope (no graph
     break)."""
+    mrope, (mrope_t, mrope_h, mrope_w) = _mrope_fields(mrope_section, mrope_interleaved)
     _ROPE((positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling, scaling_factor,
            low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow,
-           truncate, attention_factor))
+           truncate, attention_factor, mrope, mrope_t, mrope_h, mrope_w))
     return q, k
+
+
+def _mrope_fields(mrope_section: tuple[int, int, int] | None,
+                  mrope_interleaved: bool) -> tuple[str, tuple[int, int, int]]:
+    """The problem's mrope fields of the op's arguments (scalars: the fast path keys them)."""
+    if mrope_section is None:
+        if mrope_interleaved:
+            raise ValueError("mrope_interleaved is set but mrope_section is None: give the "
+                             "pairs of each position stream")
+        return MROPE_NONE, (0, 0, 0)
+    section = tuple(mrope_section)
+    if len(section) != STREAMS or not all(isinstance(n, int) and not isinstance(n, bool)
+                                          for n in section):
+        raise ValueError(f"mrope_section must be three counts of pairs (temporal, height, "
+                         f"width), got {mrope_section!r}")
+    return MROPE_INTERLEAVED if mrope_interleaved else MROPE_SECTIONS, section
 
 
 def _checked(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool, scaling: str,
              scaling_factor: float, low_freq_factor: float, high_freq_factor: float,
              original_max_position: int, beta_fast: float, beta_slow: float, truncate: bool,
-             attention_factor: float | None, allocated: None) -> Checked:
-    device = _check_inputs(positions, q, k, cos_sin_cache, rope_theta)
+             attention_factor: float | None, mrope: str, mrope_t: int, mrope_h: int,
+             mrope_w: int, allocated: None) -> Checked:
+    device = _check_inputs(positions, q, k, cos_sin_cache, rope_theta, mrope)
     if attention_factor is None:
         attention_factor = yarn_attention_factor(scaling_factor) if scaling == YARN else 1.0
     # The problem's own checks name the scaling's arguments (the fields have their names).
@@ -129,25 +162,29 @@ def _checked(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         scaling_factor=float(scaling_factor), low_freq_factor=float(low_freq_factor),
         high_freq_factor=float(high_freq_factor), original_max_position=original_max_position,
         beta_fast=float(beta_fast), beta_slow=float(beta_slow), truncate=truncate,
-        attention_factor=float(attention_factor))
+        attention_factor=float(attention_factor), mrope=mrope, mrope_t=mrope_t,
+        mrope_h=mrope_h, mrope_w=mrope_w)
     tokens = q.shape[0]
     if tokens == 0:
         return Checked(None)
     return Checked(None, (positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling,
                           scaling_factor, low_freq_factor, high_freq_factor,
                           original_max_position, beta_fast, beta_slow, truncate,
-                          attention_factor), problem.static_tuple(), tokens, device)
+                          attention_factor, mrope, mrope_t, mrope_h, mrope_w),
+                   problem.static_tuple(), tokens, device)
 
 
 def _rope_op(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool, scaling: str,
              scaling_factor: float, low_freq_factor: float, high_freq_factor: float,
              original_max_position: int, beta_fast: float, beta_slow: float, truncate: bool,
-             attention_factor: float | None) -> None:
+             attention_factor: float | None, mrope_section: list[int] | None,
+             mrope_interleaved: bool) -> None:
     """The custom op's body: the eager op (a compiled graph runs it, not compiling)."""
     rope(positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling, scaling_factor,
          low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow,
-         truncate, attention_factor)
+         truncate, attention_factor, None if mrope_section is None else tuple(mrope_section),
+         mrope_interleaved)
 
 
 _ROPE = register(OpDef(
@@ -156,7 +193,7 @@ _ROPE = register(OpDef(
         arguments=("positions", "q", "k", "cos_sin_cache", "rope_theta", "is_neox", "scaling",
                    "scaling_factor", "low_freq_factor", "high_freq_factor",
                    "original_max_position", "beta_fast", "beta_slow", "truncate",
-                   "attention_factor"),
+                   "attention_factor", "mrope", "mrope_t", "mrope_h", "mrope_w"),
         launched=4, tokens=Dim("q", 0),
         fields={"dtype": DType("q"), "head_dim": Dim("q", 2),
                 "rotary_dim": Dim("cos_sin_cache", 1), "q_heads": Dim("q", 1),
@@ -171,7 +208,9 @@ _ROPE = register(OpDef(
                 "truncate": Value("truncate"),
                 # None (transformers' default) keys apart from the value it stands for: the
                 # same problem, reached by two keys.
-                "attention_factor": Value("attention_factor")}),
+                "attention_factor": Value("attention_factor"), "mrope": Value("mrope"),
+                "mrope_t": Value("mrope_t"), "mrope_h": Value("mrope_h"),
+                "mrope_w": Value("mrope_w")}),
     check=_checked,
     functions=(rope,),
     custom_ops=(CustomOp("rope", _rope_op, mutates=("q", "k")),),
@@ -179,5 +218,7 @@ _ROPE = register(OpDef(
         t["positions"], t["q"], t["k"], t["cos_sin_cache"], problem.theta,
         problem.style == NEOX, problem.scaling, problem.scaling_factor, problem.low_freq_factor,
         problem.high_freq_factor, problem.original_max_position, problem.beta_fast,
-        problem.beta_slow, problem.truncate, problem.attention_factor)},
+        problem.beta_slow, problem.truncate, problem.attention_factor,
+        None if problem.mrope_sections is None else problem.mrope_sections[1:],
+        problem.mrope == MROPE_INTERLEAVED)},
 ))

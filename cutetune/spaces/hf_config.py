@@ -278,7 +278,21 @@ def _rope(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
         numbers["original_max_position_embeddings"] = float(context)
     return dict(rope_thetas=thetas, partial_rotary_factor=factor,
                 rope_scaling=str(kind) if scaled else None,
-                rope_scaling_parameters=tuple(sorted(numbers.items())) if scaled else ())
+                rope_scaling_parameters=tuple(sorted(numbers.items())) if scaled else (),
+                mrope_section=_mrope_section(cfg, scaling))
+
+
+def _mrope_section(cfg: _Fields, scaling: dict) -> tuple[int, ...]:
+    """The pairs each of multimodal RoPE's three position streams rotates (temporal, height,
+    width), as config.json states them; () without."""
+    section = scaling.get("mrope_section")
+    if section is None:
+        return ()
+    if (not isinstance(section, list) or len(section) != 3
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                       for n in section)):
+        raise cfg._bad("rope_scaling.mrope_section", "a list of three counts of pairs")
+    return tuple(section)
 
 
 def _sparse_layers(family: Family, cfg: _Fields, layers: int, where: str) -> list[bool]:

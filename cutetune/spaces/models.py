@@ -50,6 +50,9 @@ class ModelShape:
     partial_rotary_factor: float = 1.0
     rope_scaling: str | None = None
     rope_scaling_parameters: tuple[tuple[str, float], ...] = ()
+    # Multimodal RoPE's pairs per position stream (temporal, height, width: mrope_section),
+    # () without; whether they interleave is mrope_interleaved among the parameters.
+    mrope_section: tuple[int, ...] = ()
     # Rows of the token embedding (config.json's vocab_size, or its class's default).
     vocab_size: int | None = None
 

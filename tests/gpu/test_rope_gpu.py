@@ -1,6 +1,7 @@
 """RoPE on the GPU: every code path's covering points (every valid point under the `sweep`
 marker) against the float64 reference on q and k views of a fused qkv buffer, positions up to
-the maximum context, the public op, graphs and the route's refusals."""
+the maximum context, multimodal RoPE's three position streams, the public op, graphs and the
+route's refusals."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ YARN = dict(scaling=rope.YARN, scaling_factor=4.0, original_max_position=32768,
             attention_factor=rope.yarn_attention_factor(4.0))
 GPT_OSS_YARN = dict(scaling=rope.YARN, scaling_factor=32.0, original_max_position=4096,
                     truncate=False, attention_factor=rope.yarn_attention_factor(32.0))
+# Qwen3-VL's multimodal RoPE (interleaved) and Qwen2-VL's (runs of pairs per stream).
+MROPE_INTERLEAVED = dict(mrope=rope.MROPE_INTERLEAVED, mrope_t=24, mrope_h=20, mrope_w=20)
+MROPE_SECTIONS = dict(mrope=rope.MROPE_SECTIONS, mrope_t=16, mrope_h=24, mrope_w=24)
 
 
 def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=rope.NEOX,
@@ -66,6 +70,9 @@ PATHS = [
     pytest.param(_problem(dtype="float32", head_dim=64, rotary_dim=32, style=rope.GPTJ,
                           theta=1.5e5, cache="float32", scaling=GPT_OSS_YARN),
                  id="fp32-gptj-partial-yarn-untruncated"),
+    pytest.param(_problem(theta=5e6, scaling=MROPE_INTERLEAVED), id="bf16-neox-mrope-interleaved"),
+    pytest.param(_problem(style=rope.GPTJ, positions="int32", scaling=MROPE_SECTIONS),
+                 id="bf16-gptj-int32-mrope-sections"),
 ]
 
 
@@ -142,6 +149,29 @@ def test_public_op_matches_reference(is_neox, rotary_dim, scaling):
     torch.cuda.synchronize()
     check_outputs(rope.KERNEL, problem, tensors, expected)
     assert torch.equal(qkv[:, 6:], v_before)
+
+
+@pytest.mark.parametrize(("fields", "interleaved"), [(MROPE_INTERLEAVED, True),
+                                                      (MROPE_SECTIONS, False)],
+                         ids=["interleaved", "sections"])
+def test_public_op_mrope_matches_reference(fields, interleaved):
+    import cutetune
+
+    problem = _problem(q_heads=4, tokens=5, scaling=fields)
+    _, q, k, cache = _inputs()
+    positions = torch.randint(0, 8192, (3, 5), device="cuda",
+                              generator=torch.Generator("cuda").manual_seed(3))
+    tensors = {"positions": positions, "q": q, "k": k, "cos_sin_cache": cache}
+    expected = rope.reference(tensors, problem)
+    section = (fields["mrope_t"], fields["mrope_h"], fields["mrope_w"])
+    cutetune.rope(positions, q, k, cache, 1e6, mrope_section=section,
+                  mrope_interleaved=interleaved)
+    torch.cuda.synchronize()
+    check_outputs(rope.KERNEL, problem, tensors, expected)
+    # A call of the same key with one position per token is refused before any launch.
+    with pytest.raises(ValueError, match=re.escape("positions must be (3, 5) under mrope")):
+        cutetune.rope(positions[0], q, k, cache, 1e6, mrope_section=section,
+                      mrope_interleaved=interleaved)
 
 
 def test_public_op_captures_into_a_cuda_graph():

@@ -3,7 +3,8 @@ the defaults served at every bucket) compile for sm_90a on the CPU, for every pu
 kernel applies to (bf16) and for synthetic problems that take every other code path: GPT-J
 style, partial rotary, int32 positions, an fp32 cache, fp16 and fp32, head dims 64 and 256; and
 the PTX of a few points shows the accesses and the arithmetic the config asks for. The Llama
-3.1 presets compile the llama3 frequency scaling; synthetic problems the yarn one.
+3.1 presets compile the llama3 frequency scaling; synthetic problems the yarn one and both
+layouts of multimodal RoPE.
 
 The `sweep` marker compiles every valid point.
 """
@@ -21,6 +22,8 @@ from cutetune.kernels.rope import (
     DEFAULT,
     GPTJ,
     KERNEL,
+    MROPE_INTERLEAVED,
+    MROPE_SECTIONS,
     NEOX,
     SCALED_FIELDS,
     YARN,
@@ -65,6 +68,11 @@ SYNTHETIC = [
     pytest.param(_problem(theta=1e6, **QWEN3_YARN), id="neox-yarn"),
     pytest.param(_problem(dtype="float32", head_dim=64, rotary_dim=32, style=GPTJ, theta=1.5e5,
                           **GPT_OSS_YARN), id="fp32-gptj-partial-yarn-untruncated"),
+    # Qwen3-VL's interleaved mrope; Qwen2-VL's runs of pairs per stream, on GPT-J pairs.
+    pytest.param(_problem(theta=5e6, mrope=MROPE_INTERLEAVED, mrope_t=24, mrope_h=20,
+                          mrope_w=20), id="neox-mrope-interleaved"),
+    pytest.param(_problem(style=GPTJ, positions="int32", mrope=MROPE_SECTIONS, mrope_t=16,
+                          mrope_h=24, mrope_w=24), id="gptj-int32-mrope-sections"),
 ]
 PRESET_PARAMS = preset_params(KERNEL)
 
@@ -167,3 +175,22 @@ def test_ptx_of_a_scaling_blends_in_fp64(scaled, products, tmp_path, monkeypatch
     # (computed once, before the q/k branch); YaRN multiplies its cos and sin by the attention
     # factor in fp32.
     assert counts[0] == Counter(selects=2 * 8, products=products)
+
+
+@pytest.mark.parametrize("cos_sin", (CACHE, COMPUTED))
+def test_ptx_of_mrope_reads_three_positions_and_a_cache_row_of_each(cos_sin, tmp_path,
+                                                                     monkeypatch):
+    """A chunk's pairs may rotate by any of the three streams (interleaved, one in three): the
+    cache path loads the chunk's cos and sin vectors from the row of each stream's position and
+    picks per pair; the computed path takes each pair's angle from its stream's position."""
+    problem = _problem(theta=5e6, kv_heads=4, mrope=MROPE_INTERLEAVED, mrope_t=24, mrope_h=20,
+                       mrope_w=20)
+    ptx = ptx_of(KERNEL, problem, RopeConfig(cos_sin, 128, 1, 4), H200, tmp_path, monkeypatch)
+    loads = Counter((int(lanes or 1) * int(width))
+                    for op, lanes, width in GLOBAL_ACCESS.findall(ptx) if op == "ld")
+    x_loads = BRANCHES * 2  # both halves of the NeoX chunk of one head, in each branch
+    positions = 3  # int64 each
+    cache_vectors = 3 * 2 if cos_sin == CACHE else 0  # cos and sin, 8 bf16 pairs each
+    assert loads[128] == x_loads + cache_vectors
+    assert loads[64] == positions
+    assert sum(loads.values()) == x_loads + cache_vectors + positions

@@ -118,7 +118,7 @@ def test_problem_key_is_static_part_only():
     assert problem(num_tokens=1).static_key() == problem(num_tokens=4096).static_key()
     assert problem().static_tuple() == ("bfloat16", 128, 128, 32, 8, NEOX, "int64", "bfloat16",
                                         1e6, "default", 1.0, 1.0, 1.0, 0, 32.0, 1.0, True,
-                                        1.0)
+                                        1.0, "none", 0, 0, 0)
     assert problem().static_key() != problem(style=GPTJ).static_key()
 
 
@@ -251,7 +251,6 @@ def test_yarn_table_holds_the_attention_factor():
 
 @pytest.mark.parametrize(("model", "message"), [
     ("deepseek-v3", "low-rank projections \\(MLA\\)"),
-    (str(HF_CONFIGS / "Qwen3-VL-235B-A22B-Instruct.json"), "\\(mrope\\)"),
 ])
 def test_not_applicable_until_its_variant_lands(model, message):
     with pytest.raises(NotApplicableError, match=message):

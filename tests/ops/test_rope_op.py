@@ -171,3 +171,40 @@ def test_tensors_on_another_device_are_refused():
     positions, q, k, cache = (t.to("meta") for t in _inputs())
     with pytest.raises(ValueError, match="q is on meta: rope runs on a CUDA device or the CPU"):
         cutetune.rope(positions, q, k, cache, 1e4)
+
+
+@pytest.mark.parametrize(("section", "interleaved", "layout"), [
+    ((16, 24, 24), False, "sections"), ((24, 20, 20), True, "interleaved")])
+def test_mrope_rotates_each_pair_by_its_streams_position(section, interleaved, layout):
+    _, q, k, cache = _inputs()
+    positions = torch.randint(0, 4096, (3, TOKENS), generator=torch.Generator().manual_seed(1))
+    t, h, w = section
+    problem = RopeProblem(num_tokens=TOKENS, dtype="bfloat16", head_dim=HEAD_DIM,
+                          rotary_dim=HEAD_DIM, q_heads=Q_HEADS, kv_heads=KV_HEADS, style=NEOX,
+                          positions_dtype="int64", cache_dtype="bfloat16", theta=1e4,
+                          mrope=layout, mrope_t=t, mrope_h=h, mrope_w=w)
+    expected = KERNEL.reference({"positions": positions, "q": q, "k": k}, problem)
+    cutetune.rope(positions, q, k, cache, 1e4, mrope_section=section,
+                  mrope_interleaved=interleaved)
+    torch.testing.assert_close(q.float(), expected["q"], rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(k.float(), expected["k"], rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(("positions_shape", "mrope", "message"), [
+    ((TOKENS,), dict(mrope_section=(24, 20, 20)),
+     f"positions must be (3, {TOKENS}) under mrope, a temporal, a height and a width position "
+     f"per token of q, got shape ({TOKENS},)"),
+    ((3, TOKENS), {}, f"positions must be ({TOKENS},), one per token of q, got shape "
+                      f"(3, {TOKENS})"),
+    ((3, TOKENS), dict(mrope_section=(24, 20)), "mrope_section must be three counts of pairs"),
+    ((3, TOKENS), dict(mrope_section=(24, 20, 19)), "must be at least 0 each and sum to "
+                                                    "rotary_dim / 2 = 64"),
+    ((TOKENS,), dict(mrope_interleaved=True), "mrope_interleaved is set but mrope_section is "
+                                              "None"),
+])
+def test_bad_mrope_input_is_one_line_naming_the_argument(positions_shape, mrope, message):
+    _, q, k, cache = _inputs()
+    positions = torch.zeros(positions_shape, dtype=torch.int64)
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        cutetune.rope(positions, q, k, cache, 1e4, **mrope)
+    assert "\n" not in str(info.value)

@@ -14,7 +14,9 @@ from cutetune.kernels.device.compiling import compile_launcher, fake_compact, fa
 from cutetune.kernels.device.dtypes import CUTLASS_DTYPES
 from cutetune.kernels.rope import (
     CACHE,
+    MROPE_SECTIONS,
     NEOX,
+    STREAMS,
     RopeConfig,
     RopeProblem,
     _chunks,
@@ -40,6 +42,34 @@ def _cached_cos_sin(mCache: cute.Tensor, position, chunk: Int32, PAIRS: int):
     return [cos[j] for j in range(PAIRS)], [sin[j] for j in range(PAIRS)]
 
 
+def _of_pair_stream(values: list, pair, MROPE: tuple, kind):
+    """values[s] for the position stream s that pair `pair` (a device integer: it depends on
+    the thread's chunk) rotates by, rope.mrope_stream's rule in selects; `kind` wraps the
+    result (a select gives a bare MLIR value)."""
+    layout, t, h, w = MROPE
+    if layout == MROPE_SECTIONS:
+        return kind(cutlass.select_(pair >= t + h, values[2],
+                                    cutlass.select_(pair >= t, values[1], values[0])))
+    third = pair % 3
+    height = cutlass.select_(pair < 3 * h, cutlass.select_(third == 1, values[1], values[0]),
+                             values[0])
+    return kind(cutlass.select_(pair < 3 * w, cutlass.select_(third == 2, values[2], height),
+                                height))
+
+
+def _mrope_cached_cos_sin(mCache: cute.Tensor, positions: list, chunk: Int32, PAIRS: int,
+                          MROPE: tuple):
+    """The chunk's cos and sin under mrope: the chunk's part of the cache row of each stream's
+    position, and each pair's from the row of its stream."""
+    rows = [_cached_cos_sin(mCache, position, chunk, PAIRS) for position in positions]
+    cos, sin = [], []
+    for j in range(PAIRS):
+        pair = chunk * PAIRS + j
+        cos.append(_of_pair_stream([row[0][j] for row in rows], pair, MROPE, Float32))
+        sin.append(_of_pair_stream([row[1][j] for row in rows], pair, MROPE, Float32))
+    return cos, sin
+
+
 def _llama3_scaled(inverse, LLAMA3: tuple):
     """Llama 3's scaling of a pair's fp64 frequency: kept where the pair turns more than
     high_freq_factor times over the original context, divided by the factor where it turns
@@ -61,17 +91,19 @@ def _yarn_scaled(inverse, pair, YARN: tuple):
     return inverse * (1.0 - ramp + ramp * (1.0 / factor))
 
 
-def _computed_cos_sin(position, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
-                      LOG2_THETA: float, LLAMA3, YARN):
+def _computed_cos_sin(positions: list, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
+                      LOG2_THETA: float, LLAMA3, YARN, MROPE):
     """The chunk's cos and sin, PAIRS fp32 scalars of each, computed from the position: pair
     i's frequency theta^(-2i/ROTARY_DIM) and its angle in fp64, so the angle is exact far below
     fp32's resolution (an fp32 angle at position 2^17 is off by up to 0.008 rad); the angle
     reduced to [-pi, pi] in fp64, then sine and cosine in fp32 without fast-math
     approximations. LLAMA3, YARN: RopeProblem.llama3 and .yarn (None: theta's frequencies as
-    they are); YaRN's attention factor multiplies cos and sin in fp32."""
+    they are); YaRN's attention factor multiplies cos and sin in fp32. `positions`: the
+    token's one position, or under mrope (MROPE: RopeProblem.mrope_sections) its three, each
+    pair's angle taken from its stream's."""
     step = -2.0 * LOG2_THETA / ROTARY_DIM
     first = cute.math.exp2(Float64(chunk * PAIRS) * step, fastmath=False)
-    angle_of = Float64(position)
+    angles_of = [Float64(position) for position in positions]
     cos, sin = [], []
     for j in range(PAIRS):
         inverse = first * (2.0 ** (step * j))
@@ -79,6 +111,9 @@ def _computed_cos_sin(position, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
             inverse = _llama3_scaled(inverse, LLAMA3)
         if YARN is not None:
             inverse = _yarn_scaled(inverse, chunk * PAIRS + j, YARN)
+        angle_of = angles_of[0]
+        if MROPE is not None:
+            angle_of = _of_pair_stream(angles_of, chunk * PAIRS + j, MROPE, Float64)
         angle = angle_of * inverse
         turns = cute.math.roundeven(angle * (1.0 / TWO_PI))
         reduced = Float32(angle - turns * TWO_PI)
@@ -137,7 +172,7 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                  THREADS_PER_TOKEN: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
                  LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
-                 YARN: cutlass.Constexpr):
+                 YARN: cutlass.Constexpr, MROPE: cutlass.Constexpr):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     bdim, _, _ = cute.arch.block_dim()
@@ -149,12 +184,17 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
         rest = Int32(thread - token * THREADS_PER_TOKEN)
         group = rest // CHUNKS
         chunk = rest % CHUNKS
-        position = mPositions[token]
-        if cutlass.const_expr(FROM_CACHE):
-            cos, sin = _cached_cos_sin(mCache, position, chunk, PAIRS)
+        if cutlass.const_expr(MROPE is None):
+            positions = [mPositions[token]]
         else:
-            cos, sin = _computed_cos_sin(position, chunk, PAIRS, ROTARY_DIM, LOG2_THETA, LLAMA3,
-                                         YARN)
+            positions = [mPositions[stream, token] for stream in range(STREAMS)]
+        if cutlass.const_expr(FROM_CACHE and MROPE is None):
+            cos, sin = _cached_cos_sin(mCache, positions[0], chunk, PAIRS)
+        elif cutlass.const_expr(FROM_CACHE):
+            cos, sin = _mrope_cached_cos_sin(mCache, positions, chunk, PAIRS, MROPE)
+        else:
+            cos, sin = _computed_cos_sin(positions, chunk, PAIRS, ROTARY_DIM, LOG2_THETA, LLAMA3,
+                                         YARN, MROPE)
         # Groups [0, Q_GROUPS) rotate q heads, the rest k heads: a group never spans both.
         if group < Q_GROUPS:
             _rotate_heads(mQ, token, group, chunk, cos, sin, VEC, PAIRS, HALF_VECTORS,
@@ -173,12 +213,12 @@ def _rope_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                  WARPS: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
                  LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
-                 YARN: cutlass.Constexpr):
+                 YARN: cutlass.Constexpr, MROPE: cutlass.Constexpr):
     threads = WARPS * WARP
     needed = cutlass.Int64(cute.size(mQ, mode=[0])) * THREADS_PER_TOKEN
     _rope_kernel(mPositions, mQ, mK, mCache, VEC, PAIRS, CHUNKS, HALF_VECTORS, HEADS_PER_THREAD,
                  Q_GROUPS, THREADS_PER_TOKEN, IS_NEOX, FROM_CACHE, ROTARY_DIM, LOG2_THETA,
-                 LLAMA3, YARN).launch(grid=(Int32((needed + threads - 1) // threads), 1, 1),
+                 LLAMA3, YARN, MROPE).launch(grid=(Int32((needed + threads - 1) // threads), 1, 1),
                                       block=(threads, 1, 1), stream=stream)
 
 
@@ -195,7 +235,8 @@ def compile_kernel(problem: RopeProblem, config: RopeConfig, options: str = ""):
         return fake_rows(dtype, tokens, (heads, problem.head_dim), vec, assumed_align=16)
 
     positions_type = POSITION_TYPES[problem.positions_dtype]
-    positions = fake_compact(positions_type, (tokens,), assumed_align=positions_type.width // 8)
+    positions = fake_compact(positions_type, (tokens,) if problem.mrope_sections is None
+                             else (STREAMS, tokens), assumed_align=positions_type.width // 8)
     cache = fake_rows(CUTLASS_DTYPES[problem.cache_dtype], cute.sym_int(),
                       (problem.rotary_dim,), pairs, assumed_align=16)
     return compile_launcher(
@@ -205,5 +246,5 @@ def compile_kernel(problem: RopeProblem, config: RopeConfig, options: str = ""):
          config.heads_per_thread, _q_head_groups(problem, config),
          _threads_per_token(problem, config), config.warps_per_block, problem.style == NEOX,
          config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta),
-         problem.llama3, problem.yarn),
+         problem.llama3, problem.yarn, problem.mrope_sections),
         options)
