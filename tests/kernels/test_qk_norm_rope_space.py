@@ -25,6 +25,7 @@ from cutetune.kernels.qk_norm_rope import (
 from cutetune.kernels.registry import NotApplicableError, get_kernel
 from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, LLAMA3, NEOX
 from cutetune.spaces.models import PRESETS, load_model
+from cutetune.spaces.space import EmptySpaceError
 
 H200 = DEVICE_SPECS["H200"]
 DTYPES = ("bfloat16", "float16", "float32")
@@ -175,6 +176,12 @@ def test_a_thread_per_vector_is_refused_in_neox_style():
     rejected = {r.config: r.constraint for r in SPACE.enumerate(p, H200).rejected}
     assert rejected[QKNormRopeConfig(CACHE, 128, 2, 1)] == "rotated_part_whole_per_thread"
     assert QKNormRopeConfig(CACHE, 128, 4, 1) in SPACE.enumerate(p, H200).valid
+
+
+def test_a_rotated_part_no_thread_split_serves_is_refused_by_name():
+    p = problem(rotary_dim=40)
+    with pytest.raises(EmptySpaceError, match="rotated_part_whole_per_thread removed"):
+        default_config(p, H200)
 
 
 def test_the_borrowed_constraints_say_what_their_kernels_say():
