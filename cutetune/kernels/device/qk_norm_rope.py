@@ -77,6 +77,10 @@ def _norm_rope_head(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
                                                 LLAMA3)
         cos.append(c)
         sin.append(s)
+        if cutlass.const_expr(FROM_CACHE):
+            # ptxas sinks the cache loads, needed only after the shuffles, below them (as it
+            # does the weights', device_blocks.tied_zero says): tie each to the sum.
+            square_sum = square_sum + device_blocks.tied_zero([(x,) for x in c + s])
     square_sum = device_blocks.butterfly_sum(square_sum, THREADS_PER_HEAD)
     inv_rms = device_blocks.inverse_rms(square_sum, head_dim, EPS)
     if row < rows:
