@@ -22,11 +22,12 @@ that a half of the rotated part split into whole rows of the head's threads' vec
 vector v of a thread (among the first half) has its partner in the same thread, as vector
 v + rotary_dim / (2 * VEC * THREADS_PER_HEAD). The alternative, a warp shuffle for each
 partner's element, costs VEC shuffles per vector (a shuffle moves 32 bits), against the head's
-log2(THREADS_PER_HEAD) for its squared sum; the constraint costs only the points with a
-thread per vector of a head, whose work one thread holding two vectors does as well. A GPT-J
-pair lies within one vector (rope's `vector_holds_whole_pairs`); the constraint then makes
-every thread rotate the same number of its vectors, so which vectors rotate is known when
-compiling.
+log2(THREADS_PER_HEAD) for its squared sum. The constraint costs the splits of fewer than two
+vectors per thread where the whole head rotates (Qwen3, Gemma 3), and more where a part does:
+Qwen3-Next rotates 64 of 256, so VEC * THREADS_PER_HEAD is at most 32 there and a thread holds
+at least 8 vectors. A GPT-J pair lies within one vector (rope's `vector_holds_whole_pairs`);
+the constraint then makes every thread rotate the same number of its vectors, so which vectors
+rotate is known when compiling.
 """
 
 from __future__ import annotations
