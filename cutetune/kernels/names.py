@@ -14,6 +14,7 @@ KERNEL_NAMES: tuple[str, ...] = (
     "moe_combine",
     "moe_dispatch",
     "qk_norm",
+    "qk_norm_rope",
     "rmsnorm",
     "rope",
     "silu_and_mul",

@@ -202,13 +202,19 @@ def make_inputs(problem: QKNormProblem, device, generator: torch.Generator) -> T
     heads = problem.q_heads + 2 * problem.kv_heads
     qkv = torch.randn(problem.num_tokens, heads, d, generator=generator, device=device,
                       dtype=torch.float32).to(dtype)
-    weights = 1.0 + 0.5 * torch.randn(2, d, generator=generator, device=device)
     return {
         "q": qkv[:, : problem.q_heads],
         "k": qkv[:, problem.q_heads: problem.q_heads + problem.kv_heads],
-        "q_weight": weights[0].to(dtype),
-        "k_weight": weights[1].to(dtype),
+        **make_weights(d, problem.dtype, device, generator),
     }
+
+
+def make_weights(head_dim: int, dtype: str, device, generator: torch.Generator) -> Tensors:
+    """q_weight and k_weight drawn around 1 (standard deviation 0.5), so that a weight applied to
+    the wrong head or element shows."""
+    weights = 1.0 + 0.5 * torch.randn(2, head_dim, generator=generator, device=device)
+    return {"q_weight": weights[0].to(TORCH_DTYPES[dtype]),
+            "k_weight": weights[1].to(TORCH_DTYPES[dtype])}
 
 
 def contiguous_inputs(problem: QKNormProblem, device, generator: torch.Generator) -> Tensors:

@@ -1,9 +1,9 @@
 """The machine code ptxas emits for the norms: every global load a thread makes is issued before
 the reduction's first shuffle, so a call waits for one memory round trip, not two.
 
-ptxas moves a load whose value is needed only after the reduction (the weight) down to its use;
-the kernels tie the weight loads before the reduction, and this checks the SASS (cuobjdump and
-nvdisasm come from NVIDIA's pip wheels, a test dependency).
+ptxas moves a load whose value is needed only after the reduction (the weight; qk_norm_rope's cos
+and sin) down to its use; the kernels tie those loads before the reduction, and this checks the
+SASS (cuobjdump and nvdisasm come from NVIDIA's pip wheels, a test dependency).
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from cutetune.kernels import qk_norm as qk
+from cutetune.kernels import qk_norm_rope as qkr
 from cutetune.kernels import rmsnorm as rms
 from cutetune.kernels.device import qk_norm as qk_device
+from cutetune.kernels.device import qk_norm_rope as qkr_device
 from cutetune.kernels.device import rmsnorm as rms_device
 
 
@@ -45,6 +47,12 @@ QWEN3_8B_QK = qk.QKNormProblem(num_tokens=1, dtype="bfloat16", head_dim=128, q_h
                                kv_heads=8, eps=1e-6, weight_bias=0.0)
 
 
+def qwen3_8b_qk_rope(cache_dtype: str) -> qkr.QKNormRopeProblem:
+    return qkr.QKNormRopeProblem(num_tokens=1, dtype="bfloat16", head_dim=128, rotary_dim=128,
+                                 q_heads=32, kv_heads=8, style="neox", positions_dtype="int64",
+                                 cache_dtype=cache_dtype, theta=1e6, eps=1e-6, weight_bias=0.0)
+
+
 def rows(hidden: int, fused_add: bool) -> rms.RMSNormProblem:
     return rms.RMSNormProblem(num_tokens=1, dtype="bfloat16", out_dtype="bfloat16",
                               hidden=hidden, eps=1e-6, weight_bias=0.0, fused_add=fused_add)
@@ -56,7 +64,11 @@ def rows(hidden: int, fused_add: bool) -> rms.RMSNormProblem:
     (rms_device, rows(4096, False), rms.RMSNormConfig("block_per_row", 128, 8)),
     (rms_device, rows(4096, True), rms.RMSNormConfig("block_per_row", 64, 4)),
     (rms_device, rows(1024, False), rms.RMSNormConfig("warp_per_row", 128, 4)),
-], ids=["qk-64b-1hpw", "qk-128b-2hpw", "rms-block", "rms-block-fused", "rms-warp"])
+    # The cos and sin rows too (two loads each from an fp32 cache).
+    (qkr_device, qwen3_8b_qk_rope("bfloat16"), qkr.QKNormRopeConfig("cache", 128, 4, 1)),
+    (qkr_device, qwen3_8b_qk_rope("float32"), qkr.QKNormRopeConfig("cache", 64, 2, 4)),
+], ids=["qk-64b-1hpw", "qk-128b-2hpw", "rms-block", "rms-block-fused", "rms-warp",
+        "qk-rope-cache", "qk-rope-fp32-cache"])
 def test_every_load_is_issued_before_the_first_shuffle(module, problem, config, tmp_path):
     code = sass(module, problem, config, tmp_path)
     assert any(op.startswith("LDG") for op in code) and any(op.startswith("SHFL") for op in code)

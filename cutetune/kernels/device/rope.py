@@ -1,4 +1,5 @@
-"""RoPE's kernel, launcher and compile, as cutetune.kernels.rope declares them."""
+"""RoPE's kernel, launcher and compile, as cutetune.kernels.rope declares them; its cos and sin
+and its rotations of pairs serve qk_norm_rope's kernel too."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ POSITION_TYPES = {"int32": cutlass.Int32, "int64": cutlass.Int64}
 TWO_PI = 2.0 * math.pi
 
 
-def _cached_cos_sin(mCache: cute.Tensor, position, chunk: Int32, PAIRS: int):
+def cached_cos_sin(mCache: cute.Tensor, position, chunk: Int32, PAIRS: int):
     """The chunk's cos and sin, PAIRS fp32 scalars of each, from row `position` of the cache
     (cos in the first half of a row, sin in the second)."""
     tCgC = cute.zipped_divide(mCache[position, None], (PAIRS,))
@@ -61,7 +62,7 @@ def _mrope_cached_cos_sin(mCache: cute.Tensor, positions: list, chunk: Int32, PA
                           MROPE: tuple):
     """The chunk's cos and sin under mrope: the chunk's part of the cache row of each stream's
     position, and each pair's from the row of its stream."""
-    rows = [_cached_cos_sin(mCache, position, chunk, PAIRS) for position in positions]
+    rows = [cached_cos_sin(mCache, position, chunk, PAIRS) for position in positions]
     cos, sin = [], []
     for j in range(PAIRS):
         pair = chunk * PAIRS + j
@@ -91,7 +92,7 @@ def _yarn_scaled(inverse, pair, YARN: tuple):
     return inverse * (1.0 - ramp + ramp * (1.0 / factor))
 
 
-def _computed_cos_sin(positions: list, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
+def computed_cos_sin(positions: list, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
                       LOG2_THETA: float, LLAMA3, YARN, MROPE):
     """The chunk's cos and sin, PAIRS fp32 scalars of each, computed from the position: pair
     i's frequency theta^(-2i/ROTARY_DIM) and its angle in fp64, so the angle is exact far below
@@ -124,6 +125,27 @@ def _computed_cos_sin(positions: list, chunk: Int32, PAIRS: int, ROTARY_DIM: int
     return cos, sin
 
 
+def rotated_halves(x1, x2, cos: list, sin: list, PAIRS: int):
+    """NeoX style: (x1 cos - x2 sin, x2 cos + x1 sin) of fp32 vectors x1 and x2, the first and
+    second halves of PAIRS pairs, by their cos and sin (PAIRS fp32 scalars each)."""
+    y1 = cute.make_rmem_tensor((PAIRS,), Float32)
+    y2 = cute.make_rmem_tensor((PAIRS,), Float32)
+    for p in range(PAIRS):
+        y1[p] = x1[p] * cos[p] - x2[p] * sin[p]
+        y2[p] = x2[p] * cos[p] + x1[p] * sin[p]
+    return y1.load(), y2.load()
+
+
+def rotated_interleaved(x, cos: list, sin: list, PAIRS: int):
+    """GPT-J style: fp32 vector x of PAIRS (even, odd) pairs, each rotated by its cos and sin
+    (PAIRS fp32 scalars each)."""
+    y = cute.make_rmem_tensor((2 * PAIRS,), Float32)
+    for p in range(PAIRS):
+        y[2 * p] = x[2 * p] * cos[p] - x[2 * p + 1] * sin[p]
+        y[2 * p + 1] = x[2 * p + 1] * cos[p] + x[2 * p] * sin[p]
+    return y.load()
+
+
 @cute.jit
 def _rotate_heads(mX: cute.Tensor, token, group: Int32, chunk: Int32, cos, sin,
                   VEC: cutlass.Constexpr[int], PAIRS: cutlass.Constexpr[int],
@@ -147,21 +169,12 @@ def _rotate_heads(mX: cute.Tensor, token, group: Int32, chunk: Int32, cos, sin,
     for j in cutlass.range_constexpr(HEADS_PER_THREAD):
         if group * HEADS_PER_THREAD + j < heads:
             if cutlass.const_expr(IS_NEOX):
-                x1, x2 = firsts[j], seconds[j]
-                y1 = cute.make_rmem_tensor((VEC,), Float32)
-                y2 = cute.make_rmem_tensor((VEC,), Float32)
-                for p in cutlass.range_constexpr(PAIRS):
-                    y1[p] = x1[p] * cos[p] - x2[p] * sin[p]
-                    y2[p] = x2[p] * cos[p] + x1[p] * sin[p]
-                tXgX[j][(None, chunk)].store(y1.load().to(mX.element_type))
-                tXgX[j][(None, chunk + HALF_VECTORS)].store(y2.load().to(mX.element_type))
+                y1, y2 = rotated_halves(firsts[j], seconds[j], cos, sin, PAIRS)
+                tXgX[j][(None, chunk)].store(y1.to(mX.element_type))
+                tXgX[j][(None, chunk + HALF_VECTORS)].store(y2.to(mX.element_type))
             else:
-                x = firsts[j]
-                y = cute.make_rmem_tensor((VEC,), Float32)
-                for p in cutlass.range_constexpr(PAIRS):
-                    y[2 * p] = x[2 * p] * cos[p] - x[2 * p + 1] * sin[p]
-                    y[2 * p + 1] = x[2 * p + 1] * cos[p] + x[2 * p] * sin[p]
-                tXgX[j][(None, chunk)].store(y.load().to(mX.element_type))
+                y = rotated_interleaved(firsts[j], cos, sin, PAIRS)
+                tXgX[j][(None, chunk)].store(y.to(mX.element_type))
 
 
 @cute.kernel
@@ -189,12 +202,12 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
         else:
             positions = [mPositions[stream, token] for stream in range(STREAMS)]
         if cutlass.const_expr(FROM_CACHE and MROPE is None):
-            cos, sin = _cached_cos_sin(mCache, positions[0], chunk, PAIRS)
+            cos, sin = cached_cos_sin(mCache, positions[0], chunk, PAIRS)
         elif cutlass.const_expr(FROM_CACHE):
             cos, sin = _mrope_cached_cos_sin(mCache, positions, chunk, PAIRS, MROPE)
         else:
-            cos, sin = _computed_cos_sin(positions, chunk, PAIRS, ROTARY_DIM, LOG2_THETA, LLAMA3,
-                                         YARN, MROPE)
+            cos, sin = computed_cos_sin(positions, chunk, PAIRS, ROTARY_DIM, LOG2_THETA, LLAMA3,
+                                        YARN, MROPE)
         # Groups [0, Q_GROUPS) rotate q heads, the rest k heads: a group never spans both.
         if group < Q_GROUPS:
             _rotate_heads(mQ, token, group, chunk, cos, sin, VEC, PAIRS, HALF_VECTORS,
