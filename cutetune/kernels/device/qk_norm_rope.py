@@ -33,18 +33,19 @@ from cutetune.kernels.qk_norm_rope import (
 
 
 @cute.jit
-def _norm_rope_head(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
-                    mCache: cute.Tensor, row: Int32, lane: Int32, VEC: cutlass.Constexpr[int],
-                    PAIRS: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int],
-                    ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
-                    FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                    LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
-                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
-    """Normalise, then rotate, head `row` (token-major over mX's (tokens, heads)) by its
-    THREADS_PER_HEAD threads. The thread's first ROTATED vectors rotate: in NeoX style each
-    with its partner ROTATED vectors on (rotary_dim / 2 elements on), in GPT-J style each by
-    itself. Threads past the last head load a valid head, so that every lane joins the
-    shuffles, and store nothing."""
+def normed_rotated(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
+                   mCache: cute.Tensor, row: Int32, lane: Int32, VEC: cutlass.Constexpr[int],
+                   PAIRS: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int],
+                   ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
+                   FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
+                   LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                   EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
+    """Head `row` (token-major over mX's (tokens, heads)) normalised, then rotated, by its
+    THREADS_PER_HEAD threads: its token and this thread's fp32 vectors of it (vector v is the
+    head's vector v * THREADS_PER_HEAD + lane). The thread's first ROTATED vectors rotate: in
+    NeoX style each with its partner ROTATED vectors on (rotary_dim / 2 elements on), in GPT-J
+    style each by itself. Threads past the last head compute a valid head, so that every lane
+    joins the shuffles; the caller stores only where row is below the heads."""
     heads = cute.size(mX, mode=[1])
     head_dim = cute.size(mX, mode=[2])
     rows = cute.size(mX, mode=[0]) * heads
@@ -84,18 +85,43 @@ def _norm_rope_head(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
             square_sum = square_sum + device_blocks.tied_zero([(x,) for x in c + s])
     square_sum = device_blocks.butterfly_sum(square_sum, THREADS_PER_HEAD)
     inv_rms = device_blocks.inverse_rms(square_sum, head_dim, EPS)
-    if row < rows:
-        y = []
-        for v in cutlass.range_constexpr(vectors_per_thread):
-            y.append(device_blocks.rms_normalised(tXrX[v], inv_rms, tWrW[v], WEIGHT_BIAS))
-        for v in cutlass.range_constexpr(ROTATED):
-            if cutlass.const_expr(IS_NEOX):
-                y[v], y[v + ROTATED] = rope_device.rotated_halves(y[v], y[v + ROTATED], cos[v],
-                                                                  sin[v], PAIRS)
-            else:
-                y[v] = rope_device.rotated_interleaved(y[v], cos[v], sin[v], PAIRS)
-        for v in cutlass.range_constexpr(vectors_per_thread):
-            tXgX[(None, v * THREADS_PER_HEAD + lane)].store(y[v].to(mX.element_type))
+    y = []
+    for v in cutlass.range_constexpr(vectors_per_thread):
+        y.append(device_blocks.rms_normalised(tXrX[v], inv_rms, tWrW[v], WEIGHT_BIAS))
+    for v in cutlass.range_constexpr(ROTATED):
+        if cutlass.const_expr(IS_NEOX):
+            y[v], y[v + ROTATED] = rope_device.rotated_halves(y[v], y[v + ROTATED], cos[v],
+                                                              sin[v], PAIRS)
+        else:
+            y[v] = rope_device.rotated_interleaved(y[v], cos[v], sin[v], PAIRS)
+    return token, y
+
+
+@cute.jit
+def _norm_rope_head(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
+                    mCache: cute.Tensor, row: Int32, lane: Int32, VEC: cutlass.Constexpr[int],
+                    PAIRS: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int],
+                    ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
+                    FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
+                    LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
+    """Normalise and rotate head `row` in place (normed_rotated, then its store)."""
+    token, y = normed_rotated(mX, mW, mPositions, mCache, row, lane, VEC, PAIRS,
+                              THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
+                              LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
+    heads = cute.size(mX, mode=[1])
+    if row < cute.size(mX, mode=[0]) * heads:
+        store_head(mX, token, row % heads, y, lane, VEC, THREADS_PER_HEAD)
+
+
+@cute.jit
+def store_head(mX: cute.Tensor, token: Int32, head: Int32, y: list, lane: Int32,
+               VEC: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int]):
+    """Store a thread's fp32 vectors of a head (as normed_rotated holds them) into mX's
+    (token, head), converted to mX's type (a narrower one, fp8, scaled first by the caller)."""
+    tXgX = cute.zipped_divide(mX[token, head, None], (VEC,))
+    for v in cutlass.range_constexpr(len(y)):
+        tXgX[(None, v * THREADS_PER_HEAD + lane)].store(y[v].to(mX.element_type))
 
 
 @cute.kernel
