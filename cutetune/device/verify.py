@@ -5,25 +5,8 @@ from __future__ import annotations
 import torch
 
 from cutetune.kernels.dtypes import DTYPE_NAMES
-from cutetune.kernels.registry import KernelDef, Tensors, VerificationError
+from cutetune.kernels.registry import KernelDef, Tensors, VerificationError, compare
 from cutetune.spaces.problem import Problem
-
-
-def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, rtol: float,
-            atol: float) -> None:
-    if tuple(actual.shape) != tuple(expected.shape):
-        raise VerificationError(f"{name}: shape {tuple(actual.shape)}, expected "
-                                f"{tuple(expected.shape)}")
-    actual = actual.float()
-    error = (actual - expected).abs()
-    bad = ~(error <= atol + rtol * expected.abs())  # NaN compares false, so it counts as bad
-    count = int(bad.sum())
-    if count:
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        raise VerificationError(
-            f"{name}: {count} of {actual.numel()} elements off (rtol {rtol:g}, atol {atol:g}); "
-            f"first at {first}: got {actual[first].item():.6g}, "
-            f"expected {expected[first].item():.6g}")
 
 
 def check_outputs(kernel: KernelDef, problem: Problem, outputs: Tensors,

@@ -38,6 +38,24 @@ class VerificationError(Exception):
     """The kernel's output does not match the reference; the message says where and by how much."""
 
 
+def compare(name: str, actual: Any, expected: Any, rtol: float, atol: float) -> None:
+    """Raise VerificationError unless every element of `actual` (a tensor) is within
+    atol + rtol |expected| of `expected` (fp32), naming the first that is not."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise VerificationError(f"{name}: shape {tuple(actual.shape)}, expected "
+                                f"{tuple(expected.shape)}")
+    actual = actual.float()
+    error = (actual - expected).abs()
+    bad = ~(error <= atol + rtol * expected.abs())  # NaN compares false, so it counts as bad
+    count = int(bad.sum())
+    if count:
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise VerificationError(
+            f"{name}: {count} of {actual.numel()} elements off (rtol {rtol:g}, atol {atol:g}); "
+            f"first at {first}: got {actual[first].item():.6g}, "
+            f"expected {expected[first].item():.6g}")
+
+
 class PeerUnavailable(Exception):
     """A peer cannot run this problem: its library is missing or computes different math."""
 
