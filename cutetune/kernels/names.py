@@ -15,6 +15,7 @@ KERNEL_NAMES: tuple[str, ...] = (
     "moe_dispatch",
     "qk_norm",
     "qk_norm_rope",
+    "qk_norm_rope_kv",
     "rmsnorm",
     "rope",
     "silu_and_mul",

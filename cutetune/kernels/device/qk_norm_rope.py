@@ -111,17 +111,17 @@ def _norm_rope_head(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
                               LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
     heads = cute.size(mX, mode=[1])
     if row < cute.size(mX, mode=[0]) * heads:
-        store_head(mX, token, row % heads, y, lane, VEC, THREADS_PER_HEAD)
+        store_row(mX[token, row % heads, None], y, lane, VEC, THREADS_PER_HEAD)
 
 
 @cute.jit
-def store_head(mX: cute.Tensor, token: Int32, head: Int32, y: list, lane: Int32,
-               VEC: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int]):
-    """Store a thread's fp32 vectors of a head (as normed_rotated holds them) into mX's
-    (token, head), converted to mX's type (a narrower one, fp8, scaled first by the caller)."""
-    tXgX = cute.zipped_divide(mX[token, head, None], (VEC,))
+def store_row(mRow: cute.Tensor, y: list, lane: Int32, VEC: cutlass.Constexpr[int],
+              THREADS_PER_HEAD: cutlass.Constexpr[int]):
+    """Store a thread's vectors of a head (as normed_rotated holds them) into mRow, the head's
+    (head_dim,) row, converted to mRow's type."""
+    tXgX = cute.zipped_divide(mRow, (VEC,))
     for v in cutlass.range_constexpr(len(y)):
-        tXgX[(None, v * THREADS_PER_HEAD + lane)].store(y[v].to(mX.element_type))
+        tXgX[(None, v * THREADS_PER_HEAD + lane)].store(y[v].to(mRow.element_type))
 
 
 @cute.kernel

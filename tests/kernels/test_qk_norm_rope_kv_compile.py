@@ -1,0 +1,55 @@
+"""The CI compile checks of qk_norm_rope_kv: each cache (q's dtype, FP8 e4m3) compiles for sm_90a
+on the CPU, and its PTX shows the cache write: one slot load per head, the cache stores at the
+configured width beside qk_norm_rope's, and FP8's division by the scale and saturating cvt."""
+
+import re
+from collections import Counter
+
+import pytest
+
+from cutetune.device.specs import DEVICE_SPECS
+from cutetune.kernels.qk_norm_rope import QKNormRopeConfig
+from cutetune.kernels.qk_norm_rope_kv import FP8, KERNEL, QKNormRopeKVProblem
+from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, NEOX
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+
+H200 = DEVICE_SPECS["H200"]
+BITS, HEADS_PER_WARP = 128, 4
+
+
+@pytest.mark.parametrize("cache", ("bfloat16", FP8))
+def test_ptx_writes_the_cache(cache, tmp_path, monkeypatch):
+    problem = QKNormRopeKVProblem(
+        num_tokens=1, dtype="bfloat16", head_dim=128, rotary_dim=128, q_heads=8, kv_heads=2,
+        style=NEOX, positions_dtype="int64", cache_dtype="bfloat16", theta=1e4, eps=1e-6,
+        weight_bias=0.0, kv_cache_dtype=cache, block_size=16)
+    ptx = ptx_of(KERNEL, problem, QKNormRopeConfig(CACHE, BITS, HEADS_PER_WARP, 4), H200,
+                 tmp_path, monkeypatch)
+    accesses = Counter((op, int(lanes or 1) * int(width))
+                       for op, lanes, width in GLOBAL_ACCESS.findall(ptx))
+    vectors = 128 * 16 // BITS // (32 // HEADS_PER_WARP)  # of the head, per thread
+    cache_bits = BITS // 2 if cache == FP8 else BITS
+    # q's and k's vectors stored in place; k's and v's into the caches.
+    assert accesses[("st", BITS)] == 2 * vectors + (0 if cache == FP8 else 2 * vectors)
+    if cache == FP8:
+        assert accesses[("st", cache_bits)] == 2 * vectors
+        # Each element divided by its scale (as vLLM divides), rounded to e4m3 in pairs,
+        # saturating; the two scales loaded once each.
+        assert len(re.findall(r"\bcvt\.rn\.satfinite\.e4m3x2\.f32\b", ptx)) == vectors * 8
+        assert len(re.findall(r"\bdiv\.rn\.f32\b", ptx)) == 2 * vectors * 8
+        assert accesses[("ld", 32)] == 2
+    else:
+        assert "e4m3" not in ptx and not re.search(r"\bdiv\.rn\.f32\b", ptx)
+        assert accesses[("ld", 32)] == 0
+    # The slot (int64) and the position (int64) of the k branch, the q branch's position.
+    assert accesses[("ld", 64)] == 3
+
+
+def test_narrow_vectors_of_a_partial_gptj_computed_fp16_head_compile_into_fp8():
+    # 32-bit vectors of fp16 are 16-bit FP8 stores; the computed cos and sin, GPT-J pairs,
+    # a rotated part of a quarter of a 256-wide head and zero-centred weights reach the cache.
+    problem = QKNormRopeKVProblem(
+        num_tokens=1, dtype="float16", head_dim=256, rotary_dim=64, q_heads=8, kv_heads=2,
+        style=GPTJ, positions_dtype="int32", cache_dtype="float16", theta=1e4, eps=1e-6,
+        weight_bias=1.0, kv_cache_dtype=FP8, block_size=32)
+    assert_points_compile(KERNEL, problem, [QKNormRopeConfig(COMPUTED, 32, 1, 2)])
