@@ -14,6 +14,25 @@ from cutetune.ops import qk_norm as qk_norm_op
 from cutetune.ops import rope as rope_op
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
+# The scalar arguments after the tensors, and what the fast path reads of every argument: the
+# op's, and those of the ops that take its arguments and more (qk_norm_rope_kv).
+SCALARS = ("rope_theta", "eps", "weight_bias", "is_neox", "scaling", "scaling_factor",
+           "low_freq_factor", "high_freq_factor", "original_max_position")
+FIELDS = {"dtype": DType("q"), "head_dim": Dim("q", 2),
+          "rotary_dim": Dim("cos_sin_cache", 1), "q_heads": Dim("q", 1),
+          "kv_heads": Dim("k", 1), "style": Value("is_neox"),
+          "positions_dtype": DType("positions"), "cache_dtype": DType("cos_sin_cache"),
+          "theta": Value("rope_theta"), "scaling": Value("scaling"),
+          "scaling_factor": Value("scaling_factor"),
+          "low_freq_factor": Value("low_freq_factor"),
+          "high_freq_factor": Value("high_freq_factor"),
+          "original_max_position": Value("original_max_position"),
+          "eps": Value("eps"), "weight_bias": Value("weight_bias"),
+          # rope's YaRN and mrope fields, which this kernel refuses: every call has
+          # their defaults.
+          **{f.name: Constant(f.default) for f in dataclasses.fields(RopeProblem)
+             if f.name in UNSERVED_ROPE_FIELDS}}
+
 
 def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, cos_sin_cache: torch.Tensor,
@@ -80,24 +99,9 @@ def _qk_norm_rope_op(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 _QK_NORM_ROPE = register(OpDef(
     kernel=KERNEL,
     fast_call=FastCall(
-        arguments=("positions", "q", "k", "q_weight", "k_weight", "cos_sin_cache",
-                   "rope_theta", "eps", "weight_bias", "is_neox", "scaling", "scaling_factor",
-                   "low_freq_factor", "high_freq_factor", "original_max_position"),
+        arguments=("positions", "q", "k", "q_weight", "k_weight", "cos_sin_cache", *SCALARS),
         launched=6, tokens=Dim("q", 0),
-        fields={"dtype": DType("q"), "head_dim": Dim("q", 2),
-                "rotary_dim": Dim("cos_sin_cache", 1), "q_heads": Dim("q", 1),
-                "kv_heads": Dim("k", 1), "style": Value("is_neox"),
-                "positions_dtype": DType("positions"), "cache_dtype": DType("cos_sin_cache"),
-                "theta": Value("rope_theta"), "scaling": Value("scaling"),
-                "scaling_factor": Value("scaling_factor"),
-                "low_freq_factor": Value("low_freq_factor"),
-                "high_freq_factor": Value("high_freq_factor"),
-                "original_max_position": Value("original_max_position"),
-                "eps": Value("eps"), "weight_bias": Value("weight_bias"),
-                # rope's YaRN and mrope fields, which this kernel refuses: every call has
-                # their defaults.
-                **{f.name: Constant(f.default) for f in dataclasses.fields(RopeProblem)
-                   if f.name in UNSERVED_ROPE_FIELDS}}),
+        fields=FIELDS),
     check=_checked,
     functions=(qk_norm_rope,),
     custom_ops=(CustomOp("qk_norm_rope", _qk_norm_rope_op, mutates=("q", "k")),),
