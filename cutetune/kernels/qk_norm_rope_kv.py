@@ -106,11 +106,14 @@ def launch(compiled, tensors: Tensors) -> None:
 def _written(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
              scale: torch.Tensor, fp8: bool) -> torch.Tensor:
     """The cache (fp32, in its own units) with `rows` (tokens, heads, head_dim) written at the
-    slots of the tokens whose slot is not -1."""
+    slots of the tokens whose slot is not -1 (divided by the scale and saturated where FP8)."""
     expected = cache.float().clone()
     kept = slots >= 0
     values = rows[kept].float()
-    expected.view(-1, *expected.shape[2:])[slots[kept]] = values / scale.float() if fp8 else values
+    if fp8:
+        # Rounded to FP8 saturating, as the kernel's conversion (and vLLM's) rounds.
+        values = (values / scale.float()).clamp(-FP8_MAX, FP8_MAX)
+    expected.view(-1, *expected.shape[2:])[slots[kept]] = values
     return expected
 
 
