@@ -98,13 +98,13 @@ def normed_rotated(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
 
 
 @cute.jit
-def _norm_rope_head(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
-                    mCache: cute.Tensor, row: Int32, lane: Int32, VEC: cutlass.Constexpr[int],
-                    PAIRS: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int],
-                    ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
-                    FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                    LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
-                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
+def norm_rope_head(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
+                   mCache: cute.Tensor, row: Int32, lane: Int32, VEC: cutlass.Constexpr[int],
+                   PAIRS: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int],
+                   ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
+                   FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
+                   LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                   EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
     """Normalise and rotate head `row` in place (normed_rotated, then its store)."""
     token, y = normed_rotated(mX, mW, mPositions, mCache, row, lane, VEC, PAIRS,
                               THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
@@ -139,13 +139,13 @@ def _qk_norm_rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tens
     lane = tidx % THREADS_PER_HEAD
     slot = tidx // THREADS_PER_HEAD
     if bidx < q_blocks:
-        _norm_rope_head(mQ, mQW, mPositions, mCache, bidx * HEADS_PER_BLOCK + slot, lane, VEC,
-                        PAIRS, THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
-                        LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
+        norm_rope_head(mQ, mQW, mPositions, mCache, bidx * HEADS_PER_BLOCK + slot, lane, VEC,
+                       PAIRS, THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
+                       LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
     else:
-        _norm_rope_head(mK, mKW, mPositions, mCache, (bidx - q_blocks) * HEADS_PER_BLOCK + slot,
-                        lane, VEC, PAIRS, THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE,
-                        ROTARY_DIM, LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
+        norm_rope_head(mK, mKW, mPositions, mCache, (bidx - q_blocks) * HEADS_PER_BLOCK + slot,
+                       lane, VEC, PAIRS, THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE,
+                       ROTARY_DIM, LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
 
 
 @cute.jit

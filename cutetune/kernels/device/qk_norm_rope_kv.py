@@ -21,12 +21,13 @@ from cutetune.kernels.device.dtypes import CUTLASS_DTYPES
 from cutetune.kernels.qk_norm_rope import (
     CACHE,
     NEOX,
+    QKNormRopeConfig,
     _pairs_per_vector,
     _rotated_vectors,
     _threads_per_head,
     _vector_elements,
 )
-from cutetune.kernels.qk_norm_rope_kv import FP8, QKNormRopeConfig, QKNormRopeKVProblem
+from cutetune.kernels.qk_norm_rope_kv import FP8, QKNormRopeKVProblem
 
 CACHE_DTYPES = {**CUTLASS_DTYPES, FP8: cutlass.Float8E4M3FN}
 
@@ -96,14 +97,14 @@ def _qk_norm_rope_kv_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.T
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     lane = tidx % THREADS_PER_HEAD
-    slot = tidx // THREADS_PER_HEAD
+    in_block = tidx // THREADS_PER_HEAD  # the thread's head among the block's
     if bidx < q_blocks:
-        fused._norm_rope_head(mQ, mQW, mPositions, mCache, bidx * HEADS_PER_BLOCK + slot, lane,
-                              VEC, PAIRS, THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE,
-                              ROTARY_DIM, LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
+        fused.norm_rope_head(mQ, mQW, mPositions, mCache, bidx * HEADS_PER_BLOCK + in_block,
+                             lane, VEC, PAIRS, THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE,
+                             ROTARY_DIM, LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
     else:
         _cached_head(mK, mV, mKW, mPositions, mCache, mSlots, mKeyCache, mValueCache, mKScale,
-                     mVScale, (bidx - q_blocks) * HEADS_PER_BLOCK + slot, lane, VEC, PAIRS,
+                     mVScale, (bidx - q_blocks) * HEADS_PER_BLOCK + in_block, lane, VEC, PAIRS,
                      THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM, LOG2_THETA,
                      LLAMA3, EPS, WEIGHT_BIAS, BLOCK_SIZE, FP8_CACHE)
 
