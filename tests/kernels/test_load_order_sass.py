@@ -2,8 +2,9 @@
 the reduction's first shuffle, so a call waits for one memory round trip, not two.
 
 ptxas moves a load whose value is needed only after the reduction (the weight; qk_norm_rope's cos
-and sin) down to its use; the kernels tie those loads before the reduction, and this checks the
-SASS (cuobjdump and nvdisasm come from NVIDIA's pip wheels, a test dependency).
+and sin; qk_norm_rope_kv's slot, v and scales) down to its use; the kernels tie those loads
+before the reduction, and this checks the SASS (cuobjdump and nvdisasm come from NVIDIA's pip
+wheels, a test dependency).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import pytest
 
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels import qk_norm_rope as qkr
+from cutetune.kernels import qk_norm_rope_kv as qkr_kv
 from cutetune.kernels import rmsnorm as rms
 from cutetune.kernels.device import qk_norm as qk_device
 from cutetune.kernels.device import qk_norm_rope as qkr_device
+from cutetune.kernels.device import qk_norm_rope_kv as qkr_kv_device
 from cutetune.kernels.device import rmsnorm as rms_device
 
 
@@ -53,6 +56,12 @@ def qwen3_8b_qk_rope(cache_dtype: str) -> qkr.QKNormRopeProblem:
                                  cache_dtype=cache_dtype, theta=1e6, eps=1e-6, weight_bias=0.0)
 
 
+def qwen3_8b_qk_rope_kv(kv_cache_dtype: str) -> qkr_kv.QKNormRopeKVProblem:
+    return qkr_kv.QKNormRopeKVProblem(**qwen3_8b_qk_rope("bfloat16").static_fields(),
+                                      num_tokens=1, kv_cache_dtype=kv_cache_dtype,
+                                      block_size=16)
+
+
 def rows(hidden: int, fused_add: bool) -> rms.RMSNormProblem:
     return rms.RMSNormProblem(num_tokens=1, dtype="bfloat16", out_dtype="bfloat16",
                               hidden=hidden, eps=1e-6, weight_bias=0.0, fused_add=fused_add)
@@ -67,8 +76,11 @@ def rows(hidden: int, fused_add: bool) -> rms.RMSNormProblem:
     # The cos and sin rows too (two loads each from an fp32 cache).
     (qkr_device, qwen3_8b_qk_rope("bfloat16"), qkr.QKNormRopeConfig("cache", 128, 4, 1)),
     (qkr_device, qwen3_8b_qk_rope("float32"), qkr.QKNormRopeConfig("cache", 64, 2, 4)),
+    # The slot, v's head and (FP8) the scales too.
+    (qkr_kv_device, qwen3_8b_qk_rope_kv("bfloat16"), qkr.QKNormRopeConfig("cache", 128, 4, 1)),
+    (qkr_kv_device, qwen3_8b_qk_rope_kv(qkr_kv.FP8), qkr.QKNormRopeConfig("cache", 64, 2, 4)),
 ], ids=["qk-64b-1hpw", "qk-128b-2hpw", "rms-block", "rms-block-fused", "rms-warp",
-        "qk-rope-cache", "qk-rope-fp32-cache"])
+        "qk-rope-cache", "qk-rope-fp32-cache", "qk-rope-kv-bf16", "qk-rope-kv-fp8"])
 def test_every_load_is_issued_before_the_first_shuffle(module, problem, config, tmp_path):
     code = sass(module, problem, config, tmp_path)
     assert any(op.startswith("LDG") for op in code) and any(op.startswith("SHFL") for op in code)

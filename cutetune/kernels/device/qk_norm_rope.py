@@ -39,13 +39,16 @@ def normed_rotated(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
                    ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                    FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
                    LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
-                   EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
+                   EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float],
+                   tied: list):
     """Head `row` (token-major over mX's (tokens, heads)) normalised, then rotated, by its
     THREADS_PER_HEAD threads: its token and this thread's fp32 vectors of it (vector v is the
     head's vector v * THREADS_PER_HEAD + lane). The thread's first ROTATED vectors rotate: in
     NeoX style each with its partner ROTATED vectors on (rotary_dim / 2 elements on), in GPT-J
     style each by itself. Threads past the last head compute a valid head, so that every lane
-    joins the shuffles; the caller stores only where row is below the heads."""
+    joins the shuffles; the caller stores only where row is below the heads. `tied`: the
+    caller's loaded values (as device_blocks.tied_zero takes them) that it uses only after the
+    shuffles, tied before them so that ptxas does not sink their loads below them."""
     heads = cute.size(mX, mode=[1])
     head_dim = cute.size(mX, mode=[2])
     rows = cute.size(mX, mode=[0]) * heads
@@ -59,7 +62,7 @@ def normed_rotated(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
     tWrW = []
     for v in cutlass.range_constexpr(vectors_per_thread):
         tWrW.append(device_blocks.preload_fp32(tWgW, v * THREADS_PER_HEAD + lane))
-    square_sum = device_blocks.tied_zero(tWrW)
+    square_sum = device_blocks.tied_zero(tWrW + tied)
     tXrX = []
     for v in cutlass.range_constexpr(vectors_per_thread):
         x = tXgX[(None, v * THREADS_PER_HEAD + lane)].load().to(Float32)
@@ -108,7 +111,7 @@ def norm_rope_head(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
     """Normalise and rotate head `row` in place (normed_rotated, then its store)."""
     token, y = normed_rotated(mX, mW, mPositions, mCache, row, lane, VEC, PAIRS,
                               THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
-                              LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
+                              LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS, [])
     heads = cute.size(mX, mode=[1])
     if row < cute.size(mX, mode=[0]) * heads:
         store_row(mX[token, row % heads, None], y, lane, VEC, THREADS_PER_HEAD)

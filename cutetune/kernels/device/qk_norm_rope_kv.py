@@ -46,32 +46,42 @@ def _cached_head(mK: cute.Tensor, mV: cute.Tensor, mKW: cute.Tensor, mPositions:
     """k's head `row` normalised and rotated in place, then, unless its token's slot is -1,
     stored into key_cache at the slot, and v's head of the same token and index copied into
     value_cache there."""
-    token, y = fused.normed_rotated(mK, mKW, mPositions, mCache, row, lane, VEC, PAIRS,
-                                    THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
-                                    LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
     heads = cute.size(mK, mode=[1])
-    if row < cute.size(mK, mode=[0]) * heads:
-        head = row % heads
+    rows = cute.size(mK, mode=[0]) * heads
+    safe_row = cutlass.min(row, rows - 1)
+    token = safe_row // heads
+    head = safe_row % heads
+    # The slot, v's head and the scales load before the norm's shuffles (tied to its sum), so
+    # that the thread waits for one memory round trip, not three (the slot's, then v's).
+    slot = mSlots[token]
+    tVgV = cute.zipped_divide(mV[token, head, None], (VEC,))
+    values = []
+    for v in cutlass.range_constexpr(cute.size(mK, mode=[2]) // (VEC * THREADS_PER_HEAD)):
+        values.append(tVgV[(None, v * THREADS_PER_HEAD + lane)].load().to(Float32))
+    tied = [(Float32(slot),)] + values
+    k_scale = Float32(1.0)
+    v_scale = Float32(1.0)
+    if cutlass.const_expr(FP8_CACHE):
+        k_scale = mKScale[0]
+        v_scale = mVScale[0]
+        tied = tied + [(k_scale,), (v_scale,)]
+    _, y = fused.normed_rotated(mK, mKW, mPositions, mCache, row, lane, VEC, PAIRS,
+                                THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
+                                LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS, tied)
+    if row < rows:
         fused.store_row(mK[token, head, None], y, lane, VEC, THREADS_PER_HEAD)
-        slot = mSlots[token]
         if slot >= 0:
             block = slot // BLOCK_SIZE
             offset = slot % BLOCK_SIZE
-            tVgV = cute.zipped_divide(mV[token, head, None], (VEC,))
             keys = y
-            values = []
-            for v in cutlass.range_constexpr(len(y)):
-                values.append(tVgV[(None, v * THREADS_PER_HEAD + lane)].load())
             if cutlass.const_expr(FP8_CACHE):
                 # Divided by the scales as vLLM's reshape_and_cache_flash divides (the
                 # conversion then rounds and saturates), k from its value in q's dtype, so the
                 # cache holds what k holds.
-                k_scale = mKScale[0]
-                v_scale = mVScale[0]
                 keys = []
                 for v in cutlass.range_constexpr(len(y)):
                     keys.append(y[v].to(mK.element_type).to(Float32) / k_scale)
-                    values[v] = values[v].to(Float32) / v_scale
+                    values[v] = values[v] / v_scale
             fused.store_row(mKeyCache[block, offset, head, None], keys, lane, VEC,
                             THREADS_PER_HEAD)
             fused.store_row(mValueCache[block, offset, head, None], values, lane, VEC,
