@@ -191,26 +191,27 @@ SPACE = Space(
 )
 
 
-def default_config(problem: QKNormRopeProblem, device) -> QKNormRopeConfig:
+def default_config(problem: QKNormRopeProblem, device, space: Space = SPACE) -> QKNormRopeConfig:
     """The seed heuristic: cos and sin from the cache (vLLM's choice), the widest vector with
     the most threads per head that the rotation allows (the most parallel split), one warp per
     block while the warps needed fit one per SM (decode), else blocks of 8 warps (blocks of 4-8
     warps reach the copy ceiling, blocks of 1 warp do not), or the most the registers allow.
     EmptySpaceError, naming the constraints, for a problem no point serves (a rotated part that
-    splits over no head's threads: rotary_dim 40 of head_dim 128)."""
+    splits over no head's threads: rotary_dim 40 of head_dim 128). `space`: this one's, or that
+    of a kernel of the same points that holds more per thread (qk_norm_rope_kv)."""
     decode = next((config for config in (
         QKNormRopeConfig(CACHE, bits, heads, 1)
         for bits in (128, 64, 32) for heads in (1, 2, 4, 8, 16, 32))
-        if SPACE.first_violation(problem, config, device) is None), None)
+        if space.first_violation(problem, config, device) is None), None)
     if decode is None:
         # No point of one warp with a cache fits where none does: computing cos and sin and
         # larger blocks only take more registers.
-        SPACE.enumerate(problem, device).raise_if_empty(problem.describe())
+        space.enumerate(problem, device).raise_if_empty(problem.describe())
     heads = problem.num_tokens * problem.heads
     if math.ceil(heads / decode.heads_per_warp) <= device.sm_count:
         return decode
     return next(config for config in (replace(decode, warps_per_block=w) for w in (8, 4, 2))
-                if SPACE.first_violation(problem, config, device) is None)
+                if space.first_violation(problem, config, device) is None)
 
 
 def cost(problem: QKNormRopeProblem, config: QKNormRopeConfig, device) -> Cost:

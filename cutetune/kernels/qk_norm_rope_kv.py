@@ -13,11 +13,12 @@ its per-tensor fp32 scale (k_scale, v_scale: one element each) and rounded to it
 k's cache value is k as the kernel stores it in q's dtype, so the cache holds what an unfused
 reshape_and_cache_flash after qk_norm_rope would. v is copied, neither normalised nor rotated.
 
-Work split, space, heuristic: qk_norm_rope's. The threads of a k head also store it in the
-cache and copy v's head of the same token and index; its slot is one load per head. The
-problem is qk_norm_rope's with the cache's dtype and block size, so one compile serves every
-number of blocks. This is a kernel of its own, not a form of qk_norm_rope, because its call
-takes five more tensors: an op's fast path passes one fixed list of arguments to its kernel.
+Work split and heuristic: qk_norm_rope's. The threads of a k head also store it in the cache
+and copy v's head of the same token and index, loaded with the slot before the head's shuffles,
+so the space is qk_norm_rope's with its register limits counting v's share too. The problem is
+qk_norm_rope's with the cache's dtype and block size, so one compile serves every number of
+blocks. This is a kernel of its own, not a form of qk_norm_rope, because its call takes five
+more tensors: an op's fast path passes one fixed list of arguments to its kernel.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from cutetune.kernels import qk_norm_rope
+from cutetune.kernels.block_limits import MAX_ELEMENTS_PER_THREAD, block_fits_register_file
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import DTYPE_BYTES, TORCH_DTYPES
 from cutetune.kernels.qk_norm_rope import QKNormRopeConfig, QKNormRopeProblem
@@ -38,6 +40,7 @@ from cutetune.kernels.registry import (
     register,
 )
 from cutetune.spaces.models import ModelShape
+from cutetune.spaces.space import Constraint, Space
 
 FP8 = "float8_e4m3fn"
 FP8_MAX = 448.0
@@ -77,6 +80,43 @@ CACHE_TORCH_DTYPES = {**TORCH_DTYPES, FP8: torch.float8_e4m3fn}
 CACHE_BYTES = {**DTYPE_BYTES, FP8: 1}
 
 
+def _v_share(problem: QKNormRopeKVProblem, config: QKNormRopeConfig) -> int:
+    """fp32 values of v's head a k head's thread holds across the shuffles (its loads are
+    issued before them)."""
+    return problem.head_dim // qk_norm_rope._threads_per_head(config)
+
+
+def _elements_per_thread(problem: QKNormRopeKVProblem, config: QKNormRopeConfig) -> int:
+    return qk_norm_rope._elements_per_thread(problem, config) + _v_share(problem, config)
+
+
+def _registers_per_thread(problem: QKNormRopeKVProblem, config: QKNormRopeConfig) -> int:
+    return qk_norm_rope._registers_per_thread(problem, config) + _v_share(problem, config)
+
+
+# qk_norm_rope's space, its two register limits counting v's share too.
+HELD = ("thread_fits_registers", "block_fits_register_file")
+SPACE = Space(
+    config_type=QKNormRopeConfig,
+    params=qk_norm_rope.SPACE.params,
+    constraints=(
+        *(c for c in qk_norm_rope.SPACE.constraints if c.name not in HELD),
+        Constraint(
+            "thread_fits_registers",
+            f"a thread may hold at most {MAX_ELEMENTS_PER_THREAD} values of its head, their cos "
+            "and sin, and v's head",
+            lambda p, c, d: _elements_per_thread(p, c) <= MAX_ELEMENTS_PER_THREAD,
+        ),
+        block_fits_register_file(_registers_per_thread),
+    ),
+)
+
+
+def default_config(problem: QKNormRopeKVProblem, device) -> QKNormRopeConfig:
+    """qk_norm_rope's seed heuristic over this space."""
+    return qk_norm_rope.default_config(problem, device, SPACE)
+
+
 def cost(problem: QKNormRopeKVProblem, config: QKNormRopeConfig, device) -> Cost:
     fused = qk_norm_rope.cost(problem.fused, config, device)
     elements = problem.num_tokens * problem.kv_heads * problem.head_dim
@@ -85,7 +125,12 @@ def cost(problem: QKNormRopeKVProblem, config: QKNormRopeConfig, device) -> Cost
     return replace(fused, bytes_moved=(fused.bytes_moved
                                        + elements * DTYPE_BYTES[problem.dtype]
                                        + 2 * elements * CACHE_BYTES[problem.kv_cache_dtype]
-                                       + problem.num_tokens * SLOT_BYTES))
+                                       + problem.num_tokens * SLOT_BYTES),
+                   registers_per_thread=_registers_per_thread(problem, config),
+                   # v's share of a k head loads beside k's.
+                   bytes_in_flight_per_thread=(fused.bytes_in_flight_per_thread
+                                               + _v_share(problem, config)
+                                               * DTYPE_BYTES[problem.dtype]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,11 +231,9 @@ KERNEL = register(KernelDef(
     description="qk_norm_rope of q and k in place, and k and v written into a paged KV cache "
                 "(bf16 or FP8), in one launch",
     problem_type=QKNormRopeKVProblem,
-    space=qk_norm_rope.SPACE,
+    space=SPACE,
     problems_for_model=problems_for_model,
-    # qk_norm_rope's seed heuristic: the cache write adds stores, not registers held across
-    # the shuffles.
-    default_config=qk_norm_rope.default_config,
+    default_config=default_config,
     cost=cost,
     compile_function=DeviceCompile("cutetune.kernels.device.qk_norm_rope_kv"),
     launch=launch,

@@ -8,12 +8,15 @@ import torch
 
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import qk_norm_rope
+from cutetune.kernels.qk_norm_rope import QKNormRopeConfig
 from cutetune.kernels.qk_norm_rope_kv import (
     FP8,
     KERNEL,
+    SPACE,
     QKNormRopeKVProblem,
     check,
     cost,
+    default_config,
     make_inputs,
     problems_for_model,
     reference,
@@ -34,9 +37,25 @@ def problem(**overrides) -> QKNormRopeKVProblem:
     return QKNormRopeKVProblem(**values)
 
 
-def test_registered_under_its_name_with_qk_norm_rope_s_space():
+def test_registered_under_its_name_with_qk_norm_rope_s_knobs_and_constraints():
     assert get_kernel("qk_norm_rope_kv") is KERNEL
-    assert KERNEL.space is qk_norm_rope.SPACE
+    assert KERNEL.space is SPACE and SPACE.params == qk_norm_rope.SPACE.params
+    assert ({c.name for c in SPACE.constraints}
+            == {c.name for c in qk_norm_rope.SPACE.constraints})
+
+
+def test_the_register_limits_count_v_s_share():
+    # Gemma 3's head of 256 over 8 threads: 64 values of the head and its cos and sin fit a
+    # thread of qk_norm_rope; with v's 32 they do not.
+    gemma = problem(head_dim=256, rotary_dim=256)
+    config = QKNormRopeConfig(CACHE, 128, 4, 1)
+    assert qk_norm_rope.SPACE.first_violation(gemma.fused, config, H200) is None
+    assert SPACE.first_violation(gemma, config, H200).name == "thread_fits_registers"
+    chosen = default_config(gemma, H200)
+    assert SPACE.first_violation(gemma, chosen, H200) is None
+    assert cost(gemma, chosen, H200).registers_per_thread == (
+        qk_norm_rope.cost(gemma.fused, chosen, H200).registers_per_thread
+        + 256 // (32 // chosen.heads_per_warp))
 
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -61,7 +80,7 @@ def test_the_fused_part_is_qk_norm_rope_s_problem():
 @pytest.mark.parametrize("cache", ("bfloat16", FP8))
 def test_cost_adds_v_s_read_the_cache_writes_and_the_slots(cache):
     kv = problem(num_tokens=64, kv_cache_dtype=cache)
-    config = qk_norm_rope.default_config(kv.fused, H200)
+    config = default_config(kv, H200)
     fused, ours = qk_norm_rope.cost(kv.fused, config, H200), cost(kv, config, H200)
     elements = 64 * 2 * 128
     assert ours.bytes_moved - fused.bytes_moved == (
@@ -127,4 +146,4 @@ def test_model_problems_are_qk_norm_rope_s_with_each_cache():
     (fused,) = qk_norm_rope.problems_for_model(model, "bfloat16")
     assert [(p.kv_cache_dtype, p.block_size) for p in problems] == [("bfloat16", 16), (FP8, 16)]
     assert all(p.fused == fused for p in problems)
-    assert qk_norm_rope.default_config(problems[1], H200).cos_sin == CACHE
+    assert default_config(problems[1], H200).cos_sin == CACHE
