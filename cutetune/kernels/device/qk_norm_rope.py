@@ -3,7 +3,8 @@
 The norm is device_blocks' pieces joined as qk_norm's kernel joins them, and the cos and sin and
 the rotations are rope's device functions. qk_norm's own head function is not called: it stores
 what it normalises, and splitting it would change qk_norm's code hash and so drop its shipped
-H200 winners.
+H200 winners. This kernel's head is split so (normed_rotated, then store_row): qk_norm_rope_kv's
+kernel calls both, storing k into the KV cache too.
 """
 
 from __future__ import annotations
