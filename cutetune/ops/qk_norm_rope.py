@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from cutetune.fast_call import Constant, Dim, DType, FastCall, Value
+from cutetune.fast_call import Constant, Dim, FastCall, Value
 from cutetune.kernels.dtypes import DTYPE_NAMES
 from cutetune.kernels.qk_norm_rope import KERNEL, UNSERVED_ROPE_FIELDS, QKNormRopeProblem
 from cutetune.kernels.rope import DEFAULT, GPTJ, MROPE_NONE, NEOX, RopeProblem
@@ -18,16 +18,7 @@ from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 # op's, and those of the ops that take its arguments and more (qk_norm_rope_kv).
 SCALARS = ("rope_theta", "eps", "weight_bias", "is_neox", "scaling", "scaling_factor",
            "low_freq_factor", "high_freq_factor", "original_max_position")
-FIELDS = {"dtype": DType("q"), "head_dim": Dim("q", 2),
-          "rotary_dim": Dim("cos_sin_cache", 1), "q_heads": Dim("q", 1),
-          "kv_heads": Dim("k", 1), "style": Value("is_neox"),
-          "positions_dtype": DType("positions"), "cache_dtype": DType("cos_sin_cache"),
-          "theta": Value("rope_theta"), "scaling": Value("scaling"),
-          "scaling_factor": Value("scaling_factor"),
-          "low_freq_factor": Value("low_freq_factor"),
-          "high_freq_factor": Value("high_freq_factor"),
-          "original_max_position": Value("original_max_position"),
-          "eps": Value("eps"), "weight_bias": Value("weight_bias"),
+FIELDS = {**rope_op.ROTATION_FIELDS, "eps": Value("eps"), "weight_bias": Value("weight_bias"),
           # rope's YaRN and mrope fields, which this kernel refuses: every call has
           # their defaults.
           **{f.name: Constant(f.default) for f in dataclasses.fields(RopeProblem)

@@ -24,6 +24,17 @@ from cutetune.kernels.rope import (
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 POSITION_DTYPE_NAMES = {torch.int32: "int32", torch.int64: "int64"}
+# What the fast path reads of the rotation's arguments, by the names this op gives them: its
+# own, and those of the ops that rotate with them (qk_norm_rope, qk_norm_rope_kv).
+ROTATION_FIELDS = {"dtype": DType("q"), "head_dim": Dim("q", 2),
+                   "rotary_dim": Dim("cos_sin_cache", 1), "q_heads": Dim("q", 1),
+                   "kv_heads": Dim("k", 1), "style": Value("is_neox"),
+                   "positions_dtype": DType("positions"), "cache_dtype": DType("cos_sin_cache"),
+                   "theta": Value("rope_theta"), "scaling": Value("scaling"),
+                   "scaling_factor": Value("scaling_factor"),
+                   "low_freq_factor": Value("low_freq_factor"),
+                   "high_freq_factor": Value("high_freq_factor"),
+                   "original_max_position": Value("original_max_position")}
 
 
 def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -195,16 +206,7 @@ _ROPE = register(OpDef(
                    "original_max_position", "beta_fast", "beta_slow", "truncate",
                    "attention_factor", "mrope", "mrope_t", "mrope_h", "mrope_w"),
         launched=4, tokens=Dim("q", 0),
-        fields={"dtype": DType("q"), "head_dim": Dim("q", 2),
-                "rotary_dim": Dim("cos_sin_cache", 1), "q_heads": Dim("q", 1),
-                "kv_heads": Dim("k", 1), "style": Value("is_neox"),
-                "positions_dtype": DType("positions"), "cache_dtype": DType("cos_sin_cache"),
-                "theta": Value("rope_theta"), "scaling": Value("scaling"),
-                "scaling_factor": Value("scaling_factor"),
-                "low_freq_factor": Value("low_freq_factor"),
-                "high_freq_factor": Value("high_freq_factor"),
-                "original_max_position": Value("original_max_position"),
-                "beta_fast": Value("beta_fast"), "beta_slow": Value("beta_slow"),
+        fields={**ROTATION_FIELDS, "beta_fast": Value("beta_fast"), "beta_slow": Value("beta_slow"),
                 "truncate": Value("truncate"),
                 # None (transformers' default) keys apart from the value it stands for: the
                 # same problem, reached by two keys.

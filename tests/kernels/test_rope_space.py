@@ -27,12 +27,12 @@ from cutetune.kernels.rope import (
     cos_sin_table,
     cost,
     default_config,
-    inverse_frequencies,
     make_inputs,
     problems_for_model,
     reference,
     yarn_attention_factor,
 )
+from cutetune.kernels.rope_frequencies import inverse_frequencies
 from cutetune.spaces.models import PRESETS, PRESETS_DIR, load_model, model_from_hf_config
 
 H200 = DEVICE_SPECS["H200"]
