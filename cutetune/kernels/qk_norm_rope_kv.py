@@ -165,7 +165,8 @@ def _written(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor,
 def reference(tensors: Tensors, problem: QKNormRopeKVProblem) -> dict[str, torch.Tensor]:
     """qk_norm_rope's reference of q and k, and the caches in fp32, in their own units (divided
     by the scale where FP8), the slots of -1 skipped: k's cache rows from k in q's dtype, as the
-    kernel stores it, v's from v."""
+    kernel stores it, v's from v; the scales the check reads the caches' units by (the outputs
+    a bench hands the check are the kernel's outputs alone)."""
     expected = qk_norm_rope.reference(tensors, problem.fused)
     k_stored = expected["k"].to(TORCH_DTYPES[problem.dtype])
     slots = tensors["slot_mapping"]
@@ -173,7 +174,8 @@ def reference(tensors: Tensors, problem: QKNormRopeKVProblem) -> dict[str, torch
             "key_cache": _written(tensors["key_cache"], k_stored, slots, tensors["k_scale"],
                                   problem.fp8),
             "value_cache": _written(tensors["value_cache"], tensors["v"], slots,
-                                    tensors["v_scale"], problem.fp8)}
+                                    tensors["v_scale"], problem.fp8),
+            "k_scale": tensors["k_scale"], "v_scale": tensors["v_scale"]}
 
 
 def check(outputs: Tensors, expected: dict[str, torch.Tensor],
@@ -185,7 +187,7 @@ def check(outputs: Tensors, expected: dict[str, torch.Tensor],
     for name in ("q", "k"):
         compare(name, outputs[name], expected[name], rtol, atol)
     for name, scale_name in (("key_cache", "k_scale"), ("value_cache", "v_scale")):
-        scale = outputs[scale_name].float() if problem.fp8 else torch.ones(())
+        scale = expected[scale_name].float() if problem.fp8 else torch.ones(())
         tolerance = ((rtol + FP8_ROUNDING[0], atol + FP8_ROUNDING[1] * float(scale))
                      if problem.fp8 else (rtol, atol))
         compare(name, outputs[name].float() * scale, expected[name] * scale, *tolerance)

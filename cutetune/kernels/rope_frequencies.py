@@ -66,17 +66,20 @@ def mrope_stream(pair: int, sections: tuple[str, int, int, int]) -> int:
 
 def inverse_frequencies(rotary_dim: int, theta: float,
                         llama3: tuple[float, float, float, int] | None = None,
-                        yarn: tuple[float, float, float, float] | None = None) -> torch.Tensor:
-    """theta ** (-2 i / rotary_dim) for each pair i, in float64, scaled as Llama 3 scales them
-    where `llama3` (RopeProblem.llama3) is given: transformers' _compute_llama3_parameters; as
-    YaRN does where `yarn` (RopeProblem.yarn) is: its _compute_yarn_parameters."""
-    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+                        yarn: tuple[float, float, float, float] | None = None,
+                        device: torch.device | str = "cpu") -> torch.Tensor:
+    """theta ** (-2 i / rotary_dim) for each pair i, in float64 on `device`, scaled as Llama 3
+    scales them where `llama3` (RopeProblem.llama3) is given: transformers'
+    _compute_llama3_parameters; as YaRN does where `yarn` (RopeProblem.yarn) is: its
+    _compute_yarn_parameters. Built on the device, never copied there, so that a CUDA graph can
+    capture it (the bench times the reference in one)."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim
     inverse = theta ** -exponents
     if yarn is not None:
         factor, low, high, _ = yarn
         # Interpolated (divided by the factor) by the pair's weight on the ramp, extrapolated
         # (kept) by the rest.
-        ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low)
+        ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64, device=device) - low)
                 / (high - low)).clamp(0, 1)
         return inverse / factor * ramp + inverse * (1 - ramp)
     if llama3 is None:
@@ -96,6 +99,6 @@ def cos_sin_table(positions: torch.Tensor, rotary_dim: int, theta: float,
     vLLM's cos_sin_cache, both times YaRN's attention factor under `yarn` (as vLLM's YaRN cache
     holds them). In float64: an fp32 angle at position 2^17 is off by up to 0.008 rad."""
     angles = positions.to(torch.float64)[:, None] * inverse_frequencies(
-        rotary_dim, theta, llama3, yarn).to(positions.device)[None, :]
+        rotary_dim, theta, llama3, yarn, positions.device)[None, :]
     table = torch.cat((angles.cos(), angles.sin()), dim=-1)
     return table if yarn is None else table * yarn[3]
