@@ -74,6 +74,7 @@ class Candidate:
     name: str
     run: Runner | None  # None: cannot run here; `note` says why
     note: str
+    roundings: int = 1  # its outputs' roundings to their dtype (device/verify.check_outputs)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def unfused_chain(kernel: KernelDef, problem: Problem, plan: ServingPlan,
         return {name: chain[name] for name in kernel.outputs}
 
     name = f"{UNFUSED_NAME}: {' + '.join(step.kernel for step in kernel.unfused)}"
-    return Candidate(name, run, "; ".join(served))
+    return Candidate(name, run, "; ".join(served), roundings=len(steps))
 
 
 def candidates(kernel: KernelDef, problem: Problem, plan: ServingPlan,
@@ -205,7 +206,8 @@ def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate
         outputs = candidate.run(buffers)
         torch.cuda.synchronize()
         try:
-            check_outputs(kernel, problem, outputs, expected, label=f"{candidate.name}: ")
+            check_outputs(kernel, problem, outputs, expected, label=f"{candidate.name}: ",
+                          roundings=candidate.roundings)
         except VerificationError as err:
             if candidate.name in OURS or candidate.name.startswith(UNFUSED_NAME):
                 raise BenchError(f"{problem.describe()}: {err}") from err

@@ -211,6 +211,9 @@ _REGISTRY: dict[str, KernelDef] = {}
 def register(kernel: KernelDef) -> KernelDef:
     if kernel.name in _REGISTRY:
         raise ValueError(f"kernel {kernel.name!r} is registered twice")
+    if kernel.unfused and kernel.check is not None:
+        # An unfused chain is judged by the tolerance, widened by its steps' roundings.
+        raise ValueError(f"kernel {kernel.name!r} declares an unfused chain and its own check")
     _REGISTRY[kernel.name] = kernel
     return kernel
 
