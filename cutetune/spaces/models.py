@@ -55,6 +55,10 @@ class ModelShape:
     mrope_section: tuple[int, ...] = ()
     # Rows of the token embedding (config.json's vocab_size, or its class's default).
     vocab_size: int | None = None
+    # What the token embedding's rows are multiplied by before the first layer: Gemma's
+    # normaliser, sqrt(hidden_size) (applied rounded to the model's dtype); 1.0 for models
+    # that feed the rows as they are.
+    embedding_scale: float = 1.0
 
     @property
     def rotary_dim(self) -> int | None:
