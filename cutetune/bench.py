@@ -35,6 +35,7 @@ from cutetune.device.specs import DeviceSpec, device_spec_for
 from cutetune.device.verify import check_outputs
 from cutetune.kernels.registry import (
     KernelDef,
+    NotApplicableError,
     PeerUnavailable,
     Tensors,
     VerificationError,
@@ -124,10 +125,14 @@ def unfused_chain(kernel: KernelDef, problem: Problem, plan: ServingPlan,
     """The chain of our own kernels `kernel` fuses (KernelDef.unfused), one launch a step,
     each step's point as the plan serves its problem: the launches users would run without
     the fused kernel."""
+    name = f"{UNFUSED_NAME}: {' + '.join(step.kernel for step in kernel.unfused)}"
     steps, served = [], []
     for step in kernel.unfused:
         step_kernel = get_kernel(step.kernel)
-        step_problem = step.problem(problem)
+        try:
+            step_problem = step.problem(problem)
+        except NotApplicableError as err:
+            return Candidate(name, None, f"not run: {err}")
         config = plan.entry_for(step_kernel, step_problem).config
         steps.append((ours_runner(step_kernel, step_problem, config, points), step.names))
         served.append(f"{step.kernel} {config_to_json(config)}")
@@ -135,12 +140,13 @@ def unfused_chain(kernel: KernelDef, problem: Problem, plan: ServingPlan,
     def run(tensors: Tensors) -> Mapping[str, torch.Tensor]:
         chain = dict(tensors)
         for runner, names in steps:
-            step_names = {chain_name: step_name for step_name, chain_name in names.items()}
-            written = runner({step_names.get(name, name): t for name, t in chain.items()})
+            # The chain's tensors under their own names and under the step's names for them
+            # (one tensor may be two of the step's: rmsnorm's x and its unused residual).
+            written = runner({**chain, **{step_name: chain[chain_name]
+                                          for step_name, chain_name in names.items()}})
             chain.update({names.get(name, name): t for name, t in written.items()})
         return {name: chain[name] for name in kernel.outputs}
 
-    name = f"{UNFUSED_NAME}: {' + '.join(step.kernel for step in kernel.unfused)}"
     return Candidate(name, run, "; ".join(served), roundings=len(steps))
 
 

@@ -11,8 +11,8 @@ from cutetune.spaces.problem import Problem
 
 def check_outputs(kernel: KernelDef, problem: Problem, outputs: Tensors,
                   expected: dict[str, torch.Tensor], label: str = "", roundings: int = 1) -> None:
-    """Judge a run's outputs: the kernel's own check where it declares one, else every output
-    within the tolerance of its dtype, times `roundings`: the times the values were rounded
+    """Judge a run's outputs: the kernel's own check where it declares one, else every integer
+    output exactly and every float one within the tolerance of its dtype, times `roundings`: the times the values were rounded
     to that dtype on their way (the kernel's one store; an unfused chain stores once a step,
     and the next step reads the rounded values)."""
     if kernel.check is not None:
@@ -25,6 +25,10 @@ def check_outputs(kernel: KernelDef, problem: Problem, outputs: Tensors,
             raise VerificationError(f"{label}{err}") from None
         return
     for name in kernel.outputs:
+        if not outputs[name].is_floating_point():
+            # A flag or an index: exactly the reference's.
+            compare(f"{label}{name}", outputs[name], expected[name], 0.0, 0.0)
+            continue
         # By the output's own dtype: a kernel may write a narrower or wider type than it reads.
         rtol, atol = kernel.tolerance[DTYPE_NAMES[outputs[name].dtype]]
         compare(f"{label}{name}", outputs[name], expected[name], roundings * rtol,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 KERNEL_NAMES: tuple[str, ...] = (
     "embedding",
+    "embedding_rmsnorm",
     "gelu_and_mul",
     "moe_combine",
     "moe_dispatch",

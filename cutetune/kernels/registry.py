@@ -79,10 +79,12 @@ class ChainStep:
     beside it as the plan serves each step (tuned winners where stored).
 
     kernel:  the step's kernel, by name
-    problem: the fused kernel's problem -> the step kernel's
-    names:   the step kernel's tensor names that differ from the chain's (step's -> chain's):
-             a step reads the chain's tensors, and its outputs become the chain's under
-             these names for the steps after it
+    problem: the fused kernel's problem -> the step kernel's; raises NotApplicableError,
+             with the reason, for a problem no chain of our kernels computes
+    names:   the step kernel's tensor names that differ from the chain's (step's -> chain's;
+             two of the step's may name one of the chain's): a step reads the chain's
+             tensors, and its outputs become the chain's under these names for the steps
+             after it
     """
 
     kernel: str

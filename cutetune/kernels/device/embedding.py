@@ -37,11 +37,13 @@ def gather_vector(mW: cute.Tensor, local, held, column, VEC: cutlass.Constexpr[i
     """Vector `column` (VEC elements) of row `local` of the table mW in registers, loaded
     with HINTS where `held`, else zeros (another rank's id, or a bad one). A register
     fragment, not a value: a value loaded under the branch would not be seen past it."""
-    fragment = cute.make_rmem_tensor((VEC,), mW.element_type)
+    # The vector's address is only computed where the row is not held, never loaded; the
+    # fragment takes its shape, so that its values combine with other vectors of rows.
+    vector = cute.zipped_divide(mW[Int32(local), None], (VEC,))[(None, column)]
+    fragment = cute.make_rmem_tensor_like(vector)
     fragment.fill(0)
     if held:
-        tWgW = cute.zipped_divide(mW[Int32(local), None], (VEC,))
-        cache_hints.load_into(tWgW[(None, column)], fragment, HINTS)
+        cache_hints.load_into(vector, fragment, HINTS)
     return fragment
 
 
