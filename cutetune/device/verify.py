@@ -12,9 +12,10 @@ from cutetune.spaces.problem import Problem
 def check_outputs(kernel: KernelDef, problem: Problem, outputs: Tensors,
                   expected: dict[str, torch.Tensor], label: str = "", roundings: int = 1) -> None:
     """Judge a run's outputs: the kernel's own check where it declares one, else every integer
-    output exactly and every float one within the tolerance of its dtype, times `roundings`: the times the values were rounded
-    to that dtype on their way (the kernel's one store; an unfused chain stores once a step,
-    and the next step reads the rounded values)."""
+    output (a flag, an index) exactly and every float one within the tolerance of its dtype,
+    times `roundings`: the times the values were rounded to that dtype on their way (the
+    kernel's one store; an unfused chain stores once a step, and the next step reads the
+    rounded values)."""
     if kernel.check is not None:
         if roundings != 1:
             raise ValueError(f"{kernel.name} judges its outputs with its own check, which "

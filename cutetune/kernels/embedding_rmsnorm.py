@@ -46,7 +46,7 @@ from cutetune.kernels.registry import (
 )
 from cutetune.spaces.models import ModelShape
 from cutetune.spaces.problem import Problem
-from cutetune.spaces.space import Constraint, Param, Space
+from cutetune.spaces.space import Constraint, Space
 
 
 def rounded_scale(scale: float, dtype: str) -> float:
