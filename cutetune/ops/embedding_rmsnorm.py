@@ -22,6 +22,11 @@ def _check_inputs(ids: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
     the vocabulary as cutetune.embedding checks them; then the range (the whole vocabulary),
     the width (rmsnorm's), residual as out, and the norm's weight. eps and weight_bias are
     the problem's to check."""
+    if vocab_size is not None and (isinstance(vocab_size, bool)
+                                   or not isinstance(vocab_size, int)):
+        # Before embedding's checks, which would name vocab_end, its default. (None: weight
+        # is no table, which they name.)
+        raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
     device = embedding_op._check_inputs(ids, weight, out, error, vocab_start, vocab_end,
                                         vocab_size)
     if (vocab_start, vocab_end) != (0, vocab_size):
