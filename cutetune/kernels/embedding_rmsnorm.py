@@ -1,13 +1,15 @@
 """The token embedding lookup fused with the first decoder layer's input RMSNorm, in one launch.
 
     residual[t] = weight[ids[t]] * EMBED_SCALE      (rounded to the table's dtype)
-    out[t]      = (w + WEIGHT_BIAS) * residual[t] * rsqrt(mean(residual[t]^2) + EPS)
+    out[t]      = (norm_weight + WEIGHT_BIAS) * residual[t] * rsqrt(mean(residual[t]^2) + EPS)
 
-`residual` is the residual stream the first layer adds its attention output to (the embedding
-itself), `out` the input its attention reads. EMBED_SCALE is 1 for models that feed the rows as
-they are (Llama, Qwen3, Mixtral, DeepSeek-V3) and Gemma's normaliser, sqrt(hidden_size) rounded
-to the model's dtype, for Gemma's (its ScaledWordEmbedding multiplies the rows in their dtype,
-so the residual holds the rounded product, and the norm reads that).
+ids is (tokens,) int32 or int64, weight the (rows, hidden) table, norm_weight (hidden,) in its
+dtype; residual and out are (tokens, hidden) in that dtype too. `residual` is the residual
+stream the first layer adds its attention output to (the embedding itself), `out` the input its
+attention reads. EMBED_SCALE is 1 for models that feed the rows as they are (Llama, Qwen3,
+Mixtral, DeepSeek-V3) and Gemma's normaliser, sqrt(hidden_size) rounded to the model's dtype,
+for Gemma's (its ScaledWordEmbedding multiplies the rows in their dtype, so the residual holds
+the rounded product, and the norm reads that).
 
 The whole vocabulary on one rank: a vocab-parallel rank holds zero rows for the other ranks'
 ids, and a norm of a partial row is wrong until the ranks' rows are summed (an all-reduce
