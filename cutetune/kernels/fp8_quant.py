@@ -141,14 +141,14 @@ def with_edge_groups(values: torch.Tensor, group_size: int,
     verification meets them (which groups, from the generator; as many as there are groups):
     all zeros; values below the amax floor (scale 1e-10 / 448), among them bf16 subnormals;
     fp16 subnormals; the saturation edge and e4m3's rounding ties (448 and -448 set the scale
-    to 1; 1.0625 lies halfway between 1.0 and 1.125, 0.8125 between 0.75 and 0.875, 1.5 * 2^-9
+    to 1; 1.0625 lies halfway between 1.0 and 1.125, 0.78125 between 0.75 and 0.8125, 1.5 * 2^-9
     between e4m3's subnormals 2^-9 and 2^-8, 2^-10 between 0 and 2^-9: each rounds to even);
     negative zeros. Never NaN or infinity: the kernels' treatment of those has tests of its
     own."""
     tokens, width = values.shape
     groups = values.reshape(tokens * (width // group_size), group_size)
     picks = torch.randperm(groups.shape[0], generator=generator, device=values.device)
-    ties = [448.0, -448.0, 1.0625, -0.8125, 1.5 * 2.0**-9, -(2.0**-10), 0.5, -2.0**-12]
+    ties = [448.0, -448.0, 1.0625, -0.78125, 1.5 * 2.0**-9, -(2.0**-10), 0.5, -2.0**-12]
     edge = [
         torch.zeros(group_size),
         torch.linspace(-1e-12, 1e-12, group_size).index_fill(0, torch.tensor([1]), 1e-39),
