@@ -135,6 +135,57 @@ def check_exact(outputs: Tensors, expected: Mapping[str, torch.Tensor],
                 f"{wanted[first].item():.9g}")
 
 
+# x's dtype's largest relative rounding step: one ulp of its significand's smallest value
+# (bf16's 8 bits, fp16's 11).
+DTYPE_STEP = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+# How many of a fused kernel's q codes (or scales) may differ from the reference's by a step:
+# this share of them, or this many where that is more (a rounding flips about one value in a
+# thousand).
+FUSED_INEXACT_SHARE = 0.01
+FUSED_INEXACT_ALWAYS = 4
+
+
+def e4m3_step(q: torch.Tensor) -> torch.Tensor:
+    """The distance from each e4m3 value (as fp32) to its neighbour away from zero: 2^(e - 3)
+    for normals (|q| >= 2^-6), 2^-9 for subnormals and zero."""
+    _, exponent = torch.frexp(q.abs().clamp(min=2.0**-6))
+    return torch.ldexp(torch.ones_like(q), exponent - 4)
+
+
+def check_fused(outputs: Tensors, expected: Mapping[str, torch.Tensor], dtype: str) -> None:
+    """The check of a fused kernel, whose activation or norm is computed in fp32 by other
+    instructions than torch's (approximate exp2 and reciprocal, a reduction in another order),
+    so that a value may round to x's dtype one step apart from the reference's, moving its e4m3
+    code by at most one step and its group's scale by one step of x's dtype. VerificationError
+    unless NaN lies where the reference has it, every scale lies within one step of x's dtype
+    and every q code within one e4m3 step of the reference's, and all but FUSED_INEXACT_SHARE
+    of each (or FUSED_INEXACT_ALWAYS) are exact (an error in the rounding itself moves far
+    more)."""
+    for name in ("q", "scales"):
+        actual, wanted = outputs[name].float(), expected[name].float()
+        if tuple(actual.shape) != tuple(wanted.shape):
+            raise VerificationError(f"{name}: shape {tuple(actual.shape)}, expected "
+                                    f"{tuple(wanted.shape)}")
+        nan = wanted.isnan()
+        if not torch.equal(actual.isnan(), nan):
+            raise VerificationError(f"{name}: NaN at {int((actual.isnan() != nan).sum())} "
+                                    "elements where the reference has none, or none where it has")
+        actual, wanted = actual[~nan], wanted[~nan]
+        step = (DTYPE_STEP[dtype] * wanted.abs() if name == "scales" else e4m3_step(wanted))
+        far = (actual - wanted).abs() > step
+        if far.any():
+            first = int(far.nonzero()[0])
+            raise VerificationError(f"{name}: {int(far.sum())} of {actual.numel()} elements "
+                                    f"off by more than one rounding step; first got "
+                                    f"{actual[first].item():.9g}, expected "
+                                    f"{wanted[first].item():.9g}")
+        inexact = int((actual != wanted).sum())
+        allowed = max(FUSED_INEXACT_ALWAYS, int(FUSED_INEXACT_SHARE * actual.numel()))
+        if inexact > allowed:
+            raise VerificationError(f"{name}: {inexact} of {actual.numel()} elements differ from "
+                                    f"the reference by a rounding step; at most {allowed} may")
+
+
 def with_edge_groups(values: torch.Tensor, group_size: int,
                      generator: torch.Generator) -> torch.Tensor:
     """`values` (tokens, width; fp32, about N(0, 1)) with some groups made edge cases, so every

@@ -5,8 +5,10 @@
 The norm is rmsnorm's (vLLM's fused_add_rms_norm contract: the sum rounded to x's dtype, stored
 into `residual` in place, and normalised); the normalised row is rounded to x's dtype and
 quantised as fp8_quant.py defines it, so the kernel writes what rmsnorm (or fused_add_rmsnorm)
-followed by fp8_group_quant writes, with x and the residual read once, and neither the
-normalised row written nor read back. The scales' layouts are fp8_group_quant's (the kernel's
+at the same config followed by fp8_group_quant writes, with x and the residual read once, and
+neither the normalised row written nor read back. Against the fp32 reference (or rmsnorm at
+another config, whose sum of squares is reduced in another order) a value may round to x's
+dtype one step apart: fp8_quant.check_fused is its check. The scales' layouts are fp8_group_quant's (the kernel's
 `scales` is the transpose of column-major scales).
 
 Forms and work split are rmsnorm's (block_per_row: a row's threads span the block's warps;
@@ -39,7 +41,7 @@ from cutetune.kernels.fp8_quant import (
     FP8_DTYPE,
     QUANT_FLOPS_PER_ELEMENT,
     GroupQuantFields,
-    check_exact,
+    check_fused,
     empty_scales,
     quant_groups_of,
     quantize_reference,
@@ -225,8 +227,10 @@ def reference(tensors: Tensors, problem: RMSNormFP8QuantProblem) -> dict[str, to
 
 
 def check(outputs: Tensors, expected, problem: RMSNormFP8QuantProblem) -> None:
-    """q and the scales exactly; the residual sum within the input dtype's tolerance."""
-    check_exact(outputs, expected, ("q", "scales"))
+    """q and the scales within one rounding step of the normalised row (fp8_quant.check_fused:
+    its sum of squares is reduced in another order than torch's); the residual sum within the
+    input dtype's tolerance."""
+    check_fused(outputs, expected, problem.dtype)
     compare("residual", outputs["residual"], expected["residual"],
             *FLOAT_TOLERANCE[problem.dtype])
 

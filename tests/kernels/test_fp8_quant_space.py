@@ -286,3 +286,29 @@ def test_a_problem_that_splits_among_no_lanes_has_wide_groups_only():
 def test_norm_forms_follow_the_row():
     assert NORM_KERNEL.default_config(_norm(hidden=512), H200).form == WARP_PER_ROW
     assert NORM_KERNEL.default_config(_norm(hidden=7168), H200).form == BLOCK_PER_ROW
+
+
+def test_fused_check_allows_one_rounding_step_in_a_few_elements_only():
+    from cutetune.kernels.fp8_quant import check_fused, e4m3_step
+
+    assert e4m3_step(torch.tensor([448.0, 1.0, 0.9375, 2.0**-7, 0.0])).tolist() == [
+        32.0, 0.125, 0.0625, 2.0**-9, 2.0**-9]
+    q = torch.linspace(-400, 400, 1000).to(torch.float8_e4m3fn).float()
+    scales = torch.rand(1, 50) + 0.5
+    expected = {"q": q.clone(), "scales": scales.clone()}
+    q[7] += e4m3_step(q[7:8])[0]
+    scales[0, 3] *= 1 + 2.0**-8
+    check_fused({"q": q, "scales": scales}, expected, "bfloat16")
+    with pytest.raises(VerificationError, match="scales: 50 of 50 elements off by more"):
+        check_fused({"q": q, "scales": scales * (1 + 2.0**-6)}, expected, "bfloat16")
+    with pytest.raises(VerificationError, match="q: 1 of 1000 elements off by more"):
+        check_fused({"q": q.index_fill(0, torch.tensor([9]), 1e4), "scales": scales}, expected,
+                    "bfloat16")
+    # A rounding mode off by one step everywhere is caught by the exact share.
+    shifted = expected["q"] + e4m3_step(expected["q"])
+    with pytest.raises(VerificationError, match="q: 1000 of 1000 elements differ from the "
+                                                "reference by a rounding step; at most 10"):
+        check_fused({"q": shifted, "scales": scales}, expected, "bfloat16")
+    with pytest.raises(VerificationError, match="q: NaN at 1 elements"):
+        check_fused({"q": q.index_fill(0, torch.tensor([2]), float("nan")), "scales": scales},
+                    expected, "bfloat16")
