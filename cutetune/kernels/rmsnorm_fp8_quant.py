@@ -8,8 +8,8 @@ quantised as fp8_quant.py defines it, so the kernel writes what rmsnorm (or fuse
 at the same config followed by fp8_group_quant writes, with x and the residual read once, and
 neither the normalised row written nor read back. Against the fp32 reference (or rmsnorm at
 another config, whose sum of squares is reduced in another order) a value may round to x's
-dtype one step apart: fp8_quant.check_fused is its check. The scales' layouts are fp8_group_quant's (the kernel's
-`scales` is the transpose of column-major scales).
+dtype one step apart: fp8_quant.check_fused is its check. The scales' layouts are
+fp8_group_quant's (the kernel's `scales` is the transpose of column-major scales).
 
 Forms and work split are rmsnorm's (block_per_row: a row's threads span the block's warps;
 warp_per_row: a warp per row), with the groups laid over them: the row's threads own its
