@@ -17,6 +17,11 @@ transpose of the (tokens, groups) column-major scales, (groups, tokens) with a r
 least the tokens, for column-major ones (the op passes scales.t()): both are rows with a
 symbolic stride to the compile.
 
+Peers for `cutetune bench`: the fused form's unfused chain of cutetune's own ops (silu_and_mul,
+then fp8_group_quant); torch.compile of the reference is the bench's own. vLLM's and SGLang's
+per_token_group_quant_fp8 would be the library peers, and neither is installed where the
+benchmarks run.
+
 Work split (device/fp8_quant.py): a group is LANES consecutive lanes, each loading
 G / (VEC * LANES) vectors of it; a thread takes GROUPS_PER_THREAD groups, their loads issued
 before any math; the groups are numbered row-major and dealt to the blocks' group slots in
@@ -59,7 +64,6 @@ from cutetune.kernels.registry import (
     KernelDef,
     NotApplicableError,
     Peer,
-    PeerUnavailable,
     Tensors,
     register,
 )
@@ -274,28 +278,6 @@ def make_inputs(problem: GroupQuantProblem, device, generator: torch.Generator) 
             "scales": kernel_scales(scales, problem.column_major_scales)}
 
 
-def _vllm_peer(problem: GroupQuantProblem):
-    """vLLM's per_token_group_quant_fp8 (its CUDA kernel where vLLM has one built)."""
-    if problem.activation is not None:
-        raise PeerUnavailable("vLLM's fused SiLU quantisation takes DeepGEMM's batched "
-                              "expert layout, not rows")
-    try:
-        fp8_utils = importlib.import_module(
-            "vllm.model_executor.layers.quantization.utils.fp8_utils")
-    except ImportError as err:
-        raise PeerUnavailable(f"vllm is not installed ({err})") from None
-    column_major, ue8m0, group = (problem.column_major_scales, problem.ue8m0,
-                                  problem.group_size)
-
-    def run(t: Tensors) -> dict:
-        q, scales = fp8_utils.per_token_group_quant_fp8(
-            t["x"], group, column_major_scales=column_major, tma_aligned_scales=column_major,
-            use_ue8m0=ue8m0)
-        return {"q": q, "scales": kernel_scales(scales, column_major)}
-
-    return run
-
-
 def _unfused_chain(problem: SiluAndMulFP8QuantProblem):
     """cutetune.silu_and_mul, then cutetune.fp8_group_quant of its output: two launches and
     the bf16 activation written and read back."""
@@ -363,8 +345,7 @@ def _kernel_def(name: str, description: str, problem_type: type[GroupQuantProble
 
 QUANT_KERNEL = register(_kernel_def(
     "fp8_group_quant", "FP8 (e4m3) quantisation with one fp32 scale per group of a row",
-    FP8GroupQuantProblem, quant_problems_for_model,
-    (Peer("vllm per_token_group_quant_fp8", _vllm_peer),)))
+    FP8GroupQuantProblem, quant_problems_for_model, ()))
 SILU_QUANT_KERNEL = register(_kernel_def(
     "silu_and_mul_fp8_quant", "SwiGLU of a fused gate-up row, quantised to FP8 per group",
     SiluAndMulFP8QuantProblem, silu_problems_for_model,
