@@ -1,12 +1,12 @@
 """The FP8 group-quant kernels on the GPU against the torch reference, values and scales
-(fp8_group_quant bit-exactly, the fused kernels by fp8_quant.check_fused): the covering points (every valid point under the `sweep` marker) of each kernel on
-problems that take every code path (groups of 64 and 128, row- and column-major and UE8M0
-scales, bf16 and fp16, the norm's forms and ragged rows, the fused add), on random rows with
-edge-case groups (all zero, below the floor, subnormal, at the saturation edge and e4m3's ties);
-dynamic token counts; NaN and infinity; padded rows; the public ops, and the fused ops against
-the unfused chains of the public ops (silu's bit-exactly: the same elementwise instructions;
-the norm's within fp8_quant.check_fused's rounding step, its reduction order being each
-config's)."""
+(fp8_group_quant bit-exactly, the fused kernels by fp8_quant.check_fused): the covering points
+(every valid point under the `sweep` marker) of each kernel on problems that take every code
+path (groups of 64 and 128, row- and column-major and UE8M0 scales, bf16 and fp16, the norm's
+forms and ragged rows, the fused add), on random rows with edge-case groups (all zero, below
+the floor, subnormal, at the saturation edge and e4m3's ties); dynamic token counts; NaN and
+infinity; padded rows; the public ops, and the fused ops against the unfused chains of the
+public ops (silu's bit-exactly: the same elementwise instructions; the norm's within
+fp8_quant.check_fused's rounding step, its reduction order being each config's)."""
 
 from __future__ import annotations
 

@@ -99,8 +99,13 @@ def test_ptx_of_the_group_kernel(config, ue8m0, tmp_path, monkeypatch):
     per_thread = config.groups_per_thread * 128 // config.lanes_per_group  # elements
     shuffles = config.lanes_per_group.bit_length() - 1
     found = _instructions(ptx)
-    # Each element divided once and converted in pairs; each group's scale divided once.
-    assert found["div.rn.f32"] == per_thread + config.groups_per_thread
+    # Each element divided once (UE8M0: multiplied by the scale's exact reciprocal) and
+    # converted in pairs; each group's scale divided once (and inverted once).
+    if ue8m0:
+        assert found["div.rn.f32"] == config.groups_per_thread
+        assert len(re.findall(r"\brcp\.rn\.f32\b", ptx)) == config.groups_per_thread
+    else:
+        assert found["div.rn.f32"] == per_thread + config.groups_per_thread
     assert found["cvt.rn.satfinite.e4m3x2.f32"] == per_thread // 2
     assert found["shfl.sync.bfly.b32"] == shuffles * config.groups_per_thread
     # NaN-quiet maxes: per element, per shuffle and the floor's.

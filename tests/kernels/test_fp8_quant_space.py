@@ -312,3 +312,16 @@ def test_fused_check_allows_one_rounding_step_in_a_few_elements_only():
     with pytest.raises(VerificationError, match="q: NaN at 1 elements"):
         check_fused({"q": q.index_fill(0, torch.tensor([2]), float("nan")), "scales": scales},
                     expected, "bfloat16")
+
+
+def test_a_power_of_two_scale_divides_as_its_reciprocal_multiplies():
+    """What lets the kernels multiply by a UE8M0 scale's reciprocal: for every power of two the
+    floor allows up to the largest (and infinity), x / s and x * (1 / s) are the same fp32
+    bits, subnormal quotients, zeros and NaN included."""
+    x = torch.cat([torch.randn(4096) * torch.logspace(-40, 38, 4096),
+                   torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1e-45, -3e-39])])
+    scales = torch.cat([torch.exp2(torch.arange(-42.0, 128.0)), torch.tensor([float("inf")])])
+    for scale in scales:
+        torch.testing.assert_close(x * (1.0 / scale), x / scale, rtol=0, atol=0,
+                                   equal_nan=True)
+        assert torch.equal(torch.signbit(x * (1.0 / scale)), torch.signbit(x / scale))
