@@ -56,6 +56,7 @@ from cutetune.kernels.fp8_quant import (
     empty_scales,
     quant_groups_of,
     quantize_reference,
+    rounded_to,
     scales_bytes,
     with_edge_groups,
 )
@@ -232,7 +233,7 @@ def quantized_values(tensors: Tensors, problem: GroupQuantProblem) -> torch.Tens
     if problem.activation is None:
         return x
     gate, up = x[:, : problem.width], x[:, problem.width:]
-    return (torch.nn.functional.silu(gate) * up).to(TORCH_DTYPES[problem.dtype]).float()
+    return rounded_to(torch.nn.functional.silu(gate) * up, TORCH_DTYPES[problem.dtype])
 
 
 def kernel_scales(scales: torch.Tensor, column_major: bool) -> torch.Tensor:

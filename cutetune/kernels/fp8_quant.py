@@ -48,6 +48,8 @@ E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-10
 GROUP_SIZES = (64, 128)
 QUANT_DTYPES = ("bfloat16", "float16")
+# An fp32's exponent bits, and the mantissa bits below them.
+EXPONENT_MASK, MANTISSA_MASK = 0x7F800000, 0x007FFFFF
 # Column-major scales' token stride is padded to this many (16 bytes of fp32): TMA's alignment.
 SCALE_TOKEN_ALIGN = 4
 # The fp32 operations per element: |v|, the max, the division (div.rn.f32, about 8) and the
@@ -80,25 +82,40 @@ class GroupQuantFields(Problem):
 
 
 def round_up_to_power_of_two(scale: torch.Tensor) -> torch.Tensor:
-    """2^ceil(log2 s) of positive fp32 scales, exactly (frexp gives s = m 2^e, m in [0.5, 1):
-    a power of two has m = 0.5); infinity stays infinite."""
-    mantissa, exponent = torch.frexp(scale)
-    rounded = torch.ldexp(torch.ones_like(scale), exponent)
-    return torch.where((mantissa == 0.5) | scale.isinf(), scale, rounded)
+    """2^ceil(log2 s) of positive fp32 scales, exactly, from their bits as the kernels take
+    it: adding the mantissa's all-ones carries into the exponent unless the mantissa is zero,
+    and masking keeps the exponent alone; infinity stays infinite. Integer operations, which
+    torch.compile keeps exact."""
+    bits = scale.contiguous().view(torch.int32)
+    return ((bits + MANTISSA_MASK) & EXPONENT_MASK).view(torch.float32)
 
 
 def quantize_reference(values: torch.Tensor, group_size: int, ue8m0: bool
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fp32 reference of the quantisation of `values` (tokens, width), fp32: (q as fp32
-    values of float8_e4m3fn codes, (tokens, width)), (scales, (tokens, width / group_size))."""
+    values of float8_e4m3fn codes, (tokens, width)), (scales, (tokens, width / group_size)).
+
+    The divisions are taken in fp64 and rounded to fp32, which gives the correctly rounded fp32
+    quotient (double rounding is innocuous for a division at 53 >= 2 x 24 + 2 bits): the same
+    bits as an fp32 division, and under torch.compile too, whose Triton code divides fp32 by
+    the approximate div.full.f32."""
     tokens, width = values.shape
     groups = values.reshape(tokens, width // group_size, group_size)
     amax = torch.where(groups.isnan(), 0.0, groups.abs()).amax(dim=-1)
-    scales = torch.clamp(amax, min=AMAX_FLOOR) / E4M3_MAX
+    scales = (torch.clamp(amax, min=AMAX_FLOOR).double() / E4M3_MAX).float()
     if ue8m0:
         scales = round_up_to_power_of_two(scales)
-    q = torch.clamp(groups / scales.unsqueeze(-1), -E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+    quotients = (groups.double() / scales.double().unsqueeze(-1)).float()
+    q = torch.clamp(quotients, -E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
     return q.float().reshape(tokens, width), scales
+
+
+@torch.compiler.disable
+def rounded_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 `values` rounded to `dtype` (bf16, fp16) and back: what a fused kernel quantises,
+    as the unfused chain writes it. Left out of torch.compile's graphs: Inductor computes a
+    bf16 intermediate in fp32 and would quantise the unrounded values."""
+    return values.to(dtype).float()
 
 
 def empty_scales(tokens: int, groups: int, column_major: bool,

@@ -45,6 +45,7 @@ from cutetune.kernels.fp8_quant import (
     empty_scales,
     quant_groups_of,
     quantize_reference,
+    rounded_to,
     scales_bytes,
     with_edge_groups,
 )
@@ -92,11 +93,11 @@ class RMSNormFP8QuantProblem(GroupQuantFields):
         if not isinstance(self.fused_add, bool):
             raise ValueError(f"fused_add must be a bool, got {self.fused_add!r}")
 
-    def norm_problem(self) -> RMSNormProblem:
+    def norm_problem(self, fused_add: bool) -> RMSNormProblem:
         """The RMSNorm this quantises the output of, written in x's dtype."""
         return RMSNormProblem(num_tokens=self.num_tokens, dtype=self.dtype, out_dtype=self.dtype,
                               hidden=self.hidden, eps=self.eps, weight_bias=self.weight_bias,
-                              fused_add=self.fused_add)
+                              fused_add=fused_add)
 
 
 def _vector_elements(problem: RMSNormFP8QuantProblem, config: RMSNormConfig) -> int:
@@ -218,12 +219,21 @@ def launch(compiled, tensors: Tensors) -> None:
 
 
 def reference(tensors: Tensors, problem: RMSNormFP8QuantProblem) -> dict[str, torch.Tensor]:
-    """rmsnorm's reference, written in x's dtype, then quantised; `residual` as rmsnorm's."""
-    normed = rmsnorm_reference(tensors, problem.norm_problem())
-    values = normed["out"].to(TORCH_DTYPES[problem.dtype]).float()
-    q, scales = quantize_reference(values, problem.group_size, problem.ue8m0)
+    """rmsnorm's reference of the row (the residual sum rounded to x's dtype, by rounded_to,
+    which torch.compile keeps), written in x's dtype, then quantised; `residual` as rmsnorm's
+    (the fp32 sum)."""
+    dtype = TORCH_DTYPES[problem.dtype]
+    row = tensors["x"].float()
+    residual = tensors["residual"].float()
+    if problem.fused_add:
+        residual = row + residual
+        row = rounded_to(residual, dtype)
+    normed = rmsnorm_reference({"x": row, "residual": row, "weight": tensors["weight"]},
+                               problem.norm_problem(fused_add=False))
+    q, scales = quantize_reference(rounded_to(normed["out"], dtype), problem.group_size,
+                                   problem.ue8m0)
     return {"q": q, "scales": kernel_scales(scales, problem.column_major_scales),
-            "residual": normed["residual"]}
+            "residual": residual}
 
 
 def check(outputs: Tensors, expected, problem: RMSNormFP8QuantProblem) -> None:

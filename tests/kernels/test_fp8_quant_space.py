@@ -60,6 +60,17 @@ def _norm(tokens=1, hidden=7168, fused_add=True, group=128, column_major=True, u
 # The reference
 
 
+def test_the_reference_divides_in_fp64_with_the_bits_of_an_fp32_division():
+    generator = torch.Generator().manual_seed(5)
+    values = torch.randn(64, 128, generator=generator) * torch.logspace(-30, 30, 64)[:, None]
+    q, scales = quantize_reference(values, 128, ue8m0=False)
+    amax = values.reshape(64, 1, 128).abs().amax(-1)
+    assert torch.equal(scales, amax.clamp(min=AMAX_FLOOR) / E4M3_MAX)
+    fp32_quotients = values.reshape(64, 1, 128) / scales.unsqueeze(-1)
+    assert torch.equal(q, torch.clamp(fp32_quotients, -E4M3_MAX, E4M3_MAX).to(
+        torch.float8_e4m3fn).float().reshape(64, 128))
+
+
 def test_scale_is_the_floored_amax_over_448_and_saturates_nothing():
     values = torch.zeros(3, 128)
     values[0, 5] = -3.5  # amax 3.5
@@ -82,6 +93,12 @@ def test_ue8m0_rounds_up_to_the_power_of_two_exactly():
     # exp2(ceil(log2 s)) in fp32 rounds the scale just above a power of two down onto it;
     # the reference does not (so no |v| / scale passes 448).
     assert torch.exp2(torch.ceil(torch.log2(just_above))) == 2.0**-7
+    # The bits' rounding against frexp's: s = m 2^e, m in [0.5, 1), is 2^e unless m is 0.5.
+    random = torch.exp2(torch.empty(100000).uniform_(-42, 100))
+    mantissa, exponent = torch.frexp(random)
+    by_frexp = torch.where(mantissa == 0.5, random, torch.ldexp(torch.ones_like(random),
+                                                                 exponent))
+    assert torch.equal(round_up_to_power_of_two(random), by_frexp)
 
 
 def test_ue8m0_quotients_stay_within_448():
@@ -161,7 +178,8 @@ def test_reference_is_the_unfused_chain_and_the_kernel_layout(kernel, problem):
         gate, up = x.chunk(2, dim=1)
         x = (torch.nn.functional.silu(gate) * up).bfloat16().float()
     elif kernel is NORM_KERNEL:
-        x = rmsnorm_reference(tensors, problem.norm_problem())["out"].bfloat16().float()
+        normed = rmsnorm_reference(tensors, problem.norm_problem(problem.fused_add))["out"]
+        x = normed.bfloat16().float()
     q, scales = quantize_reference(x, problem.group_size, problem.ue8m0)
     torch.testing.assert_close(expected["q"], q, rtol=0, atol=0, equal_nan=True)
     kernel_scales = expected["scales"].t() if problem.column_major_scales else expected["scales"]
@@ -325,3 +343,23 @@ def test_a_power_of_two_scale_divides_as_its_reciprocal_multiplies():
         torch.testing.assert_close(x * (1.0 / scale), x / scale, rtol=0, atol=0,
                                    equal_nan=True)
         assert torch.equal(torch.signbit(x * (1.0 / scale)), torch.signbit(x / scale))
+
+
+@pytest.mark.parametrize("kernel, problem", [
+    (QUANT_KERNEL, _quant(tokens=8, hidden=512, ue8m0=True)),
+    (SILU_QUANT_KERNEL, _silu(tokens=8, intermediate=512)),
+    (NORM_KERNEL, _norm(tokens=8, hidden=512, group=64)),
+], ids=lambda v: getattr(v, "name", None) or v.describe())
+def test_torch_compile_of_the_reference_passes_the_check(kernel, problem):
+    """`cutetune bench` times torch.compile of the reference beside ours, checked by the
+    kernel's check: Inductor computes a bf16 intermediate in fp32 (the fused add's sum, the
+    activation, the normalised row) unless rounded_to keeps the rounding out of its graph, and
+    its Triton code divides fp32 approximately unless the division is fp64's."""
+    from cutetune.bench import torch_eager
+
+    def inputs():
+        return kernel.make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
+
+    expected = kernel.reference(inputs(), problem)
+    compiled = torch.compile(torch_eager(kernel, problem), dynamic=False)
+    kernel.check(compiled(inputs()), expected, problem)

@@ -26,11 +26,9 @@ from cutetune.kernels.fp8_group_quant import (
     GroupQuantProblem,
     _vector_elements,
 )
-from cutetune.kernels.fp8_quant import AMAX_FLOOR, E4M3_MAX
+from cutetune.kernels.fp8_quant import AMAX_FLOOR, E4M3_MAX, EXPONENT_MASK, MANTISSA_MASK
 
 FP8 = cutlass.Float8E4M3FN
-# An fp32's exponent bits, and the mantissa bits below them.
-EXPONENT_MASK, MANTISSA_MASK = 0x7F800000, 0x007FFFFF
 
 
 def absmax(vectors: list, amax=None) -> Float32:
