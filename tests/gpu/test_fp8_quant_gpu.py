@@ -82,7 +82,7 @@ IDS = [f"{kernel.name}-{problem.describe()}" for kernel, problem in CASES]
 
 @pytest.mark.parametrize("which", WHICH_POINTS)
 @pytest.mark.parametrize("kernel, problem", CASES, ids=IDS)
-def test_points_match_reference_bit_exactly(kernel, problem, which):
+def test_points_match_reference(kernel, problem, which):
     points = selected_points(which, kernel, problem, H200)
     assert points
     compile_all(kernel, problem, points)
