@@ -61,7 +61,7 @@ def _check_inputs(fmt: str, x: torch.Tensor, global_scale: torch.Tensor | None,
     if device < 0 and x.device.type != "cpu":
         raise ValueError(f"x is on {x.device}: {op} runs on a CUDA device or the CPU")
     for name, t in (("global_scale", global_scale), ("q", q), ("scales", scales)):
-        if t is not None and t.get_device() != device:
+        if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
     return DTYPE_NAMES[x.dtype], tokens, hidden, device
 
