@@ -274,17 +274,29 @@ def _mxfp8(x: torch.Tensor, amax: torch.Tensor, nan: torch.Tensor):
     exponent = torch.where(amax == 0, -E8M0_BIAS - E4M3_EMAX, exponent)
     exponent = torch.where(amax.isinf() | nan, E8M0_BIAS + 1, exponent)
     shared = (exponent - E4M3_EMAX).clamp(-E8M0_BIAS, E8M0_BIAS)
-    y = torch.where(nan.unsqueeze(-1), 0.0, torch.ldexp(x, -shared.unsqueeze(-1).float()))
+    # 2^-shared built from its bits (a normal float: shared lies in [-127, 120]), exact on any
+    # device, where pow or exp2 might not be.
+    multiplier = ((E8M0_BIAS - shared).to(torch.int32) << 23).view(torch.float32)
+    y = torch.where(nan.unsqueeze(-1), 0.0, x * multiplier.unsqueeze(-1))
     q = y.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     scales = torch.where(nan, E8M0_NAN, shared + E8M0_BIAS).to(torch.uint8)
     return q.flatten(-2), scales
 
 
+def _divided(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a / b rounded to nearest (IEEE), in eager and compiled torch alike: torch.compile lowers
+    addcdiv's division to Triton's div_rn on CUDA, and a plain / to its approximate div.full.
+    0 + a / b is a / b (a and b are non-negative here)."""
+    return torch.addcdiv(torch.zeros_like(a), a, b)
+
+
 def _nvfp4(x: torch.Tensor, amax: torch.Tensor, nan: torch.Tensor, global_scale: torch.Tensor):
     """q (e2m1 pairs as uint8) and the e4m3 scale bytes of blocks x (..., 16)."""
-    s = ((amax / E2M1_MAX) * global_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    s = (_divided(amax, torch.full_like(amax, E2M1_MAX)) * global_scale).clamp(
+        max=E4M3_MAX).to(torch.float8_e4m3fn)
     s_value = s.float()
-    out_scale = torch.where((s_value == 0) | nan, 0.0, global_scale / s_value)
+    out_scale = torch.where((s_value == 0) | nan, 0.0,
+                            _divided(global_scale.expand_as(s_value), s_value))
     y = torch.where(nan.unsqueeze(-1), 0.0, x * out_scale.unsqueeze(-1)).flatten(-2)
     codes = _e2m1_codes(y)
     return codes[..., 0::2] | (codes[..., 1::2] << 4), s.view(torch.uint8)
@@ -303,8 +315,15 @@ def quantised(x: torch.Tensor, problem: BlockQuantProblem,
         q, scale_bytes = _nvfp4(blocked, amax, nan, global_scale.float())
     if problem.swizzled:
         scale_bytes = scale_layout.swizzle(scale_bytes)
-    return (q.view(VALUE_DTYPES[problem.format]),
-            scale_bytes.view(SCALE_DTYPES[problem.format]))
+    return _as_format(q, scale_bytes, problem.format)
+
+
+@torch.compiler.disable
+def _as_format(q: torch.Tensor, scale_bytes: torch.Tensor,
+               fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bytes viewed as the format's dtypes, outside any compiled graph: inductor's CPU
+    code generator has no float8_e8m0fnu (torch.compile of the reference runs in the bench)."""
+    return q.view(VALUE_DTYPES[fmt]), scale_bytes.view(SCALE_DTYPES[fmt])
 
 
 def reference(tensors: Tensors, problem: BlockQuantProblem) -> dict[str, torch.Tensor]:
@@ -342,19 +361,27 @@ MAGNITUDES = {MXFP8: (-30, 12), NVFP4: (-8, 6)}
 NVFP4_CALIBRATED_AMAX = 2.0 ** 5
 
 
-def make_inputs(problem: BlockQuantProblem, device, generator: torch.Generator) -> Tensors:
+def bench_inputs(problem: BlockQuantProblem, device, generator: torch.Generator) -> Tensors:
+    """make_inputs without its denormal blocks: torch.compile's Triton code may flush denormals
+    to zero, and the bench compares every candidate with the reference bit for bit before it
+    times it (the verifier and the GPU tests keep them)."""
+    return make_inputs(problem, device, generator, denormals=False)
+
+
+def make_inputs(problem: BlockQuantProblem, device, generator: torch.Generator,
+                denormals: bool = True) -> Tensors:
     """x with each block of its own magnitude (MAGNITUDES) and about one block in eight a
     special case: all zeros (+0 or -0), the input dtype's denormals, e2m1's rounding ties and
     e4m3's saturation points, and values at the top of the input dtype's range; for NVFP4 the
     global scale 448 * 6 / NVFP4_CALIBRATED_AMAX. q and the scales allocated (the verifier
-    poisons them)."""
+    poisons them). Without `denormals`, the denormal blocks are plain ones (bench_inputs)."""
     dtype = TORCH_DTYPES[problem.dtype]
     shape = (problem.num_tokens, problem.scale_columns, problem.block)
     low, high = MAGNITUDES[problem.format]
     magnitude = torch.randint(low, high + 1, shape[:2], generator=generator, device=device)
     x = torch.randn(shape, generator=generator, device=device) * torch.exp2(
         magnitude.float()).unsqueeze(-1)
-    x = _with_special_blocks(x, problem, dtype, generator).to(dtype)
+    x = _with_special_blocks(x, problem, dtype, generator, denormals).to(dtype)
     tensors = {"x": x.reshape(problem.num_tokens, problem.hidden),
                "q": torch.empty(problem.num_tokens, problem.hidden // PACKING[problem.format],
                                 dtype=VALUE_DTYPES[problem.format], device=device),
@@ -367,19 +394,21 @@ def make_inputs(problem: BlockQuantProblem, device, generator: torch.Generator) 
 
 
 def _with_special_blocks(x: torch.Tensor, problem: BlockQuantProblem, dtype: torch.dtype,
-                         generator: torch.Generator) -> torch.Tensor:
+                         generator: torch.Generator, denormals: bool) -> torch.Tensor:
     """x (tokens, blocks, block) with about one block in eight replaced by a special case."""
     tiny = torch.finfo(dtype).tiny  # the smallest normal: denormals lie below it
     edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0, 448.0, 464.0, 480.0,
                           -0.25, -2.5, -5.0, -0.0], device=x.device)
-    cases = [torch.zeros(problem.block, device=x.device),
-             torch.full((problem.block,), -0.0, device=x.device),
-             tiny * torch.linspace(-0.9, 0.9, problem.block, device=x.device),
-             edges.repeat(problem.block // edges.numel()),
-             torch.finfo(dtype).max * torch.linspace(-1, 1, problem.block, device=x.device)]
+    cases = {"zeros": torch.zeros(problem.block, device=x.device),
+             "negative zeros": torch.full((problem.block,), -0.0, device=x.device),
+             "denormals": tiny * torch.linspace(-0.9, 0.9, problem.block, device=x.device),
+             "edges": edges.repeat(problem.block // edges.numel()),
+             "dtype's range": torch.finfo(dtype).max * torch.linspace(-1, 1, problem.block,
+                                                                      device=x.device)}
     kind = torch.randint(0, 8 * len(cases), x.shape[:2], generator=generator, device=x.device)
-    for index, case in enumerate(cases):
-        x = torch.where((kind == index).unsqueeze(-1), case, x)
+    for index, (name, case) in enumerate(cases.items()):
+        if name != "denormals" or denormals:
+            x = torch.where((kind == index).unsqueeze(-1), case, x)
     return x
 
 
@@ -426,6 +455,7 @@ def _kernel_def(name: str, description: str, problem_type: type[BlockQuantProble
         tolerance={},
         check=check,
         source_file=__file__,
+        bench_inputs=bench_inputs,
     )
 
 
