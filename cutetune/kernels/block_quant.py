@@ -13,7 +13,7 @@ mxfp8 (OCP Microscaling v1.0, MXFP8 with E4M3 elements): blocks of 32; the block
 nvfp4 (NVIDIA's NVFP4, as ModelOpt and flashinfer's fp4_quantize define it): blocks of 16 with
     an e4m3 scale and one per-tensor fp32 `global_scale` (448 * 6 / amax of the tensor):
         s  = e4m3((amax / 6) * global_scale)            rounded to nearest even, saturating
-        q  = e2m1(x * (global_scale / s))                (0 where s is 0)
+        q  = e2m1(x * (global_scale / s))                (0 where s is 0 or NaN)
     every step an IEEE fp32 operation (flashinfer uses approximate reciprocals for the two
     divisions, so it can differ from this in the last bit of a step). e2m1 holds 0, 0.5, 1,
     1.5, 2, 3, 4, 6: rounded to nearest even, saturating to +-6; two per byte, the even element
@@ -295,7 +295,7 @@ def _nvfp4(x: torch.Tensor, amax: torch.Tensor, nan: torch.Tensor, global_scale:
     s = (_divided(amax, torch.full_like(amax, E2M1_MAX)) * global_scale).clamp(
         max=E4M3_MAX).to(torch.float8_e4m3fn)
     s_value = s.float()
-    out_scale = torch.where((s_value == 0) | nan, 0.0,
+    out_scale = torch.where(~(s_value > 0), 0.0,  # zero, or NaN (a NaN block)
                             _divided(global_scale.expand_as(s_value), s_value))
     y = torch.where(nan.unsqueeze(-1), 0.0, x * out_scale.unsqueeze(-1)).flatten(-2)
     codes = _e2m1_codes(y)

@@ -172,10 +172,11 @@ def _quantise_vector(mX: cute.Tensor, mQ: cute.Tensor, mScales: cute.Tensor,
     else:
         scale_byte = _e4m3((_float(amax_bits) / E2M1_MAX) * global_scale)
         scale = _e4m3_value(scale_byte)
-        if scale != 0.0 and not nan:
+        # Zero and NaN scales (a NaN block's) leave the multiplier 0.
+        if scale > 0.0:
             multiplier = global_scale / scale
     if row < tokens:
-        block = (vector * VEC) // (VEC * LANES)
+        block = vector // LANES
         if vector % LANES == 0:
             _store_scale(mScales, row, block, scale_byte, COLUMNS, SWIZZLED)
         y = []
@@ -299,7 +300,8 @@ def _launch(mX: cute.Tensor, mGlobalScale: cute.Tensor, mQ: cute.Tensor, mScales
     if cutlass.const_expr(SWIZZLED):
         padded_words = ((cute.size(mScales, mode=[0]) - cute.size(mX, mode=[0]))
                         * (cute.size(mScales, mode=[1]) // scale_layout.TILE_COLUMNS))
-        padding_blocks = (padded_words + per_block - 1) // per_block
+        # Never negative, whatever rows a call's scales have (the op checks them).
+        padding_blocks = cutlass.max((padded_words + per_block - 1) // per_block, 0)
     _block_quant_kernel(mX, mGlobalScale, mQ, mScales, data_blocks, VEC, VECTORS_PER_THREAD,
                         threads, LANES, COLUMNS, FORMAT, SWIZZLED, has_e2m1_conversion()).launch(
         grid=(data_blocks + padding_blocks, 1, 1), block=(threads, 1, 1), stream=stream)
