@@ -93,8 +93,9 @@ def mxfp8_quant(x: torch.Tensor, scale_layout: str = "swizzled", q: torch.Tensor
     GEMMs read, (round_up(tokens, 128), round_up(hidden / 32, 4)), padding zero) or
     "row_major" (tokens, hidden / 32). The math, NaN and Inf included:
     cutetune.kernels.block_quant. q and scales are allocated where None. On CPU tensors the
-    kernel's reference computes instead; under torch.compile the call is the custom op
-    cutetune::mxfp8_quant."""
+    kernel's reference computes instead. Under torch.compile the call is the custom op
+    cutetune::mxfp8_quant, or cutetune::mxfp8_quant_into where q or scales is given (which
+    torch 2.13's inductor cannot compile: it lowers no write into a float8_e8m0fnu buffer)."""
     return _MXFP8_QUANT((x, q, scales, scale_layout))
 
 
@@ -105,7 +106,8 @@ def nvfp4_quant(x: torch.Tensor, global_scale: torch.Tensor, scale_layout: str =
     `global_scale` (one fp32 element: 448 * 6 / the tensor's calibrated amax): returns q
     (tokens, hidden / 2) torch.float4_e2m1fn_x2 (the even element in the low nibble) and the
     e4m3 scales (torch.float8_e4m3fn), one per block of 16, in `scale_layout` as in
-    `mxfp8_quant`. Under torch.compile the call is the custom op cutetune::nvfp4_quant."""
+    `mxfp8_quant`. Under torch.compile the call is the custom op cutetune::nvfp4_quant
+    (cutetune::nvfp4_quant_into where q or scales is given)."""
     return _NVFP4_QUANT((x, global_scale, q, scales, scale_layout))
 
 
@@ -148,17 +150,40 @@ def _checked(kernel, fmt: str):
     return checked
 
 
-def _traced(custom_op: str, fmt: str):
-    """The call under torch.compile: q and scales allocated where None, then the custom op
-    that writes them."""
+def _traced(fmt: str):
+    """The call under torch.compile: the custom op that returns new q and scales where the call
+    gives neither, else the one that writes them (the missing one allocated)."""
     prepare = _prepare(fmt)
 
-    def traced(*call):
-        arguments, result = prepare(*call)
-        getattr(torch.ops.cutetune, custom_op)(*arguments)
+    def traced(x, *rest):
+        *global_scale, q, scales, layout = rest
+        if q is None and scales is None:
+            return getattr(torch.ops.cutetune, f"{fmt}_quant")(x, *global_scale, layout)
+        arguments, result = prepare(x, *rest)
+        getattr(torch.ops.cutetune, f"{fmt}_quant_into")(*arguments)
         return result
 
     return traced
+
+
+def _mxfp8_tensors(x: torch.Tensor, scale_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return mxfp8_quant(x, scale_layout)
+
+
+def _nvfp4_tensors(x: torch.Tensor, global_scale: torch.Tensor,
+                   scale_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return nvfp4_quant(x, global_scale, scale_layout)
+
+
+def _shapes(fmt: str):
+    """The allocating custom op's outputs as `_prepare` makes them (its fake)."""
+    prepare = _prepare(fmt)
+
+    def shapes(x, *rest):
+        *global_scale, layout = rest
+        return prepare(x, *global_scale, None, None, layout)[1]
+
+    return shapes
 
 
 def _mxfp8_into(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
@@ -179,11 +204,12 @@ _MXFP8_QUANT = register(OpDef(
                        tokens=Dim("x", 0), fields=_FIELDS),
     check=_checked(MXFP8_KERNEL, MXFP8),
     functions=(mxfp8_quant,),
-    custom_ops=(CustomOp("mxfp8_quant", _mxfp8_into, mutates=("q", "scales")),),
+    custom_ops=(CustomOp("mxfp8_quant", _mxfp8_tensors, fake=_shapes(MXFP8)),
+                CustomOp("mxfp8_quant_into", _mxfp8_into, mutates=("q", "scales"))),
     calls=lambda t, problem: {"mxfp8_quant": lambda: mxfp8_quant(
         t["x"], problem.scale_layout, t["q"], t["scales"])},
     prepare=_prepare(MXFP8),
-    traced=_traced("mxfp8_quant", MXFP8),
+    traced=_traced(MXFP8),
 ))
 
 _NVFP4_QUANT = register(OpDef(
@@ -192,9 +218,10 @@ _NVFP4_QUANT = register(OpDef(
                        launched=4, tokens=Dim("x", 0), fields=_FIELDS),
     check=_checked(NVFP4_KERNEL, NVFP4),
     functions=(nvfp4_quant,),
-    custom_ops=(CustomOp("nvfp4_quant", _nvfp4_into, mutates=("q", "scales")),),
+    custom_ops=(CustomOp("nvfp4_quant", _nvfp4_tensors, fake=_shapes(NVFP4)),
+                CustomOp("nvfp4_quant_into", _nvfp4_into, mutates=("q", "scales"))),
     calls=lambda t, problem: {"nvfp4_quant": lambda: nvfp4_quant(
         t["x"], t["global_scale"], problem.scale_layout, t["q"], t["scales"])},
     prepare=_prepare(NVFP4),
-    traced=_traced("nvfp4_quant", NVFP4),
+    traced=_traced(NVFP4),
 ))

@@ -113,3 +113,29 @@ def test_meta_tensors_are_refused():
     with pytest.raises(ValueError, match="x is on meta: mxfp8_quant runs on a CUDA device or "
                                          "the CPU"):
         mxfp8_quant(_x().to("meta"))
+
+
+def _bytes_equal(a, b) -> bool:
+    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a, b,
+                                                                                     strict=True))
+
+
+@pytest.mark.parametrize("layout", ["swizzled", "row_major"])
+def test_compiled_calls_compute_what_eager_ones_do(layout):
+    """torch.compile(fullgraph=True) records the allocating custom ops, and nvfp4_quant's
+    writing one where the buffers are given; the outputs are the eager ones, bit for bit."""
+    x = _x(tokens=7)
+
+    def allocating(x, global_scale):
+        return (*mxfp8_quant(x, layout), *nvfp4_quant(x, global_scale, layout))
+
+    assert _bytes_equal(torch.compile(allocating, fullgraph=True)(x, GLOBAL),
+                        allocating(x, GLOBAL))
+    eager = nvfp4_quant(x, GLOBAL, layout)
+    buffers = (torch.empty_like(eager[0]), torch.empty_like(eager[1]))
+
+    def writing(x, global_scale, q, scales):
+        return nvfp4_quant(x, global_scale, layout, q, scales)
+
+    torch.compile(writing, fullgraph=True)(x, GLOBAL, *buffers)
+    assert _bytes_equal(buffers, eager)
