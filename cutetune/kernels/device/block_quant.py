@@ -50,9 +50,11 @@ WIDE_BITS = 256
 
 
 def has_e2m1_conversion() -> bool:
-    """Whether the compile's target has cvt.rn.satfinite.e2m1x2.f32 (sm_100a and later): read
-    while a kernel is traced, from the compile's --gpu-arch or CUTE_DSL_ARCH."""
-    return CuTeDSL._get_dsl().get_arch_enum() >= Arch.sm_100a
+    """Whether the compile's target has cvt.rn.satfinite.e2m1x2.f32: the arch-specific (a) and
+    family (f) targets from sm_100 on (the plain sm_100, sm_120, ... lack it). Read while a
+    kernel is traced, from the compile's --gpu-arch or CUTE_DSL_ARCH."""
+    arch = CuTeDSL._get_dsl().get_arch_enum()
+    return arch >= Arch.sm_100a and arch.name.endswith(("a", "f"))
 
 
 @dsl_user_op
