@@ -10,6 +10,7 @@ from __future__ import annotations
 
 KERNEL_NAMES: tuple[str, ...] = (
     "embedding",
+    "fp8_group_quant",
     "gelu_and_mul",
     "moe_combine",
     "moe_dispatch",
@@ -19,6 +20,8 @@ KERNEL_NAMES: tuple[str, ...] = (
     "qk_norm_rope",
     "qk_norm_rope_kv",
     "rmsnorm",
+    "rmsnorm_fp8_quant",
     "rope",
     "silu_and_mul",
+    "silu_and_mul_fp8_quant",
 )
