@@ -16,6 +16,7 @@ from cutetune.kernels.block_quant import (
     E8M0_NAN,
     MXFP8_KERNEL,
     NVFP4_KERNEL,
+    PACKING,
     BlockQuantConfig,
     MXFP8QuantProblem,
     NVFP4QuantProblem,
@@ -109,7 +110,8 @@ def test_nan_inf_zero_denormal_and_ties(kind, config):
     nan_scale = E8M0_NAN if fmt == "mxfp8" else E4M3_NAN
     # A block holding a NaN: the NaN scale and +0 elements.
     assert int(scales[0, 0]) == int(scales[2, 0]) == nan_scale
-    assert int(tensors["q"].view(torch.uint8)[0].count_nonzero()) == 0
+    first_block = tensors["q"].view(torch.uint8)[0, :problem.block // PACKING[fmt]]
+    assert int(first_block.count_nonzero()) == 0
 
 
 @pytest.mark.parametrize("layout", ["swizzled", "row_major"])
