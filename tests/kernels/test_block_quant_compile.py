@@ -3,7 +3,8 @@ values, and the defaults served at every bucket) compile for sm_90a (H200) and s
 with the 256-bit loads only it has) on the CPU, for both formats, both scale layouts, both input
 dtypes and a width whose scale columns need padding; the PTX shows each target's conversions
 (sm_100a: cvt e2m1x2 and e4m3x2; sm_90a: e4m3x2 and the integer rounding of e2m1), the vector
-widths and every load issued before the first store."""
+widths and every load issued before the first store. The `sweep` marker compiles every valid
+point of each problem on both targets."""
 
 import re
 
@@ -57,6 +58,17 @@ def test_covering_points_compile(problem, arch):
             raise TypeError("compiled result is not callable")
 
     assert_every_point(configs, compiles, f"{problem.describe()} on {arch} (compiling)")
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("arch", TARGETS)
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_every_valid_point_compiles(problem, arch):
+    kernel = _kernel(problem)
+    valid = kernel.space.enumerate(problem, TARGETS[arch]).valid
+    assert len(valid) == (27 if arch == "sm_100a" else 18)
+    assert_every_point(valid, lambda _, config: kernel.compile(
+        problem, config, options=f"--gpu-arch {arch}"), f"{problem.describe()} on {arch}")
 
 
 def _ptx(problem, config, arch, tmp_path, monkeypatch) -> str:
