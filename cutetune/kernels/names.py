@@ -15,6 +15,8 @@ KERNEL_NAMES: tuple[str, ...] = (
     "gelu_and_mul",
     "moe_combine",
     "moe_dispatch",
+    "mxfp8_quant",
+    "nvfp4_quant",
     "qk_norm",
     "qk_norm_rope",
     "qk_norm_rope_kv",

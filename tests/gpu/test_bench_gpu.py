@@ -19,14 +19,17 @@ from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import Database, DeviceFingerprint, shipped_winners
 from cutetune.results_db.schema import BenchRow
+from cutetune.spaces.hf_quant import MXFP8
 from cutetune.spaces.models import PRESETS
 
 pytestmark = pytest.mark.gpu
 
 
-# The presets, and one GeGLU model so that gelu_and_mul has a problem too.
+# The presets, and one GeGLU model and one MXFP8 model so that gelu_and_mul and mxfp8_quant
+# have a problem too.
 MODELS = [*PRESETS.values(), dataclasses.replace(PRESETS["qwen3-0.6b"], name="geglu",
-                                                 hidden_act="gelu_pytorch_tanh")]
+                                                 hidden_act="gelu_pytorch_tanh"),
+          dataclasses.replace(PRESETS["qwen3-0.6b"], name="mxfp8", activation_quant=MXFP8)]
 H200 = DEVICE_SPECS["H200"]
 
 
