@@ -147,7 +147,8 @@ def unfused_chain(kernel: KernelDef, problem: Problem, plan: ServingPlan,
             chain.update({names.get(name, name): t for name, t in written.items()})
         return {name: chain[name] for name in kernel.outputs}
 
-    return Candidate(name, run, "; ".join(served), roundings=len(steps))
+    return Candidate(name, run, "; ".join(served),
+                     roundings=1 + sum(step.rounds for step in kernel.unfused))
 
 
 def candidates(kernel: KernelDef, problem: Problem, plan: ServingPlan,

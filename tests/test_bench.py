@@ -109,6 +109,8 @@ def test_a_fused_kernel_is_benched_beside_its_unfused_chain_of_our_kernels(monke
     found = {c.name: c for c in candidates(qk_norm_rope.KERNEL, problem, ServingPlan(SPEC),
                                            CompiledPoints())}
     chain = found["cutetune unfused: qk_norm + rope"]
+    # qk_norm's store rounds the normed heads, which the fused kernel rotates unrounded.
+    assert chain.roundings == 2
     norm, rotation = problem.norm, problem.rotation
     assert [(name, p) for name, p, _ in served[-2:]] == [("qk_norm", norm),
                                                          ("rope", rotation)]

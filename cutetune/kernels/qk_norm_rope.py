@@ -309,6 +309,6 @@ KERNEL = register(KernelDef(
     written_in_place=("q", "k"),
     tolerance=TOLERANCE,
     source_file=__file__,
-    unfused=(ChainStep("qk_norm", lambda problem: problem.norm),
+    unfused=(ChainStep("qk_norm", lambda problem: problem.norm, rounds=True),
              ChainStep("rope", lambda problem: problem.rotation)),
 ))

@@ -85,11 +85,15 @@ class ChainStep:
              two of the step's may name one of the chain's): a step reads the chain's
              tensors, and its outputs become the chain's under these names for the steps
              after it
+    rounds:  whether the step rounds to its outputs' dtype values the fused kernel carries
+             on in fp32 (qk_norm's normed heads, which qk_norm_rope rotates unrounded): each
+             such step widens the tolerance the chain is judged by by one rounding
     """
 
     kernel: str
     problem: Callable[[Problem], Problem]
     names: Mapping[str, str] = field(default_factory=dict)
+    rounds: bool = False
 
 
 @dataclass(frozen=True)
@@ -213,9 +217,10 @@ _REGISTRY: dict[str, KernelDef] = {}
 def register(kernel: KernelDef) -> KernelDef:
     if kernel.name in _REGISTRY:
         raise ValueError(f"kernel {kernel.name!r} is registered twice")
-    if kernel.unfused and kernel.check is not None:
-        # An unfused chain is judged by the tolerance, widened by its steps' roundings.
-        raise ValueError(f"kernel {kernel.name!r} declares an unfused chain and its own check")
+    if any(step.rounds for step in kernel.unfused) and kernel.check is not None:
+        # Such a chain is judged by the tolerance, widened by its steps' roundings.
+        raise ValueError(f"kernel {kernel.name!r} declares its own check and an unfused chain "
+                         "that rounds where it does not")
     _REGISTRY[kernel.name] = kernel
     return kernel
 
