@@ -32,6 +32,7 @@ from optuna.storages import BaseStorage
 
 from cutetune.build.interrupt import request_stop, safe_points
 from cutetune.build.supervised import ProcessLost
+from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.funnel import candidates_of
 from cutetune.device.roofline import percent_of_roofline
 from cutetune.device.specs import Ceilings, DeviceSpec, device_spec_for
@@ -41,6 +42,7 @@ from cutetune.results_db import (
     DeviceFingerprint,
     QuarantinedPoint,
     StoredRun,
+    calibration_to_serve,
     clear_quarantine,
     latest_ceilings,
     quarantined_points,
@@ -133,9 +135,11 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
             measured = workers.measure_ceilings()
             record_ceilings(db, fingerprint, measured)
         ceilings = Ceilings.from_measured(spec, measured)
+        calibrated = calibration_to_serve(db, fingerprint)
         storage = storage if storage is not None else open_storage(db.url)
 
-        summaries, pending = _plan_run(units, buckets, db, fingerprint, spec, ceilings, options)
+        summaries, pending = _plan_run(units, buckets, db, fingerprint, spec, ceilings,
+                                       calibrated, options)
         queued = _compile_ahead(workers, pending, options.budget)
         eta = RunEta.for_run(pending, queued, workers)
         observer = eta.updating(observer)
@@ -211,7 +215,8 @@ class _OneAtATime:
 
 def _plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
               fingerprint: DeviceFingerprint, spec: DeviceSpec, ceilings: Ceilings,
-              options: RunOptions) -> tuple[list[BucketSummary], list[PendingBucket]]:
+              calibrated: CalibratedModel | None, options: RunOptions
+              ) -> tuple[list[BucketSummary], list[PendingBucket]]:
     """The summaries of the buckets stored already, and the buckets left to tune. A bucket
     counts as stored when its latest run took the trials asked for, or every candidate."""
     stored_summaries, pending = [], []
@@ -222,7 +227,7 @@ def _plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
         stored = stored_runs(db, fingerprint, unit.kernel.name, source, static_key)
         quarantined = frozenset(_quarantined(db, fingerprint, unit))
         for bucket in buckets:
-            planned = plan_bucket(unit.kernel, unit.problem, bucket, spec, ceilings)
+            planned = plan_bucket(unit.kernel, unit.problem, bucket, spec, ceilings, calibrated)
             trials = min(options.budget,
                          len(candidates_of(planned.plan, planned.default, quarantined)))
             run = stored.get(planned.bucket)
