@@ -4,6 +4,7 @@ terms, and the fit recovers known constants from synthetic trials generated with
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 
@@ -148,7 +149,7 @@ def test_a_stored_calibration_reads_back_and_another_form_reads_as_none():
     assert read_stored(None) is None
     assert read_stored(TRUE.to_json().replace(FORM, "older-form")) is None
     with pytest.raises(ValueError, match="fields"):
-        CalibratedModel.from_json('{"form": "%s", "launch_us": 1}' % FORM)
+        CalibratedModel.from_json(json.dumps({"form": FORM, "launch_us": 1}))
 
 
 def test_in_flight_grid_holds_the_true_value():
