@@ -25,6 +25,7 @@ from cutetune.results_db import (
     DeviceFingerprint,
     Winner,
     bench_frame,
+    calibration_to_serve,
     devices_frame,
     latest_ceilings,
     shipped_winners,
@@ -64,7 +65,8 @@ class ReportData:
     the rows of the model's problems on `device`, each row labelled with its `problem`.
 
     devices:  every device fingerprint with its latest ceilings (copy_gbps, launch_floor_us)
-    coverage: kernel, problem, bucket, source (tuned/shipped/nearest/default), tuned_bucket
+    coverage: kernel, problem, bucket, source (tuned/shipped/nearest/predicted/default),
+              tuned_bucket
     rejected: the stored winners of the current kernel source that the serving plan rejects
               (today's space refuses them): problem, bucket, source (tuned/shipped), config,
               the field at fault and the constraint's reason
@@ -155,7 +157,8 @@ def load_report_data(db_url: str, model: str, device: str | None = None,
         # What a warmup on this device would serve, from the winners it would read; None
         # without a device, or for a GPU without a DeviceSpec, which cannot be planned for.
         plan = None if spec is None else ServingPlan(
-            spec, winners_to_serve(db, fingerprint), shipped_winners(fingerprint))
+            spec, winners_to_serve(db, fingerprint), shipped_winners(fingerprint),
+            calibrated=calibration_to_serve(db, fingerprint))
         rejected = _rejected(plan, problems)
         usable = _usable_check(rejected)
         winners = _of_model(winners_frame(db, fingerprint), problems)

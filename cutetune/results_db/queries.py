@@ -10,7 +10,7 @@ from dataclasses import asdict, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Select, and_, case, delete, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, case, delete, func, inspect, or_, select
 from sqlalchemy.orm import Session
 
 from cutetune.device.calibrated import CalibratedModel, read_stored
@@ -252,7 +252,10 @@ def record_calibration(db: Database, fingerprint: DeviceFingerprint,
 def calibration_to_serve(db: Database, here: DeviceFingerprint) -> CalibratedModel | None:
     """The calibrated model `here` may use (fingerprint.latest_serving_here: fitted to this
     device's trials, or to those of another environment of the same GPU and CuTeDSL); None
-    where none is stored, or only of a form this cutetune does not read."""
+    where none is stored, or only of a form this cutetune does not read, or the database
+    predates calibrations (opened read-only, it was not given the table)."""
+    if not inspect(db.engine).has_table(CalibrationRow.__tablename__):
+        return None
     statement = (select(CalibrationRow.params_json, CalibrationRow.fitted_at, DeviceRow)
                  .join(DeviceRow, CalibrationRow.device_id == DeviceRow.id)
                  .order_by(CalibrationRow.id))
