@@ -100,10 +100,11 @@ def predicted_best(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
     enumeration.raise_if_empty(f"{kernel.name} {problem.describe()}")
     predicted = {c: calibrated.predict_us(kernel.cost(problem, c, spec), spec)
                  for c in enumeration.valid}
-    best = min(predicted.values())
-    if predicted.get(default, math.inf) <= best:
+    # Within rounding of the best counts as tied with it.
+    tied = min(predicted.values()) * (1 + 1e-9)
+    if predicted.get(default, math.inf) <= tied:
         return default
-    return next(c for c, us in predicted.items() if us <= best)
+    return next(c for c, us in predicted.items() if us <= tied)
 
 
 def candidates_of(plan: Plan, default: Any, excluded: Collection[Any] = ()) -> set[Any]:

@@ -252,17 +252,21 @@ def record_calibration(db: Database, fingerprint: DeviceFingerprint,
 def calibration_to_serve(db: Database, here: DeviceFingerprint) -> CalibratedModel | None:
     """The calibrated model `here` may use (fingerprint.latest_serving_here: fitted to this
     device's trials, or to those of another environment of the same GPU and CuTeDSL); None
-    where none is stored, or only of a form this cutetune does not read, or the database
-    predates calibrations (opened read-only, it was not given the table)."""
+    where none is stored, or only of a form this cutetune does not read."""
+    return read_stored(latest_serving_here(calibrations_with_devices(db), here))
+
+
+def calibrations_with_devices(db: Database) -> list[tuple[DeviceFingerprint, datetime, str]]:
+    """Every stored calibration as (device, fitted at, its JSON), oldest first; none where the
+    database predates calibrations (opened read-only, it was not given the table)."""
     if not inspect(db.engine).has_table(CalibrationRow.__tablename__):
-        return None
+        return []
     statement = (select(CalibrationRow.params_json, CalibrationRow.fitted_at, DeviceRow)
                  .join(DeviceRow, CalibrationRow.device_id == DeviceRow.id)
                  .order_by(CalibrationRow.id))
     with db.session() as session:
-        rows = [(_fingerprint(device), fitted_at, params)
+        return [(_fingerprint(device), fitted_at, params)
                 for params, fitted_at, device in session.execute(statement)]
-    return read_stored(latest_serving_here(rows, here))
 
 
 def record_bench(db: Database, fingerprint: DeviceFingerprint, rows: Sequence[BenchRecord]) -> None:

@@ -114,3 +114,25 @@ def test_a_database_from_before_calibrations_reads_as_none_without_creating_the_
         "SELECT name FROM sqlite_master WHERE type = 'table'")}
     connection.close()
     assert "calibrations" not in tables
+
+
+def test_plan_ranks_with_a_stored_calibration_and_prints_each_points_terms(url):
+    db = Database.open(url)
+    store_trials(db, (1, 64, 4096, 32768))
+    db.dispose()
+    assert CliRunner().invoke(cli, ["--db", url, "calibrate"]).exit_code == 0
+    args = ["--db", url, "plan", "rmsnorm", "-m", "qwen3-8b", "--tokens", "32768", "--top", "3"]
+    out = CliRunner().invoke(cli, args).output
+    assert out.startswith("cost model: calibrated for NVIDIA H200: launch 1.20 us")
+    assert "by the calibrated model: predicted over" in out
+    assert "the datasheet roofline alone would keep" in out
+    assert ["rank", "predicted", "us", "launch", "waves", "(n)", "barrier", "memory", "(bytes,",
+            "efficiency)", "config"] in [line.split() for line in out.splitlines()]
+    # The first ranked point's terms add up to its predicted time.
+    first = next(line for line in out.splitlines() if line.strip().startswith("1."))
+    predicted, launch, waves, _, barrier, memory = first.split()[1:7]
+    assert float(predicted) == pytest.approx(
+        float(launch) + float(waves) + float(barrier) + float(memory), abs=0.02)
+    datasheet = CliRunner().invoke(cli, [*args, "--datasheet"]).output
+    assert datasheet.startswith("cost model: datasheet roofline")
+    assert "by the datasheet roofline: predicted over 2x" in datasheet
