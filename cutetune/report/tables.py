@@ -154,19 +154,30 @@ def search(data: ReportData) -> pd.DataFrame:
 def roofline(data: ReportData) -> pd.DataFrame:
     """Per kernel: measured over predicted time of every measured trial, its median, the
     median error, and the share of trials the prediction missed by more than the factor the
-    planner prunes at."""
+    planner prunes at; beside them the same errors of the device's calibrated model, where
+    `cutetune calibrate` stored one."""
     measured = roofline_points(data)
     if measured.empty:
         return pd.DataFrame()
-    ratio = measured["median_us"] / measured["predicted_us"]
-    missed = (ratio > PRUNE_FACTOR) | (ratio < 1 / PRUNE_FACTOR)
-    frame = measured.assign(ratio=ratio, error=(ratio - 1).abs() * 100, missed=missed * 100)
+    frame = measured.assign(**_errors(measured["median_us"] / measured["predicted_us"]),
+                            **_errors(measured["median_us"] / measured["calibrated_us"],
+                                      "calibrated "))
     groups = [*frame.groupby("kernel_name", sort=False), ("all", frame)]
+    calibrated = measured["calibrated_us"].notna().any()
     return pd.DataFrame([{"kernel": name, "trials": len(rows),
                           "median measured/predicted": rows["ratio"].median(),
                           "median error %": rows["error"].median(),
-                          f"% off by over {PRUNE_FACTOR:g}x": rows["missed"].mean()}
+                          f"% off by over {PRUNE_FACTOR:g}x": rows["missed"].mean(),
+                          **({"calibrated: median error %": rows["calibrated error"].median(),
+                              f"calibrated: % off by over {PRUNE_FACTOR:g}x":
+                                  rows["calibrated missed"].mean()} if calibrated else {})}
                          for name, rows in groups])
+
+
+def _errors(ratio: pd.Series, prefix: str = "") -> dict[str, pd.Series]:
+    missed = (ratio > PRUNE_FACTOR) | (ratio < 1 / PRUNE_FACTOR)
+    return {f"{prefix}ratio": ratio, f"{prefix}error": (ratio - 1).abs() * 100,
+            f"{prefix}missed": missed * 100}
 
 
 def roofline_points(data: ReportData) -> pd.DataFrame:
@@ -210,7 +221,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("search", "Search: best so far vs trial number, and the regret of exhaustively "
             "searched buckets", search,
             "No tuning trials stored for this model and device."),
-    Section("roofline", "Roofline: predicted vs measured time of every trial", roofline,
+    Section("roofline", "Roofline: predicted vs measured time of every trial, by the datasheet "
+            "roofline and, where one is stored, the calibrated model", roofline,
             "No measured trial with a prediction for this model and device."),
     Section("failures", "Failures per kernel and reason", failures,
             "No failed trials for this model and device."),
