@@ -11,7 +11,7 @@ import optuna
 
 from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.funnel import Plan, make_plan
-from cutetune.device.roofline import achieved_gbps, percent_of_roofline
+from cutetune.device.roofline import achieved_gbps, percent_of_roofline, predict
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
 from cutetune.results_db import (
@@ -95,7 +95,9 @@ def trial_record(planned: BucketPlan, outcome: TrialOutcome) -> TrialRecord:
         gbps=achieved_gbps(cost, m.median_us) if m else None,
         pct_roofline=(percent_of_roofline(cost, planned.spec, planned.ceilings, m.median_us)
                       if m else None),
-        predicted_us=outcome.predicted_us,
+        # The datasheet roofline's, whatever model ranked the search: the report sets the
+        # calibrated model's prediction (recomputed from the point) beside it.
+        predicted_us=predict(cost, planned.spec, planned.ceilings).predicted_us,
     )
 
 
