@@ -5,11 +5,14 @@ verify against the reference, CUDA-graph replay; GpuTrialRunner), one CSV row ea
     python3 -m benchmarks.exhaustive --out OUT/exhaustive.csv [--models presets|held-out|M,M]
         [--kernels K,K] [--tokens 1,8,64,512,4096,32768] [--budget-s 420] [--state DIR]
 
-Resumable, and sized for one device call: points already in OUT are skipped, the rest are
-measured in order (models, kernels, problems, buckets, points) until --budget-s has passed, and
-each row is appended as it is measured; the same command continues where the last stopped. A
-point that took its process down (a sticky CUDA error) is written as failed by the next call,
-so it is not tried again. Compiles run ahead of the GPU in CPU processes (one per core, less
+Each point is verified against the reference alone, then a bucket's verified points (32 at a
+time) are timed side by side in interleaved rounds, as the tuner re-measures its finalists, so
+they compare at one moment of the GPU. Resumable, and sized for one device call: points already
+in OUT are skipped, the rest are measured in order (models, kernels, problems, buckets, points)
+until --budget-s has passed, and rows are appended as they are measured; the same command
+continues where the last stopped. The points a call that died was timing are measured one at a
+time by the next, and the one that takes its process down (a sticky CUDA error) is written as
+failed by the call after. Compiles run ahead of the GPU in CPU processes (one per core, less
 one) into an artifact cache under --state; a problem shared by several models is measured once
 (the first model names it). About 25,000 points for the nine presets at six buckets.
 
@@ -39,10 +42,9 @@ TOKENS = (1, 8, 64, 512, 4096, 32768)
 HELD_OUT = tuple(f"tests/data/hf_configs/{name}.json" for name in (
     "Qwen2.5-7B-Instruct", "gemma-3-27b-it", "Mixtral-8x22B-v0.1", "gpt-oss-20b",
     "GLM-4.5-Air", "Kimi-K2-Instruct"))
+PROCESS_LOST = "took its process down when measured"
 COLUMNS = ("model", "kernel_name", "static_key", "bucket", "config_json", "status",
            "median_us", "iqr_us", "failure_reason")
-PROCESS_LOST = "took its process down when measured"
-COMPILE_AHEAD = 48  # points queued to the compile processes ahead of the GPU
 
 
 def models_of(choice: str) -> tuple[str, ...]:
@@ -103,6 +105,12 @@ def measure(args: argparse.Namespace) -> None:
     spec = device_spec_for(fingerprint.gpu_name)
     args.state.mkdir(parents=True, exist_ok=True)
     in_flight = args.state / "in_flight.txt"
+    # What a call that died was doing: one point (verifying, or timing alone) took the
+    # process down and is failed; several (timed side by side) are timed alone now, so that
+    # the one that does is known.
+    lost = in_flight.read_text().splitlines() if in_flight.is_file() else []
+    culprit = lost[0] if len(lost) == 1 else None
+    suspects = set(lost) if len(lost) > 1 else set()
     done = done_keys(args.out)
     new_file = not args.out.is_file()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -117,51 +125,65 @@ def measure(args: argparse.Namespace) -> None:
                          "config_json": config_to_json(config), "status": status,
                          "median_us": median, "iqr_us": iqr, "failure_reason": reason})
         out.flush()
-        done.add(row_key(kernel.name, problem.static_key(), problem.num_tokens,
-                         config_to_json(config)))
 
     pending = [(m, k, p, c) for m, k, p, c in work(models_of(args.models), args.kernels,
                                                     args.tokens, spec)
                if row_key(k.name, p.static_key(), p.num_tokens, config_to_json(c)) not in done]
-    lost = in_flight.read_text().strip() if in_flight.is_file() else ""
-    for item in pending:
-        if lost and lost == _in_flight_line(*item[1:]):
-            write(*item, "failed", reason=PROCESS_LOST)
-    pending = [i for i in pending if row_key(i[1].name, i[2].static_key(), i[2].num_tokens,
-                                             config_to_json(i[3])) not in done]
     print(f"{len(done)} points stored, {len(pending)} left", flush=True)
     store = ArtifactStore(args.state / "cache" / ARTIFACTS_DIR,
                           arch_for(fingerprint.compute_capability))
     modules = sorted({k.compile_function.__module__ for _, k, _, _ in pending})
     pool = CompilePool(store, max(1, (os.cpu_count() or 2) - 1), modules) if pending else None
     futures = {}
-    runners: dict[tuple, GpuTrialRunner] = {}
     measured = 0
-    for index, (model, kernel, problem, config) in enumerate(pending):
+    chunks = _chunks(pending)
+    for index, chunk in enumerate(chunks):
         if time.monotonic() - start > args.budget_s:
             break
-        for ahead in pending[index:index + COMPILE_AHEAD]:
-            key = row_key(ahead[1].name, ahead[2].static_key(), 0, config_to_json(ahead[3]))
-            if key not in futures:
-                futures[key] = pool.submit(ahead[1], ahead[2], ahead[3], ahead=True)
-        compiled = futures[row_key(kernel.name, problem.static_key(), 0,
-                                   config_to_json(config))].result()
-        if compiled.failure is not None:
-            write(model, kernel, problem, config, "failed", reason=compiled.failure)
-            continue
-        runner_key = (kernel.name, problem.static_key(), problem.num_tokens)
-        if runner_key not in runners:
-            runners.clear()  # one problem's input sets on the GPU at a time
-            torch.cuda.empty_cache()
-            runners[runner_key] = GpuTrialRunner(kernel, problem, spec,
-                                                 compile_point=store.get)
-        in_flight.write_text(_in_flight_line(kernel, problem, config))
-        try:
-            m = runners[runner_key].measure(config)
-            write(model, kernel, problem, config, "ok", m.median_us, m.iqr_us)
-        except TrialFailure as failure:
-            write(model, kernel, problem, config, "failed", reason=str(failure))
-        measured += 1
+        for _, kernel, problem, config in (p for c in chunks[index:index + 4] for p in c):
+            key = (kernel.name, problem.static_key(), config_to_json(config))
+            if key not in futures:  # compiled ahead: the next chunks' points
+                futures[key] = pool.submit(kernel, problem, config, ahead=True)
+        _, kernel, problem, _ = chunk[0]
+        torch.cuda.empty_cache()  # the last chunk's input sets and graphs given back
+        runner = GpuTrialRunner(kernel, problem, spec, compile_point=store.get)
+        verified = []
+        for item in chunk:
+            config = item[3]
+            compiled = futures[(kernel.name, problem.static_key(), config_to_json(config))]
+            if compiled.result().failure is not None:
+                write(*item, "failed", reason=compiled.result().failure)
+                continue
+            line = _in_flight_line(kernel, problem, config)
+            if line == culprit:
+                write(*item, "failed", reason=PROCESS_LOST)
+                continue
+            if line in suspects:
+                in_flight.write_text(line)
+                try:
+                    m = runner.measure(config)
+                    write(*item, "ok", m.median_us, m.iqr_us)
+                except TrialFailure as failure:
+                    write(*item, "failed", reason=str(failure))
+                in_flight.write_text("")
+                continue
+            in_flight.write_text(line)
+            try:
+                runner.verified(config)
+                verified.append(item)
+            except TrialFailure as failure:
+                write(*item, "failed", reason=str(failure))
+        # Side by side, as the tuner's finalists are: the points of a bucket compare at one
+        # moment of the GPU, with no drift between them.
+        in_flight.write_text("\n".join(_in_flight_line(kernel, problem, i[3])
+                                       for i in verified))
+        if verified:
+            for item, m in zip(verified, runner.remeasure([i[3] for i in verified]),
+                               strict=True):
+                write(*item, "ok", m.median_us, m.iqr_us)
+        in_flight.write_text("")
+        measured += len(chunk)
+        del runner
     in_flight.unlink(missing_ok=True)
     out.close()
     left = len(pending) - measured
@@ -174,6 +196,23 @@ def measure(args: argparse.Namespace) -> None:
 def _in_flight_line(kernel: KernelDef, problem: Problem, config) -> str:
     return "\t".join((kernel.name, problem.static_key(), str(problem.num_tokens),
                       config_to_json(config)))
+
+
+# At most this many points of a bucket are timed side by side (their graphs held at once).
+CHUNK = 32
+
+
+def _chunks(pending: Sequence[tuple]) -> list[list[tuple]]:
+    """`pending` cut into runs of one bucket's points, CHUNK at most."""
+    chunks: list[list[tuple]] = []
+    for item in pending:
+        _, kernel, problem, _ = item
+        last = chunks[-1][0] if chunks else None
+        if (last is None or len(chunks[-1]) >= CHUNK
+                or (last[1].name, last[2]) != (kernel.name, problem)):
+            chunks.append([])
+        chunks[-1].append(item)
+    return chunks
 
 
 def main() -> None:
