@@ -15,15 +15,12 @@ import pytest
 from benchmarks.benchmarks_md import exhaustive_table
 from benchmarks.exhaustive import COLUMNS, HELD_OUT, done_keys, models_of, row_key, work
 from benchmarks.replay_tables import markdown_lines, tables
-from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.spaces.models import PRESET_NAMES
 from cutetune.spaces.space import config_to_json
+from testkit.known_cost_model import KNOWN
 
 SPEC = DEVICE_SPECS["H200"]
-KNOWN = CalibratedModel(gpu_name="NVIDIA H200", launch_us=1.1, wave_us=0.35, barrier_us=2.0,
-                        us_per_mb=0.22, in_flight_bytes=8192.0, prune_factor=1.2, trials=0,
-                        median_error=0.0, datasheet_error=0.0, over_2x=0.0)
 MODELS = ("qwen3-0.6b", "qwen3-8b", "llama-3.1-70b", "tests/data/hf_configs/"
           "Qwen2.5-7B-Instruct.json")
 

@@ -33,11 +33,10 @@ from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.registry import get_kernel
 from cutetune.spaces.models import load_model
+from testkit.known_cost_model import KNOWN
 
 H200 = DEVICE_SPECS["H200"]
-TRUE = CalibratedModel(gpu_name="NVIDIA H200", launch_us=1.1, wave_us=0.35, barrier_us=2.0,
-                       us_per_mb=0.22, in_flight_bytes=8192.0, prune_factor=1.2, trials=0,
-                       median_error=0.0, datasheet_error=0.0, over_2x=0.0)
+TRUE = KNOWN
 
 
 def synthetic_costs(count: int, seed: int = 0) -> list[Cost]:

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.funnel import predicted_best
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import qk_norm as qk
@@ -22,12 +21,10 @@ from cutetune.serving.table import Dispatcher
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import load_model
 from cutetune.spaces.space import config_to_json
+from testkit.known_cost_model import KNOWN
 from testkit.stored_winners import winner
 
 SPEC = DEVICE_SPECS["H200"]
-KNOWN = CalibratedModel(gpu_name="NVIDIA H200", launch_us=1.1, wave_us=0.35, barrier_us=2.0,
-                        us_per_mb=0.22, in_flight_bytes=8192.0, prune_factor=1.2, trials=0,
-                        median_error=0.0, datasheet_error=0.0, over_2x=0.0)
 LARGE = qk.QKNormConfig(vector_bits=128, heads_per_warp=4, warps_per_block=8)
 
 

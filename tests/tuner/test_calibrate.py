@@ -5,55 +5,16 @@ and stores nothing."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from cutetune.cli.main import cli
-from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.calibration_fit import MIN_TRIALS
-from cutetune.kernels.registry import get_kernel
-from cutetune.results_db import (
-    Database,
-    TrialRecord,
-    TuningResult,
-    calibration_to_serve,
-    calibration_to_serve_at,
-    record_tuning_result,
-)
-from cutetune.spaces.models import load_model
-from cutetune.spaces.space import config_to_json
-from testkit.fake_qk_runner import FINGERPRINT, SPEC
-
-KNOWN = CalibratedModel(gpu_name="NVIDIA H200", launch_us=1.2, wave_us=0.3, barrier_us=2.0,
-                        us_per_mb=0.23, in_flight_bytes=16384.0, prune_factor=1.2, trials=0,
-                        median_error=0.0, datasheet_error=0.0, over_2x=0.0)
-KERNEL = get_kernel("rmsnorm")
-STATIC = KERNEL.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
-
-
-def store_trials(db: Database, buckets: tuple[int, ...], per_bucket: int | None = None) -> list:
-    """Every valid rmsnorm point of qwen3-8b at `buckets` (the first `per_bucket` of each),
-    timed by KNOWN; the costs stored."""
-    costs = []
-    for bucket in buckets:
-        problem = STATIC.with_tokens(bucket)
-        configs = KERNEL.space.enumerate(problem, SPEC).valid[:per_bucket]
-        trials = []
-        for number, config in enumerate(configs):
-            cost = KERNEL.cost(problem, config, SPEC)
-            costs.append(cost)
-            trials.append(TrialRecord(number, config_to_json(config), "ok", None,
-                                      KNOWN.predict_us(cost, SPEC), 0.01, 10, None, None, None))
-        trials.append(TrialRecord(len(trials), config_to_json(configs[0]), "failed",
-                                  "wrong result", None, None, None, None, None, None))
-        now = datetime(2026, 12, 3, tzinfo=UTC)
-        record_tuning_result(db, FINGERPRINT, TuningResult(
-            "rmsnorm", KERNEL.source_hash(), STATIC.static_key(), bucket, bucket,
-            f"rmsnorm-{bucket}", now, now, tuple(trials), None))
-    return costs
+from cutetune.results_db import Database, calibration_to_serve, calibration_to_serve_at
+from testkit.fake_qk_runner import FINGERPRINT
+from testkit.known_cost_model import KNOWN, SPEC, store_known_trials
 
 
 @pytest.fixture
@@ -63,10 +24,10 @@ def url(tmp_path: Path) -> str:
 
 def test_calibrate_fits_stores_and_both_readers_read_it_back(url):
     db = Database.open(url)
-    costs = store_trials(db, (1, 64, 4096, 32768))
+    costs = store_known_trials(db, FINGERPRINT, (1, 64, 4096, 32768))
     result = CliRunner().invoke(cli, ["--db", url, "calibrate"])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("NVIDIA H200 (torch 2.11, CuTeDSL 4.8.1): launch 1.20 us")
+    assert result.output.startswith("NVIDIA H200 (torch 2.11, CuTeDSL 4.8.1): launch 1.10 us")
     stored = calibration_to_serve(db, FINGERPRINT)
     assert stored is not None and stored.trials == len(costs)  # the failed trials left out
     for cost in costs:
@@ -83,7 +44,7 @@ def test_calibrate_fits_stores_and_both_readers_read_it_back(url):
 
 def test_too_few_trials_is_one_line_and_stores_nothing(url):
     db = Database.open(url)
-    store_trials(db, (64,), per_bucket=3)
+    store_known_trials(db, FINGERPRINT, (64,), per_bucket=3)
     result = CliRunner().invoke(cli, ["--db", url, "calibrate"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
@@ -102,7 +63,7 @@ def test_a_database_without_trials_says_so(url):
 
 def test_a_database_from_before_calibrations_reads_as_none_without_creating_the_table(url):
     db = Database.open(url)
-    store_trials(db, (64,), per_bucket=3)
+    store_known_trials(db, FINGERPRINT, (64,), per_bucket=3)
     with db.engine.begin() as connection:
         connection.exec_driver_sql("DROP TABLE calibrations")
     db.dispose()
@@ -118,12 +79,12 @@ def test_a_database_from_before_calibrations_reads_as_none_without_creating_the_
 
 def test_plan_ranks_with_a_stored_calibration_and_prints_each_points_terms(url):
     db = Database.open(url)
-    store_trials(db, (1, 64, 4096, 32768))
+    store_known_trials(db, FINGERPRINT, (1, 64, 4096, 32768))
     db.dispose()
     assert CliRunner().invoke(cli, ["--db", url, "calibrate"]).exit_code == 0
     args = ["--db", url, "plan", "rmsnorm", "-m", "qwen3-8b", "--tokens", "32768", "--top", "3"]
     out = CliRunner().invoke(cli, args).output
-    assert out.startswith("cost model: calibrated for NVIDIA H200: launch 1.20 us")
+    assert out.startswith("cost model: calibrated for NVIDIA H200: launch 1.10 us")
     assert "by the calibrated model: predicted over" in out
     assert "the datasheet roofline alone would keep" in out
     assert ["rank", "predicted", "us", "launch", "waves", "(n)", "barrier", "memory", "(bytes,",

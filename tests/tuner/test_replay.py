@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.funnel import make_plan
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.registry import get_kernel
@@ -21,12 +20,10 @@ from cutetune.tuner.replay import (
     trials_to_band,
 )
 from cutetune.tuner.study import TrialFailure
+from testkit.known_cost_model import KNOWN
 
 SPEC = DEVICE_SPECS["H200"]
 CEILINGS = Ceilings.from_datasheet(SPEC)
-KNOWN = CalibratedModel(gpu_name="NVIDIA H200", launch_us=1.1, wave_us=0.35, barrier_us=2.0,
-                        us_per_mb=0.22, in_flight_bytes=8192.0, prune_factor=1.2, trials=0,
-                        median_error=0.0, datasheet_error=0.0, over_2x=0.0)
 KERNEL = get_kernel("rmsnorm")
 PROBLEM = KERNEL.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0].with_tokens(32768)
 
