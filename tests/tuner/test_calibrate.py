@@ -97,3 +97,27 @@ def test_plan_ranks_with_a_stored_calibration_and_prints_each_points_terms(url):
     datasheet = CliRunner().invoke(cli, [*args, "--datasheet"]).output
     assert datasheet.startswith("cost model: datasheet roofline")
     assert "by the datasheet roofline: predicted over 2x" in datasheet
+
+
+def test_cache_build_plans_the_calibrated_picks_and_keeps_them_for_the_gpu_host(
+        url, tmp_path, monkeypatch):
+    from cutetune.serving.plan import PREDICTED
+    from cutetune.serving.predicted import PICKS_FILE
+
+    db = Database.open(url)
+    store_known_trials(db, FINGERPRINT, (1, 64, 4096, 32768))
+    db.dispose()
+    assert CliRunner().invoke(cli, ["--db", url, "calibrate"]).exit_code == 0
+    monkeypatch.setenv("CUTETUNE_CACHE_DIR", str(tmp_path / "cache"))
+    planned = []
+
+    def planned_only(plan, store, work, jobs):  # what would be compiled, compiling nothing
+        planned.extend(e for kernel, problems in work for p in problems
+                       for e in plan.entries(kernel, p))
+        return len(planned), 0
+
+    monkeypatch.setattr("cutetune.serving.precompile.precompile", planned_only)
+    result = CliRunner().invoke(cli, ["--db", url, "cache", "build", "--model", "qwen3-0.6b"])
+    assert result.exit_code == 0, result.output
+    assert PREDICTED in {e.source for e in planned}
+    assert list((tmp_path / "cache").rglob(PICKS_FILE))
