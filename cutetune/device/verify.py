@@ -10,10 +10,15 @@ from cutetune.spaces.problem import Problem
 
 
 def check_outputs(kernel: KernelDef, problem: Problem, outputs: Tensors,
-                  expected: dict[str, torch.Tensor], label: str = "") -> None:
+                  expected: dict[str, torch.Tensor], label: str = "", roundings: int = 1) -> None:
     """Judge a run's outputs: the kernel's own check where it declares one, else every output
-    within the tolerance of its dtype."""
+    within the tolerance of its dtype, times `roundings`: the times the values were rounded
+    to that dtype on their way (the kernel's one store; an unfused chain stores once a step,
+    and the next step reads the rounded values)."""
     if kernel.check is not None:
+        if roundings != 1:
+            raise ValueError(f"{kernel.name} judges its outputs with its own check, which "
+                             "takes no count of roundings")
         try:
             kernel.check(outputs, expected, problem)
         except VerificationError as err:
@@ -22,7 +27,8 @@ def check_outputs(kernel: KernelDef, problem: Problem, outputs: Tensors,
     for name in kernel.outputs:
         # By the output's own dtype: a kernel may write a narrower or wider type than it reads.
         rtol, atol = kernel.tolerance[DTYPE_NAMES[outputs[name].dtype]]
-        compare(f"{label}{name}", outputs[name], expected[name], rtol, atol)
+        compare(f"{label}{name}", outputs[name], expected[name], roundings * rtol,
+                roundings * atol)
 
 
 def poison(t: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-from cutetune.bench import DEFAULT_NAME, TUNED_NAME, run_bench
+from cutetune.bench import DEFAULT_NAME, TUNED_NAME, UNFUSED_NAME, run_bench
 from cutetune.cli.main import cli
 from cutetune.device.measure import INTERLEAVED_ROUNDS
 from cutetune.device.specs import DEVICE_SPECS
@@ -81,6 +81,11 @@ def test_bench_times_every_candidate_and_stores_the_rows(tmp_path, name):
         row = rows[peer.name]
         assert row.median_us is not None or (
             row.note.startswith("not run:") and "not installed" not in row.note), row.note
+    # A fused kernel's unfused chain of our kernels is ours: it runs and agrees, or bench
+    # raises.
+    if kernel.unfused:
+        (chain,) = [r for r in run.rows if r.implementation.startswith(UNFUSED_NAME)]
+        assert chain.median_us > 0, chain.note
     timed = sum(1 for r in run.rows if r.median_us is not None)
     with db.session() as session:
         assert session.scalar(select(func.count()).select_from(BenchRow)) == timed
