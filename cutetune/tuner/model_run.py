@@ -60,6 +60,8 @@ from cutetune.tuner.study_storage import fail_abandoned_in, open_storage
 from cutetune.tuner.tune import BucketPlan, bucket_study_names, plan_bucket, tune_bucket
 
 TUNED, STORED, NO_WINNER, FAILED = "tuned", "stored", "no winner", "failed"
+# What device/ceilings.py measures (and Ceilings holds).
+MEASURED_CEILINGS = {"copy_gbps", "launch_floor_us", "grid_barrier_us"}
 
 
 @dataclass(frozen=True)
@@ -131,9 +133,12 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
         fingerprint = workers.fingerprint
         spec = device_spec_for(fingerprint.gpu_name)
         measured = latest_ceilings(db, fingerprint)
-        if not measured:
-            measured = workers.measure_ceilings()
-            record_ceilings(db, fingerprint, measured)
+        # A database from before a ceiling was measured (the grid barrier's) has it measured
+        # now, beside the others.
+        if not MEASURED_CEILINGS <= set(measured):
+            fresh = workers.measure_ceilings()
+            record_ceilings(db, fingerprint, fresh)
+            measured = {**measured, **fresh}
         ceilings = Ceilings.from_measured(spec, measured)
         calibrated = calibration_to_serve(db, fingerprint)
         storage = storage if storage is not None else open_storage(db.url)

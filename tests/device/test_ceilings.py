@@ -21,3 +21,12 @@ def test_slope_and_intercept_of_a_line_and_of_noise_about_it():
     slope, intercept = slope_and_intercept([0, 1, 2, 4], [3.1, 3.9, 5.0, 7.0])
     assert slope == pytest.approx(0.98857, abs=1e-4)
     assert intercept == pytest.approx(3.02, abs=1e-4)
+
+
+def test_the_run_measures_again_where_any_ceiling_is_missing():
+    from dataclasses import fields
+
+    from cutetune.device.specs import Ceilings
+    from cutetune.tuner.model_run import MEASURED_CEILINGS
+
+    assert MEASURED_CEILINGS == {f.name for f in fields(Ceilings)} - {"measured"}
