@@ -4,6 +4,7 @@ for qwen3-8b at 32768 tokens, timed by a known cost model."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -53,6 +54,15 @@ def test_the_replay_runner_answers_with_stored_times_and_fails_the_rest():
         runner.measure("c")
 
 
+def top_pick(times: dict, model) -> object:
+    """What serving picks: the best prediction, unless the heuristic's default is predicted
+    within the model's band of it (times are the predictions here, the hidden point aside)."""
+    default = KERNEL.default_config(PROBLEM, SPEC)
+    predicted = {c: model.predict_us(KERNEL.cost(PROBLEM, c, SPEC), SPEC) for c in times}
+    best = min(predicted, key=predicted.get)
+    return default if predicted[default] <= predicted[best] * model.prune_factor else best
+
+
 def test_a_model_that_is_right_keeps_the_best_and_finds_it_at_once(plan):
     times = known_times(plan)
     replay = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN)
@@ -61,11 +71,18 @@ def test_a_model_that_is_right_keeps_the_best_and_finds_it_at_once(plan):
     assert replay.kept == len(plan.kept) == sum(t <= best * 1.2 for t in times.values())
     assert replay.kept_fraction == len(plan.kept) / len(times) < 1
     assert replay.best_us == best and replay.regret == 0.0
-    assert replay.zero_shot_gap == 0.0
+    assert replay.zero_shot_gap == pytest.approx(times[top_pick(times, KNOWN)] / best - 1)
     # The study times the default first, then the best-ranked point: the best.
     assert replay.trials_to_band in (1, 2)
     assert replay.search_fraction == replay.trials_to_band / len(times)
     assert replay.trials == 16  # the default budget, fewer than the candidates
+
+
+def test_a_model_without_a_band_picks_the_best_it_predicts():
+    sure = dataclasses.replace(KNOWN, prune_factor=1.0)
+    plan = make_plan(KERNEL, PROBLEM, SPEC, CEILINGS, sure)
+    replay = replay_bucket(KERNEL, PROBLEM, known_times(plan), SPEC, CEILINGS, sure)
+    assert replay.zero_shot_gap == 0.0
 
 
 def test_a_best_point_the_model_prunes_is_regret_and_a_zero_shot_miss(plan):
@@ -75,16 +92,20 @@ def test_a_best_point_the_model_prunes_is_regret_and_a_zero_shot_miss(plan):
     replay = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN)
     assert replay.best_us == times[hidden]
     assert replay.regret == pytest.approx(1.0)
-    assert replay.zero_shot_gap == pytest.approx(1.0)
+    pick = top_pick(times, KNOWN)
+    assert replay.zero_shot_gap == pytest.approx(times[pick] / times[hidden] - 1)
+    assert replay.zero_shot_gap >= 1.0
     assert replay.trials_to_band is None and replay.search_fraction == math.inf
 
 
-def test_failed_and_missing_points_are_not_the_best(plan):
+def test_failed_and_missing_points_are_not_the_best():
+    sure = dataclasses.replace(KNOWN, prune_factor=1.0)
+    plan = make_plan(KERNEL, PROBLEM, SPEC, CEILINGS, sure)
     times = known_times(plan)
     best = min(times, key=times.get)
     times[best] = None  # failed: the next fastest is the best
     del times[plan.pruned[0].config]  # never measured
-    replay = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN)
+    replay = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, sure)
     assert replay.best_us == min(t for t in times.values() if t is not None)
     assert replay.top_pick_us is None and replay.zero_shot_gap == math.inf
 
