@@ -4,11 +4,11 @@ Per bucket: the winner tuned there (the user's database first, then the winners 
 the package), else the nearest such bucket's winner where it is a valid point at this bucket,
 else the device's calibrated cost model's pick (device/funnel.py `predicted_best`: where
 `cutetune calibrate` fitted one, and only for problems planned at warmup: a miss on the call
-path enumerates no space), else the seed heuristic's default. A stored winner of the kernel's current source that
-today's space rejects (a bucket outside the policy, a config a constraint now refuses) is not
-served; the plan keeps it with the reason, so that the warmup and the report can say why.
-Planning
-compiles nothing: the dispatcher, the bench, `cache build` and the report all read it.
+path enumerates no space), else the seed heuristic's default. A stored winner of the kernel's
+current source that today's space rejects (a bucket outside the policy, a config a constraint
+now refuses) is not served; the plan keeps it with the reason, so that the warmup and the
+report can say why. Planning compiles nothing: the dispatcher, the bench, `cache build` and the
+report all read it.
 """
 
 from __future__ import annotations
