@@ -35,6 +35,7 @@ from cutetune.kernels.qk_norm_rope import QKNormRopeConfig, QKNormRopeProblem
 from cutetune.kernels.registry import (
     DeviceCompile,
     KernelDef,
+    NotApplicableError,
     Tensors,
     compare,
     register,
@@ -223,12 +224,17 @@ def make_inputs(problem: QKNormRopeKVProblem, device, generator: torch.Generator
 
 
 def problems_for_model(model: ModelShape, dtype: str) -> list[QKNormRopeKVProblem]:
-    """qk_norm_rope's problems of the model, with a cache in the model's dtype and one in FP8,
-    of vLLM's default block size."""
+    """qk_norm_rope's problems of the model, of vLLM's default block size, with the cache the
+    checkpoint states (ModelShape.kv_cache_dtype), else with each the engine may choose: one in
+    the model's dtype (vLLM's default) and one in FP8."""
+    caches = (dtype, FP8) if model.kv_cache_dtype is None else (model.kv_cache_dtype,)
+    if any(cache not in (dtype, FP8) for cache in caches):
+        raise NotApplicableError(f"model {model.name} states a {model.kv_cache_dtype} KV cache; "
+                                 f"qk_norm_rope_kv writes {dtype} or {FP8}")
     return [QKNormRopeKVProblem(**{**fused.static_fields(), "num_tokens": 1},
                                 kv_cache_dtype=cache, block_size=BLOCK_SIZE)
             for fused in qk_norm_rope.problems_for_model(model, dtype)
-            for cache in (dtype, FP8)]
+            for cache in caches]
 
 
 KERNEL = register(KernelDef(

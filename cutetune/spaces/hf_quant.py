@@ -14,6 +14,9 @@ scale format from here. Three writers of quantization_config are read:
   modelopt            (NVIDIA Model Optimizer): quant_algo FP8 (one static scale per tensor),
                       FP8_PER_CHANNEL_PER_TOKEN, NVFP4 (group_size, 16 by default), MXFP8.
 
+The KV cache's element type, where the checkpoint states one, is read from the same object
+(kv_cache_dtype).
+
 A method or algorithm that quantises weights only, or that this module does not know, reads as
 no activation quantisation (None): such a model still tunes its unquantised kernels. A field of
 a known method that holds the wrong type is one UnknownModelError line naming it.
@@ -52,9 +55,9 @@ FP8_TOKEN = ActivationQuant("fp8_token", None)
 MXFP8 = ActivationQuant("mxfp8", MX_BLOCK, "ue8m0")
 
 
-def activation_quant(raw: dict, where: str) -> ActivationQuant | None:
-    """The activation quantisation a config (one shape_fields has read) states, at its top
-    level or in a multimodal config's text_config, or None."""
+def _quantization_config(raw: dict, where: str) -> _Quant | None:
+    """The config's quantization_config, at its top level or in a multimodal config's
+    text_config, or None."""
     text = raw.get("text_config") or {}
     config = raw.get("quantization_config", text.get("quantization_config"))
     if config is None:
@@ -62,9 +65,47 @@ def activation_quant(raw: dict, where: str) -> ActivationQuant | None:
     if not isinstance(config, dict):
         raise UnknownModelError(f"config {where}: quantization_config is {config!r}; expected "
                                 "an object")
-    method = config.get("quant_method")
+    return _Quant(config, where, "quantization_config")
+
+
+def activation_quant(raw: dict, where: str) -> ActivationQuant | None:
+    """The activation quantisation a config (one shape_fields has read) states, or None."""
+    config = _quantization_config(raw, where)
+    if config is None:
+        return None
+    method = config.cfg.get("quant_method")
     reader = _READERS.get(method if isinstance(method, str) else "")
-    return reader(_Quant(config, where, "quantization_config")) if reader else None
+    return reader(config) if reader else None
+
+
+# The KV cache's element types as the checkpoint's writers name them, by the dtype names the
+# kernels use.
+KV_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "int8": "int8", "nvfp4": "nvfp4"}
+
+
+def kv_cache_dtype(raw: dict, where: str) -> str | None:
+    """The KV cache's element type a quantised checkpoint states (its scales ship with it):
+    modelopt's kv_cache_quant_algo ("FP8", "NVFP4", "INT8"), compressed-tensors'
+    kv_cache_scheme (8-bit float is FP8 e4m3, as vLLM reads it); None where it states none, and
+    the engine chooses (vLLM's --kv-cache-dtype, whose default is the model's dtype)."""
+    config = _quantization_config(raw, where)
+    if config is None:
+        return None
+    algo = config.text("kv_cache_quant_algo")
+    if algo is not None:
+        if algo.lower() not in KV_CACHE_DTYPES:
+            raise config.bad("kv_cache_quant_algo", f"one of {', '.join(KV_CACHE_DTYPES)} "
+                             "(any case) or null")
+        return KV_CACHE_DTYPES[algo.lower()]
+    scheme = config.child("kv_cache_scheme")
+    if scheme is None:
+        return None
+    kind, bits = scheme.text("type"), scheme.positive_int("num_bits")
+    if (kind, bits) == ("float", 8):
+        return KV_CACHE_DTYPES["fp8"]
+    if (kind, bits) == ("int", 8):
+        return KV_CACHE_DTYPES["int8"]
+    raise scheme.bad("num_bits", "8, of type float or int")
 
 
 class _Quant:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cutetune.spaces.hf_config import UnknownModelError, shape_fields
-from cutetune.spaces.hf_quant import ActivationQuant, activation_quant
+from cutetune.spaces.hf_quant import ActivationQuant, activation_quant, kv_cache_dtype
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,9 @@ class ModelShape:
     # How its linear layers quantise their inputs (quantization_config), None where they read
     # them unquantised or the config's method is not one cutetune reads.
     activation_quant: ActivationQuant | None = None
+    # The KV cache's element type a quantised checkpoint states ("float8_e4m3fn", ...), None
+    # where it states none and the engine chooses.
+    kv_cache_dtype: str | None = None
 
     @property
     def rotary_dim(self) -> int | None:
@@ -126,7 +129,9 @@ def model_from_hf_config(raw: dict, name: str, source: str | None = None) -> Mod
     model_type's defaults, and what its modeling code builds); multimodal configs nest the text
     model under `text_config`. `source` names the config in messages (default: `name`)."""
     fields = shape_fields(raw, source or name)
-    return ModelShape(name=name, **fields, activation_quant=activation_quant(raw, source or name))
+    where = source or name
+    return ModelShape(name=name, **fields, activation_quant=activation_quant(raw, where),
+                      kv_cache_dtype=kv_cache_dtype(raw, where))
 
 
 PRESETS: dict[str, ModelShape] = _load_presets()

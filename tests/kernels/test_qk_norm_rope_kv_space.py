@@ -1,6 +1,7 @@
 """qk_norm_rope_kv's Problem, cost, reference, inputs, check and model problems (no compiling):
 qk_norm_rope's, and the paged KV cache write."""
 
+import dataclasses
 import re
 
 import pytest
@@ -21,7 +22,7 @@ from cutetune.kernels.qk_norm_rope_kv import (
     problems_for_model,
     reference,
 )
-from cutetune.kernels.registry import VerificationError, get_kernel
+from cutetune.kernels.registry import NotApplicableError, VerificationError, get_kernel
 from cutetune.kernels.rope import CACHE, NEOX
 from cutetune.spaces.models import PRESETS
 
@@ -147,3 +148,16 @@ def test_model_problems_are_qk_norm_rope_s_with_each_cache():
     assert [(p.kv_cache_dtype, p.block_size) for p in problems] == [("bfloat16", 16), (FP8, 16)]
     assert all(p.fused == fused for p in problems)
     assert default_config(problems[1], H200).cos_sin == CACHE
+
+
+@pytest.mark.parametrize("stated, caches", [("float8_e4m3fn", [FP8]), ("bfloat16", ["bfloat16"])])
+def test_a_checkpoint_s_kv_cache_dtype_is_the_only_cache(stated, caches):
+    model = dataclasses.replace(PRESETS["qwen3-8b"], kv_cache_dtype=stated)
+    assert [p.kv_cache_dtype for p in problems_for_model(model, "bfloat16")] == caches
+
+
+def test_a_kv_cache_this_kernel_does_not_write_is_not_applicable():
+    model = dataclasses.replace(PRESETS["qwen3-8b"], kv_cache_dtype="nvfp4")
+    with pytest.raises(NotApplicableError, match="model qwen3-8b states a nvfp4 KV cache; "
+                       "qk_norm_rope_kv writes bfloat16 or float8_e4m3fn"):
+        problems_for_model(model, "bfloat16")

@@ -118,3 +118,48 @@ def test_fp8_reading_matches_transformers_fine_grained_fp8_config(name):
     assert config.activation_scheme == "dynamic"
     assert ours.group_size == config.weight_block_size[1]
     assert ours.scale_format == ("ue8m0" if config.scale_fmt == "ue8m0" else "fp32")
+
+
+# The KV cache's element type, where the checkpoint states one: modelopt's kv_cache_quant_algo
+# (as its exporter writes it, "FP8" beside quant_algo), compressed-tensors' kv_cache_scheme (as
+# llm-compressor writes it: 8-bit float, one scale per tensor).
+MODELOPT_FP8_KV = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+CT_FP8_KV = {"quant_method": "compressed-tensors", "config_groups": {},
+             "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                 "dynamic": False, "symmetric": True}}
+
+
+def _kv(quant: dict | None, **outer):
+    raw = {**LLAMA, **outer} if quant is None else {**LLAMA, "quantization_config": quant,
+                                                     **outer}
+    return model_from_hf_config(raw, name="m").kv_cache_dtype
+
+
+@pytest.mark.parametrize("quant, expected", [
+    (MODELOPT_FP8_KV, "float8_e4m3fn"),
+    ({**MODELOPT_FP8_KV, "kv_cache_quant_algo": "NVFP4"}, "nvfp4"),
+    ({**MODELOPT_FP8_KV, "kv_cache_quant_algo": None}, None),
+    (CT_FP8_KV, "float8_e4m3fn"),
+    ({**CT_FP8_KV, "kv_cache_scheme": {"num_bits": 8, "type": "int"}}, "int8"),
+    (SNIPPETS["deepseek-ai/DeepSeek-V3"]["quantization_config"], None),
+    (None, None),
+])
+def test_the_kv_cache_dtype_a_checkpoint_states(quant, expected):
+    assert _kv(quant) == expected
+
+
+def test_a_kv_cache_dtype_inside_text_config_is_read():
+    text = {**LLAMA, "model_type": "qwen3_vl_text", "quantization_config": MODELOPT_FP8_KV}
+    assert model_from_hf_config({"model_type": "qwen3_vl", "text_config": text},
+                                name="m").kv_cache_dtype == "float8_e4m3fn"
+
+
+@pytest.mark.parametrize("quant, message", [
+    ({**MODELOPT_FP8_KV, "kv_cache_quant_algo": "FP16"},
+     "quantization_config.kv_cache_quant_algo is 'FP16'; expected one of fp8, int8, nvfp4"),
+    ({**CT_FP8_KV, "kv_cache_scheme": {"num_bits": 4, "type": "float"}},
+     "quantization_config.kv_cache_scheme.num_bits is 4; expected 8, of type float or int"),
+])
+def test_a_kv_cache_dtype_cutetune_cannot_read_is_one_line(quant, message):
+    with pytest.raises(UnknownModelError, match=message):
+        _kv(quant)
