@@ -16,6 +16,7 @@ import importlib
 _DEFINED_IN = {
     **dict.fromkeys(("FORMATS", "CheckedImport", "Refusal", "check_import", "export_winners",
                      "import_winners", "read_winners", "store_import"), "export"),
+    **dict.fromkeys(("BucketKey", "claim_bucket", "release_claim", "renew_claim"), "claims"),
     "DeviceFingerprint": "fingerprint",
     **dict.fromkeys(("bench_frame", "clear_quarantine", "devices_frame", "latest_ceilings",
                      "quarantined_points", "record_bench", "record_ceilings",

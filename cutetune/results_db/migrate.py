@@ -16,12 +16,14 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, inspect, text
 
 from cutetune.results_db.schema import Base
-from cutetune.results_db.schema_version import HEAD, check_known, stored_revision
+from cutetune.results_db.schema_version import (
+    HEAD,
+    SCHEMA_LOCK_KEY,
+    check_known,
+    stored_revision,
+)
 
 _SCRIPTS = Path(__file__).parent / "migrations"
-# Any key of PostgreSQL's advisory locks will do, if no other application of a shared database
-# takes the same: the int64 of "cutetune".
-_LOCK_KEY = int.from_bytes(b"cutetune", "big") >> 1
 
 
 def bring_to_head(engine: Engine, shown_url: str) -> str | None:
@@ -58,6 +60,6 @@ def unversioned_revision(tables: set[str]) -> str:
 
 def _lock(connection: Connection) -> None:
     if connection.dialect.name == "postgresql":
-        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
     else:  # SQLite: take the write lock now, not at the first write after the checks
         connection.exec_driver_sql("BEGIN IMMEDIATE")

@@ -12,6 +12,10 @@ VERSION_TABLE = "cutetune_schema_version"
 # The revisions of migrations/versions/, oldest first (a test holds them to Alembic's).
 REVISIONS = ("0001", "0002", "0003")
 HEAD = REVISIONS[-1]
+# The PostgreSQL advisory lock under which tables are created or migrated (cutetune's and
+# Optuna's), so that tuners starting together on a new database create them once. Any key
+# will do, if no other application of a shared database takes the same: "cutetune" as int64.
+SCHEMA_LOCK_KEY = int.from_bytes(b"cutetune", "big") >> 1
 
 
 class NewerSchemaError(ValueError):
@@ -30,8 +34,6 @@ def stored_revision(connection: Connection) -> str | None:
 def check_known(revision: str | None, shown_url: str) -> None:
     """Raise NewerSchemaError where `revision` is none this cutetune knows."""
     if revision is not None and revision not in REVISIONS:
-        from cutetune.version import __version__
-
         raise NewerSchemaError(
             f"the database {shown_url} has cutetune schema revision {revision}, newer than "
-            f"this cutetune {__version__} knows (up to {HEAD}): upgrade cutetune to use it")
+            f"this cutetune knows (up to {HEAD}): upgrade cutetune to use it")
