@@ -23,13 +23,15 @@ def postgres_server_url() -> str | None:
 
 
 @contextmanager
-def scratch_url(backend: str, directory: Path, name: str = "results") -> Iterator[str]:
+def scratch_url(backend: str, directory: Path, name: str = "results",
+                server: str | None = None) -> Iterator[str]:
     """A URL of an empty database on `backend`: a SQLite file in `directory`, or a schema of
-    its own on the PostgreSQL server (dropped at the end, with whatever was written there)."""
+    its own on the PostgreSQL server at `server` (by default POSTGRES_URL_ENV's), dropped at
+    the end with whatever was written there."""
     if backend == "sqlite":
         yield f"sqlite:///{directory / f'{name}.db'}"
         return
-    server = postgres_server_url()
+    server = server or postgres_server_url()
     if server is None:
         raise LookupError(NO_SERVER)
     from sqlalchemy import create_engine, text

@@ -19,6 +19,8 @@ from pathlib import Path
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
+from optuna.storages import BaseStorage  # noqa: E402
+
 from cutetune.results_db import Database, QuarantinedPoint, record_quarantine  # noqa: E402
 from cutetune.spaces.space import config_to_json  # noqa: E402
 from cutetune.tuner.bucket_claims import DEFAULT_LEASE_S  # noqa: E402
@@ -76,13 +78,17 @@ def fault_workers(cache_dir: Path, gpu_worker: str = "testkit.fault_kernel:FakeG
 def run(db_url: str, cache_dir: Path, budget: int, buckets: list[int],
         retry_failed: bool = False, workers: Workers | None = None,
         grace_s: int = GRACE_S, lease_s: float = DEFAULT_LEASE_S,
-        observer: Silent | None = None) -> list[BucketSummary]:
+        observer: Silent | None = None, storage: BaseStorage | None = None,
+        ) -> list[BucketSummary]:
+    """Tune the fault kernel at `buckets`; Optuna's studies in `storage`, by default the
+    database with heartbeats every HEARTBEAT_S."""
     db = Database.open(db_url)
     try:
         return tune_model([Unit(KERNEL, FaultProblem(num_tokens=1))], buckets, db,
                           workers or fault_workers(cache_dir),
                           RunOptions(budget, retry_failed=retry_failed, lease_s=lease_s),
-                          observer or Silent(), storage=open_storage(db_url, HEARTBEAT_S, grace_s))
+                          observer or Silent(),
+                          storage=storage or open_storage(db_url, HEARTBEAT_S, grace_s))
     finally:
         db.dispose()
 

@@ -38,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import create_engine, text
 
 from cutetune.results_db.schema_version import SCHEMA_LOCK_KEY
+from cutetune.results_db.session import SQLITE_BUSY_TIMEOUT_S
 from cutetune.tuner.trial_owner import TrialOwner
 
 OWNER_ATTR = "cutetune_owner"
@@ -50,8 +51,12 @@ def open_storage(url: str, heartbeat_interval_s: int = 10,
                  grace_period_s: int = 30) -> optuna.storages.RDBStorage:
     """Optuna's storage in the results database, with heartbeats: a trial whose heartbeat is
     older than `grace_period_s` belongs to a dead process and is failed by the next study."""
+    # On SQLite, a file another tuner is writing is waited for as the results database waits.
+    engine_kwargs = ({"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+                     if url.startswith("sqlite") else None)
     with warnings_silenced(), schema_lock(url):
-        return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_interval_s,
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
+                                          heartbeat_interval=heartbeat_interval_s,
                                           grace_period=grace_period_s)
 
 
