@@ -14,7 +14,7 @@ postgres_bin_dir() {
 start_postgres() {
     if ! command -v pg_ctl >/dev/null; then
         if [[ -z "$(postgres_bin_dir)" ]]; then
-            apt-get install -y -q postgresql >/dev/null
+            apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null
         fi
         PATH="$(postgres_bin_dir):$PATH"
     fi

@@ -174,6 +174,9 @@ def test_a_killed_tuners_bucket_is_finished_by_the_others(postgres_url, tmp_path
     victim = victims[0]
     victim.send_signal(signal.SIGKILL)
     victim.wait()
+    left_held = rows(postgres_url, "SELECT bucket FROM bucket_claims WHERE owner LIKE "
+                                   f"'% pid {victim.pid} %'")
+    assert left_held, "the tuner was killed between buckets, holding none"
     wait_all([t for t in tuners if t is not victim])
 
     assert_each_bucket_tuned_once(postgres_url, buckets)
