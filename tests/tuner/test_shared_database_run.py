@@ -41,7 +41,18 @@ BUDGET = 2  # of the fault kernel's three sound points, the warm start's two
 FAKE_TRIAL_S = 0.5
 # Where tuners are timed, a trial takes long enough that a bucket's database and process
 # overhead (about half a second, more with four tuners on two cores) stays small beside it.
-TIMED_TRIAL_S = 2.0
+TIMED_TRIAL_S = 1.25
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """An artifact cache the module's tuners share, its points compiled once by a run here:
+    each tuner then loads them rather than starting CuTeDSL to compile them again."""
+    directory = tmp_path_factory.mktemp("shared") / "cache"
+    url = f"sqlite:///{directory.parent / 'warm.db'}"
+    sound_points_only(url)
+    run(url, directory, BUDGET, [1])
+    return directory
 
 
 @pytest.fixture
@@ -107,12 +118,12 @@ def last_stored_after(url: str, start: datetime) -> float:
     return (last.replace(tzinfo=UTC) - start).total_seconds()
 
 
-def tune_together(count: int, url: str, tmp_path: Path, buckets: list[int],
+def tune_together(count: int, url: str, tmp_path: Path, cache: Path, buckets: list[int],
                   in_this_process: bool = False) -> float:
     """Tune with `count` tuners started together (one of them this process, where asked);
     seconds from their start to the last bucket stored."""
     start_file = tmp_path / f"start-{count}"
-    tuners = start_tuners(count - in_this_process, url, tmp_path / "cache", buckets,
+    tuners = start_tuners(count - in_this_process, url, cache, buckets,
                           start_file)
     started: list[datetime] = []
 
@@ -123,7 +134,7 @@ def tune_together(count: int, url: str, tmp_path: Path, buckets: list[int],
     starter = threading.Thread(target=start_when_ready)
     starter.start()
     if in_this_process:
-        run(url, tmp_path / "cache", BUDGET, buckets, observer=StartsTogether(start_file))
+        run(url, cache, BUDGET, buckets, observer=StartsTogether(start_file))
     starter.join()
     wait_all(tuners)
     return last_stored_after(url, started[0])
@@ -134,32 +145,33 @@ class Clocked(Silent):
         self.at = datetime.now(UTC)
 
 
-def test_four_tuners_on_postgresql_divide_the_buckets(postgres_url, tmp_path, monkeypatch):
+def test_four_tuners_on_postgresql_divide_the_buckets(postgres_url, tmp_path, cache,
+                                                      monkeypatch):
     buckets = [2 ** n for n in range(8)]
     monkeypatch.setenv(FAKE_TRIAL_SECONDS, str(TIMED_TRIAL_S))
     with scratch_url("postgresql", tmp_path, "alone") as alone_url:
         sound_points_only(alone_url)
         clock = Clocked()
-        run(alone_url, tmp_path / "cache", BUDGET, buckets, observer=clock)
+        run(alone_url, cache, BUDGET, buckets, observer=clock)
         alone_s = last_stored_after(alone_url, clock.at)
         assert_each_bucket_tuned_once(alone_url, buckets)
-    measured_alone = len(measured_log(tmp_path / "cache"))
+    measured_alone = len(measured_log(cache))
     sound_points_only(postgres_url)
-    shared_s = tune_together(4, postgres_url, tmp_path, buckets)
+    shared_s = tune_together(4, postgres_url, tmp_path, cache, buckets)
 
     assert_each_bucket_tuned_once(postgres_url, buckets)
-    measured = measured_log(tmp_path / "cache")[measured_alone:]
+    measured = measured_log(cache)[measured_alone:]
     assert Counter((tokens, config) for _, tokens, config in measured) == {
         (tokens, config): 1 for _, tokens, config in measured}  # each point timed once
     assert len({pid for pid, _, _ in measured}) == 4  # each tuner tuned
     assert shared_s <= 0.35 * alone_s, (shared_s, alone_s)
 
 
-def test_a_killed_tuners_bucket_is_finished_by_the_others(postgres_url, tmp_path):
+def test_a_killed_tuners_bucket_is_finished_by_the_others(postgres_url, tmp_path, cache):
     buckets = [2 ** n for n in range(8)]
     sound_points_only(postgres_url)
     start_file = tmp_path / "start"
-    tuners = start_tuners(4, postgres_url, tmp_path / "cache", buckets, start_file, lease_s=2)
+    tuners = start_tuners(4, postgres_url, cache, buckets, start_file, lease_s=2)
     started_together(tuners, start_file)
     # Kill a tuner holding a bucket whose trials it has begun to store.
     deadline = time.monotonic() + 60
@@ -183,11 +195,12 @@ def test_a_killed_tuners_bucket_is_finished_by_the_others(postgres_url, tmp_path
     assert rows(postgres_url, "SELECT COUNT(*) FROM trials WHERE state = 'RUNNING'") == [(0,)]
 
 
-def test_two_tuners_share_one_sqlite_file(tmp_path, monkeypatch):
+def test_two_tuners_share_one_sqlite_file(tmp_path, cache, monkeypatch):
     monkeypatch.setenv(FAKE_TRIAL_SECONDS, str(FAKE_TRIAL_S))
     buckets = [1, 2, 4, 8, 16, 32]
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     sound_points_only(url)
-    tune_together(2, url, tmp_path, buckets, in_this_process=True)
+    measured_before = len(measured_log(cache))
+    tune_together(2, url, tmp_path, cache, buckets, in_this_process=True)
     assert_each_bucket_tuned_once(url, buckets)
-    assert len({pid for pid, _, _ in measured_log(tmp_path / "cache")}) == 2
+    assert len({pid for pid, _, _ in measured_log(cache)[measured_before:]}) == 2
