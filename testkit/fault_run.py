@@ -79,14 +79,15 @@ def run(db_url: str, cache_dir: Path, budget: int, buckets: list[int],
         retry_failed: bool = False, workers: Workers | None = None,
         grace_s: int = GRACE_S, lease_s: float = DEFAULT_LEASE_S,
         observer: Silent | None = None, storage: BaseStorage | None = None,
-        ) -> list[BucketSummary]:
+        force: bool = False) -> list[BucketSummary]:
     """Tune the fault kernel at `buckets`; Optuna's studies in `storage`, by default the
     database with heartbeats every HEARTBEAT_S."""
     db = Database.open(db_url)
     try:
         return tune_model([Unit(KERNEL, FaultProblem(num_tokens=1))], buckets, db,
                           workers or fault_workers(cache_dir),
-                          RunOptions(budget, retry_failed=retry_failed, lease_s=lease_s),
+                          RunOptions(budget, force=force, retry_failed=retry_failed,
+                                     lease_s=lease_s),
                           observer or Silent(),
                           storage=storage or open_storage(db_url, HEARTBEAT_S, grace_s))
     finally:

@@ -54,13 +54,15 @@ class Taken:
 class BucketClaims:
     """The run's pending buckets, handed to its GPU workers one at a time, each claimed in the
     database first. `done_elsewhere(index, bucket, stored_run)` is told of each bucket a peer
-    stored."""
+    stored; where `force`, every bucket is tuned again, whatever is stored."""
 
     def __init__(self, db: Database, fingerprint: DeviceFingerprint, pending: Sequence[Any],
-                 lease_s: float, done_elsewhere: Callable[[int, Any, StoredRun], None]):
+                 lease_s: float, done_elsewhere: Callable[[int, Any, StoredRun], None],
+                 force: bool = False):
         self._db, self._fingerprint = db, fingerprint
         self._left = dict(enumerate(pending))
         self._lease_s = lease_s
+        self._force = force  # a stored run does not settle a bucket: this run tunes it again
         self._done_elsewhere = done_elsewhere
         self._lock = threading.Lock()
         owner = TrialOwner.current()
@@ -88,6 +90,8 @@ class BucketClaims:
             if claim_id is None:  # a live peer tunes it
                 continue
             del self._left[index]
+            if self._force:
+                return Taken(index, bucket, claim_id)
             run = stored_runs(self._db, self._fingerprint, key.kernel_name, key.source_hash,
                               key.static_key).get(key.bucket)
             if run is not None and run.trials >= bucket.trials:  # a peer stored it

@@ -152,7 +152,8 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
                                            run, "tuned by another process")
             observer.bucket_finished(tuned[index])
 
-        claims = BucketClaims(db, fingerprint, pending, options.lease_s, done_elsewhere)
+        claims = BucketClaims(db, fingerprint, pending, options.lease_s, done_elsewhere,
+                              options.force)
         if len(workers.gpus) == 1:
             _work_through(claims, tuned, db, workers, storage, options, observer)
         else:

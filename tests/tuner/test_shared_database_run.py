@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from cutetune.tuner.model_run import STORED, TUNED
 from testkit.child_process import child_env
 from testkit.databases import NO_SERVER, postgres_server_url, scratch_url
 from testkit.fault_kernel import FAKE_TRIAL_SECONDS, measured_log
@@ -204,3 +205,12 @@ def test_two_tuners_share_one_sqlite_file(tmp_path, cache, monkeypatch):
     tune_together(2, url, tmp_path, cache, buckets, in_this_process=True)
     assert_each_bucket_tuned_once(url, buckets)
     assert len({pid for pid, _, _ in measured_log(cache)[measured_before:]}) == 2
+
+
+def test_force_tunes_again_the_buckets_one_tuner_claims(tmp_path, cache):
+    url = f"sqlite:///{tmp_path / 'forced.db'}"
+    sound_points_only(url)
+    run(url, cache, BUDGET, [1, 2])
+    assert [s.status for s in run(url, cache, BUDGET, [1, 2])] == [STORED, STORED]
+    assert [s.status for s in run(url, cache, BUDGET, [1, 2], force=True)] == [TUNED, TUNED]
+    assert sorted(rows(url, "SELECT bucket FROM tuning_runs")) == [(1,), (1,), (2,), (2,)]
