@@ -14,7 +14,13 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 
-from cutetune.results_db import Database, QuarantinedPoint, record_quarantine, winners
+from cutetune.results_db import (
+    Database,
+    QuarantinedPoint,
+    record_quarantine,
+    record_tuning_result,
+    winners,
+)
 from cutetune.results_db.migrate import _SCRIPTS
 from cutetune.results_db.schema import Base
 from cutetune.results_db.schema_version import (
@@ -34,7 +40,8 @@ def schema_differences(db: Database) -> list:
         return compare_metadata(context, Base.metadata)
 
 
-def test_a_first_release_database_is_upgraded_at_open_with_nothing_lost(database_url, h200):
+def test_a_first_release_database_is_upgraded_at_open_with_nothing_lost(database_url, h200,
+                                                                        make_result):
     first_release_database(database_url)
     db = Database.open(database_url)
     try:
@@ -45,7 +52,9 @@ def test_a_first_release_database_is_upgraded_at_open_with_nothing_lost(database
                 winner.config_json, winner.median_us, winner.pct_roofline) == (
             "qk_norm", "5f1e0c", '{"head_dim": 128}', 16, '{"warps_per_block": 4}', 2.0, 47.5)
         assert winner.updated_at.isoformat() == "2026-01-05T12:03:00+00:00"
-        # The tables of the later revisions take rows now.
+        # Every table takes new rows, those of the later revisions too.
+        record_tuning_result(db, h200, make_result(source_hash="a0b1c2"))
+        assert len(winners(db)) == 2
         record_quarantine(db, h200, QuarantinedPoint("qk_norm", "5f1e0c", '{"head_dim": 128}',
                                                      '{"warps_per_block": 1}', 16, "hang",
                                                      winner.updated_at))
