@@ -17,6 +17,8 @@ if [ ${#pairs[@]} -eq 0 ]; then
            rmsnorm:llama-3.1-8b silu_and_mul:llama-3.1-8b
            qk_norm:qwen3-30b-a3b moe_dispatch:qwen3-30b-a3b moe_combine:qwen3-30b-a3b
            moe_dispatch:deepseek-v3 moe_combine:deepseek-v3
+           fp8_group_quant:deepseek-v3 rmsnorm_fp8_quant:deepseek-v3
+           silu_and_mul_fp8_quant:deepseek-v3
            gelu_and_mul:benchmarks/models/gemma-2-2b/config.json)
 fi
 # The token counts of every table in BENCHMARKS.md (bench's default is every bucket).

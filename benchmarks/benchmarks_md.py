@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.bench_tables import table as bench_table
+from benchmarks.replay_tables import markdown_lines as replay_lines
 from benchmarks.winner_repro import compare_files
 from benchmarks.winner_repro import summary_lines as winner_repro_lines
 
@@ -28,7 +29,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = ROOT / "benchmarks" / "targets.md"
 OUT = ROOT / "BENCHMARKS.md"
 KINDS = ("bench", "tuned", "tune_walls", "tune_eta", "winner_repro", "warm_start",
-         "host_overhead", "host_units", "hf_drop_in")
+         "host_overhead", "host_units", "hf_drop_in", "exhaustive", "replay")
 # The buckets the tuned tables show, decode to prefill.
 SHOWN_BUCKETS = (1, 8, 64, 512, 4096, 32768)
 
@@ -343,13 +344,46 @@ def host_units_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
                         for r in pd.read_csv(path).itertuples())])
 
 
+def exhaustive_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    return sourced_section(
+        "## Exhaustive measurements",
+        "`python3 -m benchmarks.exhaustive`: every valid point of every problem the models use "
+        "at buckets 1, 8, 64, 512, 4096 and 32768, timed as the tuner times a trial; what the "
+        "replayed searches below run over.", rows, exhaustive_table)
+
+
+def exhaustive_table(path: Path) -> list[str]:
+    frame = pd.read_csv(path)
+    counts = frame.groupby("kernel_name").agg(
+        problems=("static_key", "nunique"), points=("status", "size"),
+        failed=("status", lambda s: int((s != "ok").sum())))
+    return ["| kernel | problems | points measured | failed |", "|---|---:|---:|---:|",
+            *(f"| {kernel} | {r.problems} | {r.points} | {r.failed} |"
+              for kernel, r in counts.iterrows())]
+
+
+def replay_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    return sourced_section(
+        "## Replayed searches: pruning, search and zero-shot",
+        "`python3 -m benchmarks.replay_tables` over the exhaustive measurements, on the CPU: "
+        "per bucket, the tuner's plan and Optuna search (16 trials) replayed with each point's "
+        "measured time (cutetune/tuner/replay.py). Kept: the share of valid points the cost "
+        "model keeps (target at most 20%); regret: the best kept point over the exhaustive "
+        "best (at most 1%); trials to 2%: trials until one is within 2% of the exhaustive best, "
+        "as a share of the valid points (at most 25%); top pick: the calibrated model's "
+        "predicted-best point within 3% of the exhaustive best (at least 90% of the held-out "
+        "buckets). The calibration is fitted on the presets' measurements only; figures past "
+        "a target in bold.", rows, replay_lines)
+
+
 # Each section is written from its kind's rows of the index; it gets the whole index too (the
 # peers' section names the kernels the tuned files hold but no bench file does).
 SECTIONS = {"bench": bench_section, "tuned": tuned_section, "tune_walls": tune_walls_section,
             "tune_eta": tune_eta_section, "warm_start": warm_start_section,
             "host_overhead": host_overhead_section,
             "host_units": host_units_section,
-            "hf_drop_in": hf_drop_in_section, "winner_repro": winner_repro_section}
+            "hf_drop_in": hf_drop_in_section, "winner_repro": winner_repro_section,
+            "exhaustive": exhaustive_section, "replay": replay_section}
 
 
 def benchmarks_md() -> str:

@@ -3,7 +3,9 @@
 For each problem the candidates are: cutetune as the serving plan serves it on this device
 (the tuned winner of the bucket, or of the nearest tuned bucket), cutetune's heuristic default,
 torch eager (the kernel's fp32 reference cast to the output dtypes: how a torch user writes
-it), torch.compile of that same function, and the peers the kernel declares. Every candidate's
+it), torch.compile of that same function, the peers the kernel declares, and for a fused
+kernel the unfused chain of our own kernels it replaces, each step served as the plan serves
+it. Every candidate's
 outputs are checked against the fp32 reference before it is timed; all are timed the same way
 (CUDA-graph replay over the same rotated input sets, every output allocated per call); GB/s
 counts the bytes the kernel must move (its roofline cost), and is given as a percentage of the
@@ -31,7 +33,14 @@ from cutetune.device.measure import (
 )
 from cutetune.device.specs import DeviceSpec, device_spec_for
 from cutetune.device.verify import check_outputs
-from cutetune.kernels.registry import KernelDef, PeerUnavailable, Tensors, VerificationError
+from cutetune.kernels.registry import (
+    KernelDef,
+    NotApplicableError,
+    PeerUnavailable,
+    Tensors,
+    VerificationError,
+    get_kernel,
+)
 from cutetune.results_db import (
     BenchRecord,
     Database,
@@ -49,6 +58,7 @@ from cutetune.spaces.space import config_to_json
 
 TUNED_NAME = "cutetune tuned"
 DEFAULT_NAME = "cutetune default"
+UNFUSED_NAME = "cutetune unfused"
 OURS = (TUNED_NAME, DEFAULT_NAME)
 # A plain copy of the bytes the kernel must move: the ceiling at this size, not a peer.
 COPY_NAME = "copy, same bytes"
@@ -65,6 +75,7 @@ class Candidate:
     name: str
     run: Runner | None  # None: cannot run here; `note` says why
     note: str
+    roundings: int = 1  # its outputs' roundings to their dtype (device/verify.check_outputs)
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,37 @@ def torch_eager(kernel: KernelDef, problem: Problem) -> Runner:
     return run
 
 
+def unfused_chain(kernel: KernelDef, problem: Problem, plan: ServingPlan,
+                  points: CompiledPoints) -> Candidate:
+    """The chain of our own kernels `kernel` fuses (KernelDef.unfused), one launch a step,
+    each step's point as the plan serves its problem: the launches users would run without
+    the fused kernel."""
+    name = f"{UNFUSED_NAME}: {' + '.join(step.kernel for step in kernel.unfused)}"
+    steps, served = [], []
+    for step in kernel.unfused:
+        step_kernel = get_kernel(step.kernel)
+        try:
+            step_problem = step.problem(problem)
+        except NotApplicableError as err:
+            return Candidate(name, None, f"not run: {err}")
+        config = plan.entry_for(step_kernel, step_problem).config
+        steps.append((ours_runner(step_kernel, step_problem, config, points), step.names))
+        served.append(f"{step.kernel} {config_to_json(config)}")
+
+    def run(tensors: Tensors) -> Mapping[str, torch.Tensor]:
+        chain = dict(tensors)
+        for runner, names in steps:
+            # The chain's tensors under their own names and under the step's names for them
+            # (one tensor may be two of the step's: rmsnorm's x and its unused residual).
+            written = runner({**chain, **{step_name: chain[chain_name]
+                                          for step_name, chain_name in names.items()}})
+            chain.update({names.get(name, name): t for name, t in written.items()})
+        return {name: chain[name] for name in kernel.outputs}
+
+    return Candidate(name, run, "; ".join(served),
+                     roundings=1 + sum(step.rounds for step in kernel.unfused))
+
+
 def candidates(kernel: KernelDef, problem: Problem, plan: ServingPlan,
                points: CompiledPoints) -> list[Candidate]:
     """Ours as `plan` serves the problem (and the heuristic default), each made ready by
@@ -131,6 +173,8 @@ def candidates(kernel: KernelDef, problem: Problem, plan: ServingPlan,
         Candidate("torch eager", eager, ""),
         Candidate("torch.compile", torch.compile(eager, dynamic=False), ""),
     ]
+    if kernel.unfused:
+        found.append(unfused_chain(kernel, problem, plan, points))
     for peer in kernel.peers:
         try:
             found.append(Candidate(peer.name, peer.build(problem), ""))
@@ -169,9 +213,10 @@ def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate
         outputs = candidate.run(buffers)
         torch.cuda.synchronize()
         try:
-            check_outputs(kernel, problem, outputs, expected, label=f"{candidate.name}: ")
+            check_outputs(kernel, problem, outputs, expected, label=f"{candidate.name}: ",
+                          roundings=candidate.roundings)
         except VerificationError as err:
-            if candidate.name in OURS:
+            if candidate.name in OURS or candidate.name.startswith(UNFUSED_NAME):
                 raise BenchError(f"{problem.describe()}: {err}") from err
             rows.append(BenchRow(problem, candidate.name, None, None, None, None,
                                  f"not timed, disagrees with the reference: {err}"))
@@ -223,7 +268,9 @@ def run_bench(kernel: KernelDef, problems: Iterable[Problem], tokens: Sequence[i
     empty_us = measure_launch_floor_us()
     record_ceilings(db, fingerprint, {"copy_gbps": copy_gbps, "launch_floor_us": empty_us})
     store = artifact_store(cache_dir, fingerprint) if cache_dir is not None else None
-    plan = ServingPlan(spec, winners_to_serve(db, fingerprint, kernel.name),
+    served = (kernel.name, *(step.kernel for step in kernel.unfused))
+    plan = ServingPlan(spec, [w for name in dict.fromkeys(served)
+                              for w in winners_to_serve(db, fingerprint, name)],
                        shipped_winners(fingerprint), on_rejected=say_skipped)
     points = CompiledPoints(compile_here if store is None else store.get)
     rows: list[BenchRow] = []

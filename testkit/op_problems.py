@@ -44,8 +44,12 @@ def op_problems() -> tuple[tuple[OpDef, Problem], ...]:
 
 def _variants(op_name: str, problem: Problem) -> list[Problem]:
     """Static fields no model config sets but callers do: a float32 output of the fused
-    norm, a rank's slice of the experts, zeroed padding rows (dispatch's)."""
+    norm, a rank's slice of the experts, zeroed padding rows (dispatch's), FP8 scales
+    row-major and powers of two in groups of 64."""
     fields = problem.static_fields()
+    if "column_major_scales" in fields:
+        return [dataclasses.replace(problem, column_major_scales=False, ue8m0=True,
+                                    group_size=64)]
     if fields.get("fused_add"):
         return [dataclasses.replace(problem, out_dtype="float32")]
     if "expert_begin" in fields and fields["experts"] >= 4:

@@ -79,3 +79,46 @@ def test_speedup_is_best_peer_over_tuned_or_else_default(problem):
     assert speedup_over_best_peer(rows) == pytest.approx(2.5)
     assert speedup_over_best_peer(rows[1:]) == pytest.approx(5.0 / 3.0)
     assert speedup_over_best_peer(rows[:2]) is None
+
+
+def test_a_fused_kernel_is_benched_beside_its_unfused_chain_of_our_kernels(monkeypatch):
+    """The chain runs each step as the plan serves it, on the tensors the steps before it
+    wrote: here each step's point stands in as its kernel's reference, so the chain must equal
+    the fused kernel's reference."""
+    import torch
+
+    from cutetune import bench
+    from cutetune.kernels import qk_norm_rope
+    from cutetune.kernels.dtypes import TORCH_DTYPES
+
+    served = []
+
+    def reference_runner(kernel, problem, config, points):
+        served.append((kernel.name, problem, config))
+
+        def run(tensors):
+            expected = kernel.reference(tensors, problem)
+            for name in kernel.outputs:  # in place, as the kernels write q and k
+                tensors[name].copy_(expected[name].to(TORCH_DTYPES[problem.dtype]))
+            return {name: tensors[name] for name in kernel.outputs}
+        return run
+
+    monkeypatch.setattr(bench, "ours_runner", reference_runner)
+    (static,) = qk_norm_rope.problems_for_model(load_model("qwen3-8b"), "bfloat16")
+    problem = static.with_tokens(5)
+    found = {c.name: c for c in candidates(qk_norm_rope.KERNEL, problem, ServingPlan(SPEC),
+                                           CompiledPoints())}
+    chain = found["cutetune unfused: qk_norm + rope"]
+    # qk_norm's store rounds the normed heads, which the fused kernel rotates unrounded.
+    assert chain.roundings == 2
+    norm, rotation = problem.norm, problem.rotation
+    assert [(name, p) for name, p, _ in served[-2:]] == [("qk_norm", norm),
+                                                         ("rope", rotation)]
+    assert chain.note == (f"qk_norm {config_to_json(served[-2][2])}; rope "
+                          f"{config_to_json(served[-1][2])}")
+    inputs = qk_norm_rope.make_inputs(problem, "cpu", torch.Generator().manual_seed(3))
+    expected = qk_norm_rope.reference(inputs, problem)
+    outputs = chain.run(qk_norm_rope.make_inputs(problem, "cpu",
+                                                 torch.Generator().manual_seed(3)))
+    for name in ("q", "k"):
+        torch.testing.assert_close(outputs[name].float(), expected[name], rtol=2e-2, atol=2e-2)

@@ -33,7 +33,7 @@ class Launcher:
     """A compiled kernel's stand-in: records the data pointers of each call's tensors;
     refuses, with the error type TVM-FFI raises, the calls whose tensors do not share the
     first one's dtype (int32, int64 and fp32 tensors aside, as the MoE kernels and rope take
-    them); raises
+    them, and one-byte floats, the quantisation kernels' outputs); raises
     `failure`, where set, once it has launched."""
 
     def __init__(self):
@@ -42,7 +42,8 @@ class Launcher:
 
     def __call__(self, *tensors):
         views = [torch.from_dlpack(t) for t in tensors if t is not None]
-        rows = [t for t in views if t.dtype not in (torch.int32, torch.int64, torch.float32)]
+        rows = [t for t in views if t.dtype not in (torch.int32, torch.int64, torch.float32)
+                and not (t.is_floating_point() and t.element_size() == 1)]
         if any(t.dtype is not rows[0].dtype for t in rows):
             raise ValueError("Mismatched Tensor on argument #1, expected dtype=bfloat16")
         self.calls.append(tuple(t.data_ptr() for t in views))

@@ -18,8 +18,9 @@ MAY_IMPORT = {
     # Files written whole, for the code-hash memo (kernels).
     "atomic_file": set(),
     "spaces": set(),
-    # An import checks each winner's point against today's kernels (kernels.stored).
-    "results_db": {"spaces", "kernels"},
+    # An import checks each winner's point against today's kernels (kernels.stored); a stored
+    # calibration reads back as the device model's CalibratedModel.
+    "results_db": {"spaces", "kernels", "device"},
     "kernels": {"spaces", "atomic_file"},
     # The device model: specs and ceilings, the roofline and its funnel, timing, verification.
     "device": {"spaces", "kernels"},
@@ -35,7 +36,9 @@ MAY_IMPORT = {
     # The runtime: the plan (which point serves each bucket, compiling nothing), the serving
     # table (rows of compiled points, lookup, counters) and the warmup. It never imports the
     # search (tuner), nor does anything above it but the CLI.
-    "serving": {"spaces", "kernels", "device", "build", "results_db", "settings", "fast_path"},
+    # The calibrated model's picks are remembered in a file written whole (atomic_file).
+    "serving": {"spaces", "kernels", "device", "build", "results_db", "settings", "fast_path",
+                "atomic_file"},
     "ops": {"spaces", "kernels", "serving", "fast_call", "fast_path"},
     "bench": {"spaces", "kernels", "device", "build", "results_db", "serving"},
     # The tuning report reads the database and asks the serving plan and the device model's

@@ -52,18 +52,25 @@ def cache_clear() -> None:
 @click.pass_obj
 def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None:
     """Compile every point a warmup of the model would serve on DEVICE (its winners stored in
-    the DB, then those shipped with cutetune, the defaults elsewhere) into the cache; runs on
-    a machine without a GPU, for shipping the cache to GPU hosts."""
+    the DB, then those shipped with cutetune, the calibrated model's picks where the DB holds a
+    calibration for DEVICE, the defaults elsewhere) into the cache; runs on a machine without
+    a GPU, for shipping the cache to GPU hosts."""
     import time
 
     from cutetune.build.artifacts import ArtifactStore, arch_for
     from cutetune.cli.artifacts import require_c_compiler
     from cutetune.cli.problems import model_problems
+    from cutetune.device.calibrated import read_stored
     from cutetune.kernels.code_hash import CODE_HASHES, remember_in
     from cutetune.kernels.registry import get_kernel, kernel_names
-    from cutetune.results_db import shipped_with_devices, winners_with_devices
+    from cutetune.results_db import (
+        calibrations_with_devices,
+        shipped_with_devices,
+        winners_with_devices,
+    )
     from cutetune.serving.plan import ServingPlan, say_skipped
     from cutetune.serving.precompile import precompile
+    from cutetune.serving.predicted import PICKS_FILE
 
     # The model, the database and the compiler are checked before the cache directory is
     # touched (created, or its code-hash memo written), so a mistaken command leaves nothing.
@@ -75,10 +82,11 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
     if db is None:
         click.echo(f"no results database at {obj.shown_url}: building the shipped winners "
                    "and the defaults", err=True)
-        stored = []
+        stored, calibrations = [], []
     else:
         with obj.reading():
             stored = winners_with_devices(db)
+            calibrations = calibrations_with_devices(db)
         db.dispose()
     require_c_compiler()
 
@@ -90,10 +98,17 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
     if not store.writable():
         raise click.UsageError(f"the artifact cache {store.directory} cannot be written")
     remember_in(store.directory / CODE_HASHES)
+    fitted = [(when, params) for stored_on, when, params in calibrations
+              if _names_device(stored_on.gpu_name, device)
+              and stored_on.compute_capability == device.compute_capability]
+    # The picks go where the GPU host's warmup reads them: beside the artifacts.
     plan = ServingPlan(device, for_the_device(stored), for_the_device(shipped_with_devices()),
-                       on_rejected=say_skipped)
+                       on_rejected=say_skipped,
+                       calibrated=read_stored(max(fitted)[1]) if fitted else None,
+                       picks_file=store.directory / PICKS_FILE)
     start = time.perf_counter()
     points, compiled = precompile(plan, store, work, jobs)
+    plan.save_picks()
     click.echo(f"{points} points for {store.arch}: {compiled} compiled ({jobs} processes), "
                f"{points - compiled} already stored, in {time.perf_counter() - start:.1f} s; "
                f"cache {store.directory}", err=True)

@@ -16,6 +16,7 @@ from cutetune.version import __version__
 COMMANDS = {
     "plan": "cutetune.cli.plan:plan",
     "tune": "cutetune.cli.tune:tune",
+    "calibrate": "cutetune.cli.calibrate:calibrate",
     "bench": "cutetune.cli.bench:bench",
     "show": "cutetune.cli.show:show",
     "export": "cutetune.cli.export:export",

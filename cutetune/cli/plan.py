@@ -1,9 +1,12 @@
-"""`cutetune plan`: the funnel and the roofline ranking of a kernel's points, without a GPU."""
+"""`cutetune plan`: the funnel and the cost model's ranking of a kernel's points, each point's
+predicted time as its terms, without a GPU. The cost model is the device's calibrated one
+where `cutetune calibrate` stored one in the database, the datasheet roofline otherwise."""
 
 from __future__ import annotations
 
 import click
 
+from cutetune.cli.context import Context
 from cutetune.cli.options import (
     CATALOG_HELP,
     device_option,
@@ -21,11 +24,16 @@ from cutetune.cli.problems import model_problems
 @model_option
 @dtype_option
 @tokens_option
-@device_option("device whose roofline to use")
+@device_option("device whose cost model to use")
 @click.option("--top", default=5, show_default=True, type=click.IntRange(min=1),
               help="ranked points shown per bucket")
-def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device, top: int) -> None:
-    """Show the funnel and the roofline ranking; needs no GPU."""
+@click.option("--datasheet", is_flag=True,
+              help="rank by the datasheet roofline even where a calibration is stored")
+@click.pass_obj
+def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device,
+         top: int, datasheet: bool) -> None:
+    """Show the funnel and the cost model's ranking, each point's predicted time as its
+    terms; needs no GPU."""
     from cutetune.cli.table import render_table
     from cutetune.device.funnel import make_plan
     from cutetune.device.specs import Ceilings
@@ -34,19 +42,60 @@ def plan(kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device, t
 
     kdef = get_kernel(kernel)
     ceilings = Ceilings.from_datasheet(device)
+    calibrated = None if datasheet else _stored_calibration(obj, device)
+    click.echo("cost model: " + ("datasheet roofline" if calibrated is None else
+                                 f"calibrated for {calibrated.gpu_name}: "
+                                 f"{calibrated.describe()}"))
     statics = model_problems(kdef, model, dtype)
     buckets = token_buckets(tokens)
     for static in statics:
         for bucket in buckets:
             problem = static.with_tokens(bucket)
-            result = make_plan(kdef, problem, device, ceilings)
+            result = make_plan(kdef, problem, device, ceilings, calibrated)
             default = kdef.default_config(problem, device)
             click.echo(f"{problem.describe()} on {device.name}")
             click.echo(f"  {result.funnel()}")
+            if calibrated is not None:
+                alone = make_plan(kdef, problem, device, ceilings)
+                click.echo(f"  the datasheet roofline alone would keep {len(alone.kept)} "
+                           f"(prune {len(alone.pruned)})")
             ranked = [(f"{rank}.", f"{point.prediction.predicted_us:.2f}",
+                       f"{point.terms.launch_us:.2f}",
+                       f"{point.terms.waves_us:.2f} ({point.terms.waves})",
+                       f"{point.terms.barrier_us:.2f}",
+                       f"{point.terms.memory_us:.2f} ({point.terms.bytes_moved / 1e6:.3g} MB, "
+                       f"{100 * point.terms.efficiency:.0f}%)",
                        config_to_json(point.config)
                        + ("  (default)" if point.config == default else ""))
                       for rank, point in enumerate(result.kept[:top], 1)]
-            click.echo(render_table(("rank", "predicted us", "config"), ranked,
-                                    right={"rank", "predicted us"}, indent="  "))
+            click.echo(render_table(
+                ("rank", "predicted us", "launch", "waves (n)", "barrier",
+                 "memory (bytes, efficiency)", "config"), ranked,
+                right={"rank", "predicted us", "launch", "waves (n)", "barrier"}, indent="  "))
             click.echo(f"  default: {config_to_json(default)}")
+
+
+def _stored_calibration(obj: Context, device):
+    """The latest calibration stored for a GPU of `device`'s model; None where the database
+    holds none (or does not exist)."""
+    from cutetune.device.calibrated import read_stored
+    from cutetune.device.specs import device_spec_for
+
+    db = obj.open_db(missing_ok=True)
+    if db is None:
+        return None
+    from cutetune.results_db import calibrations_with_devices
+
+    with obj.reading():
+        stored = calibrations_with_devices(db)
+    db.dispose()
+
+    def of_device(gpu_name: str) -> bool:
+        try:
+            return device_spec_for(gpu_name) == device
+        except ValueError:
+            return False
+
+    fitted = [(when, params) for fingerprint, when, params in stored
+              if of_device(fingerprint.gpu_name)]
+    return read_stored(max(fitted)[1]) if fitted else None

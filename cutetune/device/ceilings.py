@@ -1,4 +1,5 @@
-"""Ceilings measured on the device: copy bandwidth and the launch floor.
+"""Ceilings measured on the device: copy bandwidth, the launch floor and the cost of a grid
+barrier.
 
 The copy ceiling comes from a CuTeDSL copy kernel timed with events: inside a CUDA graph,
 torch's copy_ becomes a memcpy node that runs well below what a kernel reaches, which would
@@ -14,6 +15,9 @@ import cutlass.cute as cute
 import torch
 
 from cutetune.device.measure import Measurement, input_sets_for, time_events, time_in_graph
+from cutetune.kernels.moe_dispatch.common import WS_BARRIER
+from cutetune.kernels.moe_dispatch.device import grid_barrier
+from cutetune.kernels.moe_dispatch.launcher import check_cooperative_grid
 
 COPY_BYTES = 2 * 2**30
 COPY_THREADS = 256
@@ -109,5 +113,64 @@ def measure_launch_floor_us() -> float:
     return time_in_graph([lambda: empty(x)]).median_us
 
 
+# Grid barriers per launch the barrier's cost is fitted over, and the threads of each block.
+BARRIER_ROUNDS = (0, 1, 2, 4)
+BARRIER_THREADS = 128
+
+
+@cute.kernel
+def _barriers_kernel(mWs: cute.Tensor, ROUNDS: cutlass.Constexpr[int],
+                     BLOCKS: cutlass.Constexpr[int]):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    for _ in cutlass.range_constexpr(ROUNDS):
+        grid_barrier(mWs, tidx, bidx, BLOCKS)
+
+
+@cute.jit
+def _barriers(mWs: cute.Tensor, stream: cuda.CUstream, ROUNDS: cutlass.Constexpr[int],
+              BLOCKS: cutlass.Constexpr[int], THREADS: cutlass.Constexpr[int]):
+    _barriers_kernel(mWs, ROUNDS, BLOCKS).launch(grid=(BLOCKS, 1, 1), block=(THREADS, 1, 1),
+                                                 stream=stream, cooperative=True)
+
+
+def slope_and_intercept(xs, ys) -> tuple[float, float]:
+    """The least-squares line through (xs, ys)."""
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
+             / sum((x - mean_x) ** 2 for x in xs))
+    return slope, mean_y - slope * mean_x
+
+
+def time_grid_barriers(blocks: int, threads: int = BARRIER_THREADS
+                       ) -> list[Measurement]:
+    """A cooperative kernel of `blocks` blocks passing each count of BARRIER_ROUNDS grid
+    barriers (moe_dispatch's), timed in a CUDA graph; RuntimeError where the barrier word is
+    not back at its starting low bits after the replays (the barrier must re-arm itself)."""
+    check_cooperative_grid(blocks, threads, 32, 0,
+                           torch.cuda.get_device_properties(torch.cuda.current_device()))
+    workspace = torch.zeros(64, dtype=torch.int32, device="cuda")
+    fake = cute.runtime.make_fake_compact_tensor(cutlass.Int32, (64,), assumed_align=4)
+    measured = []
+    for rounds in BARRIER_ROUNDS:
+        compiled = _compile(_barriers, fake, constants=(rounds, blocks, threads))
+        measured.append(time_in_graph([lambda f=compiled: f(workspace)]))
+        low_bits = int(workspace[WS_BARRIER].item()) & 0x7FFFFFFF
+        if low_bits:
+            raise RuntimeError(f"the barrier word's low bits are {low_bits} after the "
+                               "replays, not 0")
+    return measured
+
+
+def measure_grid_barrier_us() -> float:
+    """The cost of one grid barrier across one block per SM: the slope of time over barriers
+    per launch (the intercept is the cooperative launch)."""
+    blocks = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    times = [m.median_us for m in time_grid_barriers(blocks)]
+    return slope_and_intercept(BARRIER_ROUNDS, times)[0]
+
+
 def measure_ceilings() -> dict[str, float]:
-    return {"copy_gbps": measure_copy_gbps(), "launch_floor_us": measure_launch_floor_us()}
+    return {"copy_gbps": measure_copy_gbps(), "launch_floor_us": measure_launch_floor_us(),
+            "grid_barrier_us": measure_grid_barrier_us()}

@@ -40,7 +40,26 @@ def floor_us(cost: Cost, spec: DeviceSpec, ceilings: Ceilings) -> float:
     return max(memory_us, compute_us)
 
 
-def predict(cost: Cost, spec: DeviceSpec, ceilings: Ceilings) -> Prediction:
+@dataclass(frozen=True)
+class Occupancy:
+    """How a point's grid sits on the device: blocks resident per SM, waves, the share of SMs
+    a small grid keeps busy, how full its waves are, and the share of the bytes in flight an
+    SM needs (Little's law) that its resident threads have."""
+
+    resident_blocks_per_sm: int
+    waves: int
+    sm_fraction: float
+    wave_efficiency: float
+    latency_hiding: float
+
+    @property
+    def efficiency(self) -> float:
+        """The share of the device's bandwidth the grid can draw on."""
+        return self.sm_fraction * self.wave_efficiency * self.latency_hiding
+
+
+def occupancy(cost: Cost, spec: DeviceSpec,
+              bytes_in_flight_per_sm: float = BYTES_IN_FLIGHT_PER_SM) -> Occupancy:
     resident = resident_blocks_per_sm(cost, spec)
     if resident == 0:
         raise ValueError(f"a block of {cost.threads_per_block} threads cannot be resident on "
@@ -55,14 +74,19 @@ def predict(cost: Cost, spec: DeviceSpec, ceilings: Ceilings) -> Prediction:
         in_flight = blocks_per_busy_sm * cost.threads_per_block * cost.bytes_in_flight_per_thread
         busy_sms = min(cost.blocks, spec.sm_count)
         # A small problem cannot keep more in flight than it has to move.
-        needed = min(BYTES_IN_FLIGHT_PER_SM, cost.bytes_moved / busy_sms)
+        needed = min(bytes_in_flight_per_sm, cost.bytes_moved / busy_sms)
         latency_hiding = min(1.0, in_flight / needed)
+    return Occupancy(resident, waves, sm_fraction, wave_efficiency, latency_hiding)
+
+
+def predict(cost: Cost, spec: DeviceSpec, ceilings: Ceilings) -> Prediction:
+    grid = occupancy(cost, spec)
     base = floor_us(cost, spec, ceilings)
     predicted = (cost.launches * ceilings.launch_floor_us
                  + cost.grid_barriers * ceilings.grid_barrier_us
-                 + base / (sm_fraction * wave_efficiency * latency_hiding))
-    return Prediction(base, predicted, resident, waves, sm_fraction, wave_efficiency,
-                      latency_hiding)
+                 + base / grid.efficiency)
+    return Prediction(base, predicted, grid.resident_blocks_per_sm, grid.waves,
+                      grid.sm_fraction, grid.wave_efficiency, grid.latency_hiding)
 
 
 def percent_of_roofline(cost: Cost, spec: DeviceSpec, ceilings: Ceilings,

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 KERNEL_NAMES: tuple[str, ...] = (
     "embedding",
+    "embedding_rmsnorm",
+    "fp8_group_quant",
     "gelu_and_mul",
     "moe_combine",
     "moe_dispatch",
+    "mxfp8_quant",
+    "nvfp4_quant",
     "qk_norm",
     "qk_norm_rope",
     "qk_norm_rope_kv",
     "rmsnorm",
+    "rmsnorm_fp8_quant",
     "rope",
     "silu_and_mul",
+    "silu_and_mul_fp8_quant",
 )

@@ -33,7 +33,7 @@ rotate is known when compiling.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -48,6 +48,7 @@ from cutetune.kernels.block_limits import (
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import DTYPE_BYTES, vector_elements
 from cutetune.kernels.registry import (
+    ChainStep,
     DeviceCompile,
     KernelDef,
     NotApplicableError,
@@ -84,6 +85,11 @@ class QKNormRopeProblem(RopeProblem):
             raise ValueError(f"mrope {self.mrope!r} not supported by qk_norm_rope: its positions "
                              "are one stream")
         _ = self.norm  # qk_norm's own checks of head_dim, eps and weight_bias
+
+    @property
+    def rotation(self) -> RopeProblem:
+        """The rotation's part of the problem, as rope states it."""
+        return RopeProblem(**{f.name: getattr(self, f.name) for f in fields(RopeProblem)})
 
     @property
     def norm(self) -> qk_norm.QKNormProblem:
@@ -303,4 +309,6 @@ KERNEL = register(KernelDef(
     written_in_place=("q", "k"),
     tolerance=TOLERANCE,
     source_file=__file__,
+    unfused=(ChainStep("qk_norm", lambda problem: problem.norm, rounds=True),
+             ChainStep("rope", lambda problem: problem.rotation)),
 ))

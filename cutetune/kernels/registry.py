@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,29 @@ class Peer:
 
 
 @dataclass(frozen=True)
+class ChainStep:
+    """One launch of the unfused chain a fused kernel replaces, which `cutetune bench` times
+    beside it as the plan serves each step (tuned winners where stored).
+
+    kernel:  the step's kernel, by name
+    problem: the fused kernel's problem -> the step kernel's; raises NotApplicableError,
+             with the reason, for a problem no chain of our kernels computes
+    names:   the step kernel's tensor names that differ from the chain's (step's -> chain's;
+             two of the step's may name one of the chain's): a step reads the chain's
+             tensors, and its outputs become the chain's under these names for the steps
+             after it
+    rounds:  whether the step rounds to its outputs' dtype values the fused kernel carries
+             on in fp32 (qk_norm's normed heads, which qk_norm_rope rotates unrounded): each
+             such step widens the tolerance the chain is judged by by one rounding
+    """
+
+    kernel: str
+    problem: Callable[[Problem], Problem]
+    names: Mapping[str, str] = field(default_factory=dict)
+    rounds: bool = False
+
+
+@dataclass(frozen=True)
 class DeviceCompile:
     """A kernel's compile_function whose code lives in `module`, the kernel's device code
     (which imports CuTeDSL): imported at the first compile, so that importing the kernel's
@@ -127,6 +150,8 @@ class KernelDef:
     bench_inputs:       (problem, device, torch.Generator) -> tensors in the layout every
                         peer accepts, when that differs from `make_inputs` (which may use
                         views only our kernel takes)
+    unfused:            a fused kernel's chain of our own kernels that computes the same,
+                        one launch per step, which `cutetune bench` times beside it
     """
 
     name: str
@@ -148,6 +173,7 @@ class KernelDef:
     bench_inputs: Callable[[Problem, Any, Any], Tensors] | None = None
     check: Callable[[Tensors, Mapping[str, Any], Problem], None] | None = None
     bind: Callable[[Problem, Any, Any], Any] | None = None
+    unfused: tuple[ChainStep, ...] = ()
 
     def compile(self, problem: Problem, config: Any, options: str = "") -> Any:
         """Compile one point in this process: the callable `launch` takes."""
@@ -191,6 +217,10 @@ _REGISTRY: dict[str, KernelDef] = {}
 def register(kernel: KernelDef) -> KernelDef:
     if kernel.name in _REGISTRY:
         raise ValueError(f"kernel {kernel.name!r} is registered twice")
+    if any(step.rounds for step in kernel.unfused) and kernel.check is not None:
+        # Such a chain is judged by the tolerance, widened by its steps' roundings.
+        raise ValueError(f"kernel {kernel.name!r} declares its own check and an unfused chain "
+                         "that rounds where it does not")
     _REGISTRY[kernel.name] = kernel
     return kernel
 

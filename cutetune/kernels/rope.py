@@ -50,6 +50,8 @@ from cutetune.kernels.registry import (
     DeviceCompile,
     KernelDef,
     NotApplicableError,
+    Peer,
+    PeerUnavailable,
     Tensors,
     register,
 )
@@ -536,6 +538,31 @@ def _scaling_fields(model: ModelShape) -> dict:
                              f"({model.rope_scaling}), which rope does not compute yet")
 
 
+def _liger_rope(problem: RopeProblem):
+    """Liger's Triton RoPE (NeoX pairs, in place on its own copy of q and k: it makes them
+    contiguous). It takes cos and sin per token, as Hugging Face's rotary module hands them, so
+    each call gathers the positions' rows of the cache first: the per-token tables a model
+    builds once a step."""
+    try:
+        from liger_kernel.ops.rope import rope_forward
+    except ImportError as err:
+        raise PeerUnavailable(f"liger-kernel is not installed ({err})") from None
+    if problem.style != NEOX or problem.mrope_sections is not None:
+        raise PeerUnavailable("liger's rope rotates NeoX pairs of one position stream only")
+    half = problem.rotary_dim // 2
+
+    def run(t: Tensors) -> dict[str, torch.Tensor]:
+        cache, positions = t["cos_sin_cache"], t["positions"]
+        cos = cache[:, :half].index_select(0, positions)
+        sin = cache[:, half:].index_select(0, positions)
+        # (batch 1, heads, tokens, head_dim) over q's (tokens, heads, head_dim) storage.
+        q, k = (x.unsqueeze(0).transpose(1, 2) for x in (t["q"], t["k"]))
+        q, k, _, _ = rope_forward(q, k, cos, sin, rotary_dim=problem.rotary_dim)
+        return {"q": q.transpose(1, 2)[0], "k": k.transpose(1, 2)[0]}
+
+    return run
+
+
 KERNEL = register(KernelDef(
     name="rope",
     description="rotary position embedding of q and k in one in-place launch",
@@ -552,4 +579,5 @@ KERNEL = register(KernelDef(
     written_in_place=("q", "k"),
     tolerance=TOLERANCE,
     source_file=__file__,
+    peers=(Peer("liger rope", _liger_rope),),
 ))

@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.funnel import candidates_of, make_plan
 from cutetune.device.specs import Ceilings, device_spec_for
 from cutetune.kernels.registry import KernelDef, NotApplicableError, get_kernel, kernel_names
@@ -25,6 +26,7 @@ from cutetune.results_db import (
     DeviceFingerprint,
     Winner,
     bench_frame,
+    calibration_to_serve,
     devices_frame,
     latest_ceilings,
     shipped_winners,
@@ -64,7 +66,8 @@ class ReportData:
     the rows of the model's problems on `device`, each row labelled with its `problem`.
 
     devices:  every device fingerprint with its latest ceilings (copy_gbps, launch_floor_us)
-    coverage: kernel, problem, bucket, source (tuned/shipped/nearest/default), tuned_bucket
+    coverage: kernel, problem, bucket, source (tuned/shipped/nearest/predicted/default),
+              tuned_bucket
     rejected: the stored winners of the current kernel source that the serving plan rejects
               (today's space refuses them): problem, bucket, source (tuned/shipped), config,
               the field at fault and the constraint's reason
@@ -154,8 +157,10 @@ def load_report_data(db_url: str, model: str, device: str | None = None,
         spec = _spec_of(fingerprint)
         # What a warmup on this device would serve, from the winners it would read; None
         # without a device, or for a GPU without a DeviceSpec, which cannot be planned for.
+        calibrated = None if spec is None else calibration_to_serve(db, fingerprint)
         plan = None if spec is None else ServingPlan(
-            spec, winners_to_serve(db, fingerprint), shipped_winners(fingerprint))
+            spec, winners_to_serve(db, fingerprint), shipped_winners(fingerprint),
+            calibrated=calibrated)
         rejected = _rejected(plan, problems)
         usable = _usable_check(rejected)
         winners = _of_model(winners_frame(db, fingerprint), problems)
@@ -164,8 +169,9 @@ def load_report_data(db_url: str, model: str, device: str | None = None,
             _with_knobs(winners[pd.Series([usable(row) for row in winners.itertuples()],
                                           index=winners.index, dtype=bool)]
                         .reset_index(drop=True), problems),
-            _with_exhaustive(db, _usable_trials(_of_model(
+            _with_calibrated(_with_exhaustive(db, _usable_trials(_of_model(
                 trials_frame(db, fingerprint=fingerprint), problems)), problems, fingerprint),
+                problems, spec, calibrated),
             _latest(_of_model(bench_frame(db, fingerprint), problems)))
     finally:
         db.dispose()
@@ -289,6 +295,26 @@ def _usable_trials(trials: pd.DataFrame) -> pd.DataFrame:
                         "bucket %s: bucket: %s", len(run), problem, bucket, why)
             usable[run.index] = False
     return trials[usable].reset_index(drop=True)
+
+
+def _with_calibrated(trials: pd.DataFrame, problems: tuple[ModelProblem, ...], spec,
+                     calibrated: CalibratedModel | None) -> pd.DataFrame:
+    """The trials with `calibrated_us`: the device's calibrated model's prediction of each
+    (missing without a calibration, and for a config today's space does not read)."""
+    if calibrated is None or trials.empty:
+        return trials.assign(calibrated_us=float("nan"))
+    by_key = {p.key: p for p in problems}
+
+    def predicted(row) -> float:
+        entry = by_key[(row.kernel_name, row.static_key)]
+        try:
+            config = entry.kernel.space.config_from_dict(json.loads(row.config_json))
+        except (TypeError, ValueError):
+            return float("nan")
+        problem = entry.problem.with_tokens(int(row.bucket))
+        return calibrated.predict_us(entry.kernel.cost(problem, config, spec), spec)
+
+    return trials.assign(calibrated_us=[predicted(row) for row in trials.itertuples()])
 
 
 def _with_knobs(winners: pd.DataFrame, problems: tuple[ModelProblem, ...]) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import pandas as pd
 from cutetune.bench import COPY_NAME, DEFAULT_NAME, OURS, TUNED_NAME
 from cutetune.device.funnel import PRUNE_FACTOR
 from cutetune.report.data import ReportData, is_device, knob_columns
-from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, TUNED
+from cutetune.serving.plan import DEFAULT, NEAREST, PREDICTED, SHIPPED, TUNED
 
 # The trial counts after which the search table reads the best found so far.
 SEARCH_CHECKPOINTS = (1, 4, 8)
@@ -36,11 +36,12 @@ def environment(data: ReportData) -> pd.DataFrame:
 
 
 def coverage(data: ReportData) -> pd.DataFrame:
-    """Problem x bucket: T tuned, S shipped, N<b> served by tuned bucket b, D default; with
+    """Problem x bucket: T tuned, S shipped, N<b> served by tuned bucket b, P the calibrated
+    model's predicted best, D default; with
     the winners stored for an older kernel source, which the dispatcher no longer serves."""
     if data.coverage.empty:
         return pd.DataFrame()
-    letters = {TUNED: "T", SHIPPED: "S", DEFAULT: "D"}
+    letters = {TUNED: "T", SHIPPED: "S", PREDICTED: "P", DEFAULT: "D"}
     cells = data.coverage.assign(cell=[
         f"N{int(row.tuned_bucket)}" if row.source == NEAREST else letters[row.source]
         for row in data.coverage.itertuples()])
@@ -153,19 +154,30 @@ def search(data: ReportData) -> pd.DataFrame:
 def roofline(data: ReportData) -> pd.DataFrame:
     """Per kernel: measured over predicted time of every measured trial, its median, the
     median error, and the share of trials the prediction missed by more than the factor the
-    planner prunes at."""
+    planner prunes at; beside them the same errors of the device's calibrated model, where
+    `cutetune calibrate` stored one."""
     measured = roofline_points(data)
     if measured.empty:
         return pd.DataFrame()
-    ratio = measured["median_us"] / measured["predicted_us"]
-    missed = (ratio > PRUNE_FACTOR) | (ratio < 1 / PRUNE_FACTOR)
-    frame = measured.assign(ratio=ratio, error=(ratio - 1).abs() * 100, missed=missed * 100)
+    frame = measured.assign(**_errors(measured["median_us"] / measured["predicted_us"]),
+                            **_errors(measured["median_us"] / measured["calibrated_us"],
+                                      "calibrated "))
     groups = [*frame.groupby("kernel_name", sort=False), ("all", frame)]
+    calibrated = measured["calibrated_us"].notna().any()
     return pd.DataFrame([{"kernel": name, "trials": len(rows),
                           "median measured/predicted": rows["ratio"].median(),
                           "median error %": rows["error"].median(),
-                          f"% off by over {PRUNE_FACTOR:g}x": rows["missed"].mean()}
+                          f"% off by over {PRUNE_FACTOR:g}x": rows["missed"].mean(),
+                          **({"calibrated: median error %": rows["calibrated error"].median(),
+                              f"calibrated: % off by over {PRUNE_FACTOR:g}x":
+                                  rows["calibrated missed"].mean()} if calibrated else {})}
                          for name, rows in groups])
+
+
+def _errors(ratio: pd.Series, prefix: str = "") -> dict[str, pd.Series]:
+    missed = (ratio > PRUNE_FACTOR) | (ratio < 1 / PRUNE_FACTOR)
+    return {f"{prefix}ratio": ratio, f"{prefix}error": (ratio - 1).abs() * 100,
+            f"{prefix}missed": missed * 100}
 
 
 def roofline_points(data: ReportData) -> pd.DataFrame:
@@ -193,7 +205,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("environment", "Environment and measured ceilings", environment,
             "No device in the database: nothing was tuned or benched yet."),
     Section("coverage", "Coverage: what each bucket is served (T tuned, S shipped, N<b> the "
-            "nearest tuned bucket b, D the heuristic default)", coverage,
+            "nearest tuned bucket b, P the calibrated cost model's predicted best, D the "
+            "heuristic default)", coverage,
             "No coverage: the database holds no device to plan for."),
     Section("rejected", "Coverage: stored winners the plan rejects (today's space refuses "
             "them), with the constraint's reason", rejected_winners,
@@ -208,7 +221,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("search", "Search: best so far vs trial number, and the regret of exhaustively "
             "searched buckets", search,
             "No tuning trials stored for this model and device."),
-    Section("roofline", "Roofline: predicted vs measured time of every trial", roofline,
+    Section("roofline", "Roofline: predicted vs measured time of every trial, by the datasheet "
+            "roofline and, where one is stored, the calibrated model", roofline,
             "No measured trial with a prediction for this model and device."),
     Section("failures", "Failures per kernel and reason", failures,
             "No failed trials for this model and device."),

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from importlib import metadata
+from typing import TypeVar
 
 from cutetune.results_db.records import Winner
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,16 @@ def choose_to_serve(measured: Iterable[tuple[DeviceFingerprint, Winner]],
         if held is None or _preferred(winner, held):
             chosen[key] = winner
     return list(chosen.values())
+
+
+def latest_serving_here(measured: Iterable[tuple[DeviceFingerprint, datetime, T]],
+                        here: DeviceFingerprint) -> T | None:
+    """Of items stored with a device and a time (a device's calibrations), the one the
+    fingerprint policy lets `here` use: one of this very environment where there is one, then
+    the most recent; None where none may be used."""
+    usable = [(device == here, when, item) for device, when, item in measured
+              if serves_here(device, here)]
+    return max(usable, key=lambda u: u[:2])[2] if usable else None
 
 
 def _preferred(candidate: Winner, held: Winner) -> bool:

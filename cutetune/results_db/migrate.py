@@ -54,7 +54,9 @@ def bring_to_head(engine: Engine, shown_url: str) -> str | None:
 
 def unversioned_revision(tables: set[str]) -> str:
     """The revision of a database written before cutetune versioned its tables, read from the
-    tables it has: the quarantine arrived in 0002."""
+    tables it has: the quarantine arrived in 0002, the calibrations in 0003."""
+    if "calibrations" in tables:
+        return "0003"
     return "0002" if "quarantine" in tables else "0001"
 
 

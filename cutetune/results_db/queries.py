@@ -10,11 +10,16 @@ from dataclasses import asdict, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Select, and_, case, delete, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, case, delete, func, inspect, or_, select
 from sqlalchemy.orm import Session
 
+from cutetune.device.calibrated import CalibratedModel, read_stored
 from cutetune.results_db.dialects import insert_for
-from cutetune.results_db.fingerprint import DeviceFingerprint, choose_to_serve
+from cutetune.results_db.fingerprint import (
+    DeviceFingerprint,
+    choose_to_serve,
+    latest_serving_here,
+)
 from cutetune.results_db.records import (
     BenchRecord,
     QuarantinedPoint,
@@ -24,6 +29,7 @@ from cutetune.results_db.records import (
 )
 from cutetune.results_db.schema import (
     BenchRow,
+    CalibrationRow,
     CeilingRow,
     DeviceRow,
     KernelRow,
@@ -234,6 +240,35 @@ def latest_ceilings(db: Database, fingerprint: DeviceFingerprint) -> dict[str, f
         return dict(session.execute(statement).all())
 
 
+def record_calibration(db: Database, fingerprint: DeviceFingerprint,
+                       model: CalibratedModel) -> None:
+    """Store the cost model fitted to a device's trials now; the latest one is read."""
+    with db.session() as session:
+        session.add(CalibrationRow(device_id=_device_id(session, fingerprint), form=model.form,
+                                   params_json=model.to_json(), trials=model.trials,
+                                   fitted_at=datetime.now(UTC)))
+
+
+def calibration_to_serve(db: Database, here: DeviceFingerprint) -> CalibratedModel | None:
+    """The calibrated model `here` may use (fingerprint.latest_serving_here: fitted to this
+    device's trials, or to those of another environment of the same GPU and CuTeDSL); None
+    where none is stored, or only of a form this cutetune does not read."""
+    return read_stored(latest_serving_here(calibrations_with_devices(db), here))
+
+
+def calibrations_with_devices(db: Database) -> list[tuple[DeviceFingerprint, datetime, str]]:
+    """Every stored calibration as (device, fitted at, its JSON), oldest first; none where the
+    database predates calibrations (opened read-only, it was not given the table)."""
+    if not inspect(db.engine).has_table(CalibrationRow.__tablename__):
+        return []
+    statement = (select(CalibrationRow.params_json, CalibrationRow.fitted_at, DeviceRow)
+                 .join(DeviceRow, CalibrationRow.device_id == DeviceRow.id)
+                 .order_by(CalibrationRow.id))
+    with db.session() as session:
+        return [(_fingerprint(device), fitted_at, params)
+                for params, fitted_at, device in session.execute(statement)]
+
+
 def record_bench(db: Database, fingerprint: DeviceFingerprint, rows: Sequence[BenchRecord]) -> None:
     """Store benchmark results measured on a device now, all or none."""
     measured_at = datetime.now(UTC)
@@ -297,12 +332,17 @@ def bench_frame(db: Database, fingerprint: DeviceFingerprint | None = None) -> p
     return _frame(db, statement)
 
 
+def stored_devices(db: Database) -> list[DeviceFingerprint]:
+    """Every device fingerprint stored, in the order they were first stored."""
+    with db.session() as session:
+        devices = session.scalars(select(DeviceRow).order_by(DeviceRow.id)).all()
+        return [_fingerprint(device) for device in devices]
+
+
 def devices_frame(db: Database) -> pd.DataFrame:
     """Every device fingerprint, one row each, with the latest value of each ceiling measured
     on it as a column of that name (missing where it was never measured)."""
-    with db.session() as session:
-        devices = session.scalars(select(DeviceRow).order_by(DeviceRow.id)).all()
-        fingerprints = [_fingerprint(device) for device in devices]
+    fingerprints = stored_devices(db)
     rows = [{**asdict(fingerprint), **latest_ceilings(db, fingerprint)}
             for fingerprint in fingerprints]
     import pandas as pd

@@ -196,6 +196,20 @@ class BenchRow(Base):
     measured_at: Mapped[datetime]
 
 
+class CalibrationRow(Base):
+    """The calibrated cost model fitted to a device's trials (`cutetune calibrate`): its form
+    and constants as JSON (cutetune.device.calibrated.CalibratedModel), the latest one read."""
+
+    __tablename__ = "calibrations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), index=True)
+    form: Mapped[str]
+    params_json: Mapped[str] = mapped_column(Text)
+    trials: Mapped[int]
+    fitted_at: Mapped[datetime]
+
+
 class BucketClaimRow(Base):
     """A bucket a tuner is searching now: its owner keeps the claim alive with a heartbeat
     until the bucket is stored; a claim whose lease has expired (its owner died) is taken over

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, inspect, text
 # application's `alembic_version`.
 VERSION_TABLE = "cutetune_schema_version"
 # The revisions of migrations/versions/, oldest first (a test holds them to Alembic's).
-REVISIONS = ("0001", "0002", "0003")
+REVISIONS = ("0001", "0002", "0003", "0004")
 HEAD = REVISIONS[-1]
 # The PostgreSQL advisory lock under which tables are created or migrated (cutetune's and
 # Optuna's), so that tuners starting together on a new database create them once. Any key

@@ -1,17 +1,25 @@
-"""The winners a warmup serves, read from the database at a URL without SQLAlchemy where it is
-a SQLite file: the standard library's sqlite3 reads it in one query. Importing SQLAlchemy and
-mapping the tables cost a third of a second, which an engine's start would pay before its
-first call. The query is written against schema.py's tables, and a test holds it to what
-queries.winners_with_devices reads (tests/results_db/test_serving_read.py).
+"""The winners a warmup serves, and the device's calibrated cost model, read from the database
+at a URL without SQLAlchemy where it is a SQLite file: the standard library's sqlite3 reads
+each in one query. Importing SQLAlchemy and mapping the tables cost a third of a second, which
+an engine's start would pay before its first call. The queries are written against schema.py's
+tables, and tests hold them to what queries.winners_with_devices and
+queries.calibration_to_serve read (tests/results_db/test_serving_read.py).
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
-from cutetune.results_db.fingerprint import DeviceFingerprint, choose_to_serve
+from cutetune.device.calibrated import CalibratedModel, read_stored
+from cutetune.results_db.fingerprint import (
+    DeviceFingerprint,
+    choose_to_serve,
+    latest_serving_here,
+)
 from cutetune.results_db.records import Winner
 
 # queries.winners_with_devices, row for row and in its order.
@@ -28,7 +36,18 @@ JOIN devices ON winners.device_id = devices.id
 ORDER BY kernels.name, kernels.source_hash, problems.static_key, winners.bucket, devices.id
 """
 
+# queries.calibration_to_serve's rows.
+_CALIBRATIONS_WITH_DEVICES = """
+SELECT calibrations.params_json, calibrations.fitted_at,
+       devices.gpu_name, devices.compute_capability, devices.sm_count, devices.driver,
+       devices.cuda, devices.torch, devices.cutlass_dsl
+FROM calibrations
+JOIN devices ON calibrations.device_id = devices.id
+ORDER BY calibrations.id
+"""
+
 _SQLITE = "sqlite:///"
+T = TypeVar("T")
 
 
 def winners_to_serve_at(url: str, here: DeviceFingerprint) -> list[Winner]:
@@ -37,20 +56,61 @@ def winners_to_serve_at(url: str, here: DeviceFingerprint) -> list[Winner]:
     created). Any other URL, and a file sqlite3 cannot read as a results database (no tables
     yet, locked, not a database), goes through SQLAlchemy as before: Database.open, which
     creates what is missing or raises its error."""
+
+    def from_sqlite(connection: sqlite3.Connection) -> list[Winner]:
+        return choose_to_serve(_winners(connection), here)
+
+    def from_database(db) -> list[Winner]:
+        from cutetune.results_db.queries import winners_to_serve
+
+        return winners_to_serve(db, here)
+
+    return _read_at(url, from_sqlite, from_database, [])
+
+
+def calibration_to_serve_at(url: str, here: DeviceFingerprint) -> CalibratedModel | None:
+    """queries.calibration_to_serve of the database at `url`, read as `winners_to_serve_at`
+    reads (a database written before calibrations existed holds none)."""
+
+    def from_sqlite(connection: sqlite3.Connection) -> CalibratedModel | None:
+        if not connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                  "name = 'calibrations'").fetchall():
+            return None  # written before calibrations were stored: none, and nothing created
+        rows = connection.execute(_CALIBRATIONS_WITH_DEVICES).fetchall()
+        return read_stored(latest_serving_here(
+            ((DeviceFingerprint(*row[2:]), _stored_time(row[1]), row[0]) for row in rows),
+            here))
+
+    def from_database(db) -> CalibratedModel | None:
+        from cutetune.results_db.queries import calibration_to_serve
+
+        return calibration_to_serve(db, here)
+
+    return _read_at(url, from_sqlite, from_database, None)
+
+
+def _read_at(url: str, from_sqlite: Callable[[sqlite3.Connection], T],
+             from_database: Callable[..., T], nothing: T) -> T:
+    """`from_sqlite` of a plain SQLite file, opened read-only (`nothing` where the file does
+    not exist); `from_database` of the opened Database for any other URL or a file sqlite3
+    cannot read as a results database."""
     path = _sqlite_file(url)
     if path is not None:
         if not path.is_file():
-            return []
+            return nothing
         try:
-            return choose_to_serve(_read(path), here)
+            connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                return from_sqlite(connection)
+            finally:
+                connection.close()
         except sqlite3.Error:
             pass
-    from cutetune.results_db.queries import winners_to_serve
     from cutetune.results_db.session import Database
 
     db = Database.open(url)
     try:
-        return winners_to_serve(db, here)
+        return from_database(db)
     finally:
         db.dispose()
 
@@ -68,12 +128,8 @@ def _sqlite_file(url: str) -> Path | None:
     return Path(database).expanduser()
 
 
-def _read(path: Path) -> list[tuple[DeviceFingerprint, Winner]]:
-    connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        rows = connection.execute(_WINNERS_WITH_DEVICES).fetchall()
-    finally:
-        connection.close()
+def _winners(connection: sqlite3.Connection) -> list[tuple[DeviceFingerprint, Winner]]:
+    rows = connection.execute(_WINNERS_WITH_DEVICES).fetchall()
     return [(DeviceFingerprint(*row[10:]),
              Winner(*row[:9], _stored_time(row[9]))) for row in rows]
 

@@ -2,10 +2,13 @@
 
 Per bucket: the winner tuned there (the user's database first, then the winners shipped with
 the package), else the nearest such bucket's winner where it is a valid point at this bucket,
-else the seed heuristic's default. A stored winner of the kernel's current source that today's
-space rejects (a bucket outside the policy, a config a constraint now refuses) is not served;
-the plan keeps it with the reason, so that the warmup and the report can say why. Planning
-compiles nothing: the dispatcher, the bench, `cache build` and the report all read it.
+else the device's calibrated cost model's pick (device/funnel.py `predicted_best`: where
+`cutetune calibrate` fitted one, and only for problems planned at warmup: a miss on the call
+path enumerates no space), else the seed heuristic's default. A stored winner of the kernel's
+current source that today's space rejects (a bucket outside the policy, a config a constraint
+now refuses) is not served; the plan keeps it with the reason, so that the warmup and the
+report can say why. Planning compiles nothing: the dispatcher, the bench, `cache build` and the
+report all read it.
 """
 
 from __future__ import annotations
@@ -13,23 +16,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from cutetune.device.calibrated import CalibratedModel
 from cutetune.kernels.registry import KernelDef
 from cutetune.kernels.stored import UnusablePoint, stored_point
+from cutetune.serving.predicted import PredictedPicks
 from cutetune.spaces.buckets import BUCKETS, bucket_index
 from cutetune.spaces.problem import Problem
 
 log = logging.getLogger("cutetune.serving")
 
-TUNED, SHIPPED, NEAREST, DEFAULT = "tuned", "shipped", "nearest", "default"
+TUNED, SHIPPED, NEAREST, PREDICTED, DEFAULT = (
+    "tuned", "shipped", "nearest", "predicted", "default")
 
 
 @dataclass(frozen=True)
 class BucketEntry:
     bucket: int
     config: Any
-    source: str  # TUNED (the user's database), SHIPPED (the package's), NEAREST or DEFAULT
+    source: str  # TUNED (the user's database), SHIPPED (the package's), NEAREST, PREDICTED
+    # or DEFAULT
     tuned_bucket: int | None
 
 
@@ -51,32 +59,47 @@ def nearest_tuned(bucket: int, tuned: Sequence[int]) -> int | None:
 
 class ServingPlan:
     def __init__(self, spec, winners: Iterable[Any] = (), shipped: Iterable[Any] = (),
-                 on_rejected: Callable[[KernelDef, Problem, RejectedWinner], None] | None = None):
+                 on_rejected: Callable[[KernelDef, Problem, RejectedWinner], None] | None = None,
+                 calibrated: CalibratedModel | None = None, picks_file: Path | None = None):
         """`spec`: the DeviceSpec the points are planned for; `winners`: results_db Winner
         records this device may serve (results_db.winners_to_serve); `shipped`: the winners
         shipped with the package (results_db.shipped_winners), served where `winners` has none
         for the bucket; `on_rejected` is told of each rejected winner once, when its problem is
-        first planned."""
+        first planned; `calibrated`: the device's calibrated cost model (None: the heuristic
+        default serves what nothing tuned covers), whose picks are remembered in `picks_file`
+        (serving/predicted.py; None: in this process only) once `save_picks` is called."""
         self.spec = spec
+        self.calibrated = calibrated
+        self._picks = (None if calibrated is None
+                       else PredictedPicks(calibrated, spec, picks_file))
         # Every stored winner, stale ones included: which are current depends on the kernel's
         # source, known only when a kernel is planned.
         self.winners = _by_problem(winners)
         self.shipped = _by_problem(shipped)
         self._on_rejected = on_rejected
-        # Planned once per static problem: the winners do not change.
-        self._planned: dict[tuple[str, str], tuple[BucketEntry, ...]] = {}
+        # Planned once per static problem (and whether predicted points may serve it): the
+        # winners do not change.
+        self._planned: dict[tuple[str, str, bool], tuple[BucketEntry, ...]] = {}
         self._rejected: dict[tuple[str, str], tuple[RejectedWinner, ...]] = {}
 
-    def entries(self, kernel: KernelDef, problem: Problem) -> tuple[BucketEntry, ...]:
-        """What serves each bucket of BUCKETS for `problem`'s static part."""
-        key = (kernel.name, problem.static_key())
+    def entries(self, kernel: KernelDef, problem: Problem,
+                predicted: bool = True) -> tuple[BucketEntry, ...]:
+        """What serves each bucket of BUCKETS for `problem`'s static part; without
+        `predicted`, the heuristic default stands in for the calibrated model's picks (a miss
+        on the call path: enumerating the space there would cost the call)."""
+        key = (kernel.name, problem.static_key(), predicted and self._picks is not None)
         if key not in self._planned:
-            self._planned[key] = self._plan(kernel, problem.with_tokens(1))
+            self._planned[key] = self._plan(kernel, problem.with_tokens(1), key[2])
         return self._planned[key]
 
     def entry_for(self, kernel: KernelDef, problem: Problem) -> BucketEntry:
         """What serves a call of `problem` at its token count."""
         return self.entries(kernel, problem)[bucket_index(problem.num_tokens)]
+
+    def save_picks(self) -> None:
+        """Keep the calibrated model's picks worked out so far for the next start."""
+        if self._picks is not None:
+            self._picks.save()
 
     def rejected(self, kernel: KernelDef, problem: Problem) -> tuple[RejectedWinner, ...]:
         """The stored winners of `problem`'s static part that today's space rejects."""
@@ -103,15 +126,17 @@ class ServingPlan:
             configs[w.bucket] = point.config
         return configs
 
-    def _plan(self, kernel: KernelDef, problem: Problem) -> tuple[BucketEntry, ...]:
+    def _plan(self, kernel: KernelDef, problem: Problem,
+              predicted: bool) -> tuple[BucketEntry, ...]:
         rejected: list[RejectedWinner] = []
         yours = self._current(self.winners, TUNED, kernel, problem, rejected)
         shipped = self._current(self.shipped, SHIPPED, kernel, problem, rejected)
         self._rejected[(kernel.name, problem.static_key())] = tuple(rejected)
         tuned = {**shipped, **yours}
         tuned_buckets = sorted(tuned)
+        picks = None  # worked out where a bucket needs them: a tuned problem needs none
         entries = []
-        for bucket in BUCKETS:
+        for index, bucket in enumerate(BUCKETS):
             at_bucket = problem.with_tokens(bucket)
             if bucket in tuned:
                 entries.append(BucketEntry(bucket, tuned[bucket],
@@ -121,6 +146,9 @@ class ServingPlan:
             if near is not None and kernel.space.first_violation(
                     at_bucket, tuned[near], self.spec) is None:
                 entries.append(BucketEntry(bucket, tuned[near], NEAREST, near))
+            elif predicted:
+                picks = picks or self._picks.for_problem(kernel, problem)
+                entries.append(BucketEntry(bucket, picks[index], PREDICTED, None))
             else:
                 entries.append(BucketEntry(bucket, kernel.default_config(at_bucket, self.spec),
                                            DEFAULT, None))

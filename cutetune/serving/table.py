@@ -38,6 +38,7 @@ from cutetune.kernels.registry import KernelDef
 from cutetune.serving.plan import (
     DEFAULT,
     NEAREST,
+    PREDICTED,
     SHIPPED,
     TUNED,
     BucketEntry,
@@ -45,6 +46,7 @@ from cutetune.serving.plan import (
     say_skipped,
 )
 from cutetune.serving.precompile import ParallelCompiles, precompile
+from cutetune.serving.predicted import PICKS_FILE
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET, bucket_index
 from cutetune.spaces.problem import Problem
 
@@ -86,7 +88,8 @@ class WarmupStats:
 
 class Dispatcher:
     def __init__(self, spec, winners: Iterable[Any] = (), store: ArtifactStore | None = None,
-                 compile_processes: int = 0, shipped: Iterable[Any] = ()):
+                 compile_processes: int = 0, shipped: Iterable[Any] = (),
+                 calibrated: Any = None):
         """`spec`: the DeviceSpec of the GPU in use (None where no GPU is visible: the
         dispatcher then serves nothing and its report says so); `winners`: results_db Winner
         records this device may serve (results_db.winners_to_serve; empty: every call runs
@@ -95,9 +98,13 @@ class Dispatcher:
         memory); `compile_processes`: at most this many processes compile a warmup's missing
         points in parallel (0 or 1: this process compiles them, one after another);
         `shipped`: the winners shipped with the package (results_db.shipped_winners), served
-        where `winners` has none for the bucket."""
+        where `winners` has none for the bucket; `calibrated`: the device's calibrated cost
+        model (results_db.calibration_to_serve_at), whose predicted-best point serves, in the
+        problems warmed up, what no winner covers (None: the heuristic default does)."""
         self.spec = spec
-        self.plan = ServingPlan(spec, winners, shipped, on_rejected=say_skipped)
+        self.plan = ServingPlan(spec, winners, shipped, on_rejected=say_skipped,
+                                calibrated=calibrated,
+                                picks_file=None if store is None else store.directory / PICKS_FILE)
         self.store = store
         self.compile_processes = compile_processes
         self._parallel = ParallelCompiles()
@@ -114,7 +121,7 @@ class Dispatcher:
 
     def _table(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> ProblemTable:
         return ProblemTable(kernel.name, problem.with_tokens(1),
-                            self.plan.entries(kernel, problem), warmed_up)
+                            self.plan.entries(kernel, problem, predicted=warmed_up), warmed_up)
 
     def compiled(self, kernel: KernelDef, problem: Problem, config: Any):
         """The compiled kernel of one point, made ready once per process and dispatcher: loaded
@@ -175,7 +182,9 @@ class Dispatcher:
         """`warmup` of several kernels, their missing points compiled in parallel together."""
         if self.store is not None and self.compile_processes > 1:
             precompile(self.plan, self.store, work, self.compile_processes, self._parallel)
-        return {kernel.name: self._warm(kernel, list(problems)) for kernel, problems in work}
+        stats = {kernel.name: self._warm(kernel, list(problems)) for kernel, problems in work}
+        self.plan.save_picks()
+        return stats
 
     def _warm(self, kernel: KernelDef, problems: list[Problem]) -> WarmupStats:
         start = time.perf_counter()
@@ -277,7 +286,8 @@ class Dispatcher:
                  for name, st in self.stats.items()]
         lines.append(self.cache_summary())
         for (name, static_tuple), table in self._tables.items():
-            by_source: dict[str, list[int]] = {TUNED: [], SHIPPED: [], NEAREST: [], DEFAULT: []}
+            by_source: dict[str, list[int]] = {TUNED: [], SHIPPED: [], NEAREST: [],
+                                               PREDICTED: [], DEFAULT: []}
             for entry in table.entries:
                 by_source[entry.source].append(entry.bucket)
             calls = sum(n for (k, s, _), n in self._default_calls.items()
@@ -288,6 +298,7 @@ class Dispatcher:
                 f"{name} {table.problem.describe()}: {state}; tuned buckets "
                 f"{_ranges(by_source[TUNED])}; shipped {_ranges(by_source[SHIPPED])}; "
                 f"nearest-tuned {_ranges(by_source[NEAREST])}; "
+                f"predicted {_ranges(by_source[PREDICTED])}; "
                 f"default {_ranges(by_source[DEFAULT])}; calls served by default: {calls}"
                 + (f"; calls beyond {MAX_BUCKET} tokens, served by that bucket: {beyond}"
                    if beyond else ""))

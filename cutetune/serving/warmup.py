@@ -69,13 +69,20 @@ def _current_device_spec():
 
 def warmup(model: str | ModelShape, dtype: str = "bfloat16",
            kernels: Sequence[str] | None = None, db_url: str | None = None) -> Dispatcher:
-    """Load this device's winners for every kernel `model` uses, compile them, and make the
-    result the dispatcher that `cutetune.qk_norm` and the other ops call through. `model` is
-    a preset name, the path of a Hugging Face config.json, or a ModelShape (e.g.
-    `cutetune.spaces.models.model_from_hf_config` of a loaded model's config)."""
+    """Load this device's winners for every kernel `model` uses (and, for the buckets none
+    covers, the calibrated cost model's best point where `cutetune calibrate` fitted one for
+    this device), compile them, and make the result the dispatcher that `cutetune.qk_norm`
+    and the other ops call through. `model` is a preset name, the path of a Hugging Face
+    config.json, or a ModelShape (e.g. `cutetune.spaces.models.model_from_hf_config` of a
+    loaded model's config)."""
     from cutetune.device.specs import device_spec_for
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
-    from cutetune.results_db import DeviceFingerprint, shipped_winners, winners_to_serve_at
+    from cutetune.results_db import (
+        DeviceFingerprint,
+        calibration_to_serve_at,
+        shipped_winners,
+        winners_to_serve_at,
+    )
     from cutetune.settings import load_settings
 
     shape = model if isinstance(model, ModelShape) else load_model(model)
@@ -84,10 +91,12 @@ def warmup(model: str | ModelShape, dtype: str = "bfloat16",
     store = artifact_store(settings.cache_dir, fingerprint)
     if store is not None:
         remember_in(store.directory / CODE_HASHES)
+    url = db_url or settings.db_url
     dispatcher = Dispatcher(device_spec_for(fingerprint.gpu_name),
-                            winners_to_serve_at(db_url or settings.db_url, fingerprint), store,
+                            winners_to_serve_at(url, fingerprint), store,
                             compile_processes=os.cpu_count() or 1,
-                            shipped=shipped_winners(fingerprint))
+                            shipped=shipped_winners(fingerprint),
+                            calibrated=calibration_to_serve_at(url, fingerprint))
     work = []
     for name in kernels or kernel_names():
         kernel = get_kernel(name)

@@ -52,6 +52,8 @@ class Family:
     aliases: Mapping[str, str] = field(default_factory=dict)
     # Gemma-style norms scale by (1 + w).
     norm_weight_bias: float = 0.0
+    # Gemma multiplies the token embedding by sqrt(hidden_size) (its ScaledWordEmbedding).
+    scaled_embedding: bool = False
     # "per_head": q_norm and k_norm over head_dim; "flag": so where use_qk_norm is true.
     qk_norm: Literal["none", "per_head", "flag"] = "none"
     mlp: MlpLayout = "dense"
@@ -155,9 +157,10 @@ FAMILIES: tuple[Family, ...] = (
            experts_field="n_routed_experts", shared_experts="count", mla_norm_eps=1e-6),
     # Gemma's norms scale by (1 + w); its MLP's activation is hidden_activation. Gemma 3
     # normalises q and k per head, Gemma 2 does not.
-    Family(("gemma2",), _GEMMA, norm_weight_bias=1.0, activation_field="hidden_activation"),
+    Family(("gemma2",), _GEMMA, norm_weight_bias=1.0, activation_field="hidden_activation",
+           scaled_embedding=True),
     Family(("gemma3_text", "gemma3"), {**_GEMMA, "vocab_size": 262208}, norm_weight_bias=1.0,
-           qk_norm="per_head", activation_field="hidden_activation"),
+           qk_norm="per_head", activation_field="hidden_activation", scaled_embedding=True),
 )
 
 FAMILY_OF_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.model_types}
@@ -239,6 +242,7 @@ def _read(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
         extra_norm_eps=family.mla_norm_eps,
         hidden_act=_activation(family, cfg),
         vocab_size=cfg.positive_int("vocab_size"),
+        embedding_scale=hidden**0.5 if family.scaled_embedding else 1.0,
         **_rope(family, cfg, where),
     )
 

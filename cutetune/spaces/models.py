@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cutetune.spaces.hf_config import UnknownModelError, shape_fields
+from cutetune.spaces.hf_quant import ActivationQuant, activation_quant
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,13 @@ class ModelShape:
     mrope_section: tuple[int, ...] = ()
     # Rows of the token embedding (config.json's vocab_size, or its class's default).
     vocab_size: int | None = None
+    # What the token embedding's rows are multiplied by before the first layer: Gemma's
+    # normaliser, sqrt(hidden_size) (applied rounded to the model's dtype); 1.0 for models
+    # that feed the rows as they are.
+    embedding_scale: float = 1.0
+    # How its linear layers quantise their inputs (quantization_config), None where they read
+    # them unquantised or the config's method is not one cutetune reads.
+    activation_quant: ActivationQuant | None = None
 
     @property
     def rotary_dim(self) -> int | None:
@@ -117,7 +125,8 @@ def model_from_hf_config(raw: dict, name: str, source: str | None = None) -> Mod
     """The model a Hugging Face config describes, read as transformers reads it (its
     model_type's defaults, and what its modeling code builds); multimodal configs nest the text
     model under `text_config`. `source` names the config in messages (default: `name`)."""
-    return ModelShape(name=name, **shape_fields(raw, source or name))
+    fields = shape_fields(raw, source or name)
+    return ModelShape(name=name, **fields, activation_quant=activation_quant(raw, source or name))
 
 
 PRESETS: dict[str, ModelShape] = _load_presets()

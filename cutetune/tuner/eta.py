@@ -170,9 +170,9 @@ class RunEta:
         self._refresh_s = refresh_s
         self._lock = threading.Lock()
         self.started_at = clock()
-        self._busy_start, self._wait_start = measured()
-        self._busy_seen = self._busy_start
+        self._busy_seen, self._wait_seen = measured()
         self._busy_by_kernel: dict[str, float] = {}
+        self._wait_by_kernel: dict[str, float] = {}
         # Compiles not seen finished yet; the seconds of those that ran, per kernel.
         self._unseen = [f for f in self._queue if not f.done()]
         self._compiled: dict[str, list[float]] = {}
@@ -230,15 +230,18 @@ class RunEta:
             self._estimate = None
 
     def _attribute(self, key: tuple) -> None:
-        """The GPU work measured since the last event, to the kernel of the bucket it came from
-        (with several GPU workers, to the one whose event comes first)."""
-        busy, _ = self._measured()
+        """The GPU work and the compile waits measured since the last event, to the kernel of
+        the bucket it came from (with several GPU workers, to the one whose event comes
+        first)."""
+        busy, wait = self._measured()
         bucket = self._buckets.get(key)
         if bucket is not None:
             kernel = bucket.work.kernel
             self._busy_by_kernel[kernel] = (self._busy_by_kernel.get(kernel, 0.0)
                                             + busy - self._busy_seen)
-        self._busy_seen = busy
+            self._wait_by_kernel[kernel] = (self._wait_by_kernel.get(kernel, 0.0)
+                                            + wait - self._wait_seen)
+        self._busy_seen, self._wait_seen = busy, wait
 
     def remaining_s(self) -> float:
         """Seconds until the run's last bucket is stored, as estimated now."""
@@ -292,23 +295,38 @@ class RunEta:
                               / (1 + len(measured)))
         return measured, unmeasured
 
-    def _overhead_scale(self, now: float) -> float:
-        """The tuner's measured time (the buckets' wall time less the GPU work and the compile
-        waits) over the prior's, blended with the prior's 1 by the trials measured."""
-        busy, wait = self._measured()
-        walls = sum((b.finished_at or now) - b.started_at for b in self._order
-                    if b.started_at is not None)
-        measured = max(0.0, walls - (busy - self._busy_start) - (wait - self._wait_start))
-        predicted = sum(TRIAL_OVERHEAD_S * b.done
-                        + BUCKET_OVERHEAD_S * (1.0 if b.finished_at is not None
-                                               else 0.5 if b.in_hand else 0.0)
-                        for b in self._order)
-        return _blend(1.0, measured, predicted, sum(b.done for b in self._order))
+    def _overhead_scales(self, now: float) -> tuple[dict[str, float], float]:
+        """The tuner's measured time (its buckets' wall time less their GPU work and compile
+        waits) over the prior's, per kernel measured (blended with the prior's 1 by its
+        trials); for a kernel not measured yet, the smallest of those (the prior's 1 before
+        any). The time outside the GPU is the run's own (Optuna, the store) plus the kernel's
+        host work (its reference, its inputs), which is the kernel's: moe_dispatch's took three
+        to five times the kernels after it on the H200, and a run's average would price their
+        trials at its rate."""
+        walls: dict[str, float] = {}
+        predicted: dict[str, float] = {}
+        trials: dict[str, int] = {}
+        for bucket in self._order:
+            if bucket.started_at is None:
+                continue
+            kernel = bucket.work.kernel
+            walls[kernel] = walls.get(kernel, 0.0) + (bucket.finished_at or now) - bucket.started_at
+            predicted[kernel] = predicted.get(kernel, 0.0) + (
+                TRIAL_OVERHEAD_S * bucket.done
+                + BUCKET_OVERHEAD_S * (1.0 if bucket.finished_at is not None
+                                       else 0.5 if bucket.in_hand else 0.0))
+            trials[kernel] = trials.get(kernel, 0) + bucket.done
+        measured = {
+            kernel: _blend(1.0, max(0.0, wall - self._busy_by_kernel.get(kernel, 0.0)
+                                    - self._wait_by_kernel.get(kernel, 0.0)),
+                           predicted[kernel], trials[kernel])
+            for kernel, wall in walls.items() if trials[kernel]}
+        return measured, min(measured.values(), default=1.0)
 
     def _played_forward(self, now: float) -> float:
         compile_s, compile_overall = self._compile_rates()
         busy_scale, busy_overall = self._busy_scales()
-        overhead = self._overhead_scale(now)
+        overhead_scale, overhead_unmeasured = self._overhead_scales(now)
         waiting = [f for f in self._queue if not f.done()]
         # Before its first compile the pool is starting up.
         started = any(self._compiled.values()) or not waiting
@@ -326,6 +344,7 @@ class RunEta:
             """When `bucket` ends if its worker goes on with it at `t`."""
             work = bucket.work
             compile_one = compile_s.get(work.kernel, compile_overall)
+            overhead = overhead_scale.get(work.kernel, overhead_unmeasured)
             per_trial = (busy_scale.get(work.kernel, busy_overall) * work.trial_busy_s
                          + overhead * TRIAL_OVERHEAD_S)
 

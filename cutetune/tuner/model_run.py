@@ -34,6 +34,7 @@ from optuna.storages import BaseStorage
 
 from cutetune.build.interrupt import request_stop, safe_points
 from cutetune.build.supervised import ProcessLost
+from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.funnel import candidates_of
 from cutetune.device.roofline import percent_of_roofline
 from cutetune.device.specs import Ceilings, DeviceSpec, device_spec_for
@@ -43,6 +44,7 @@ from cutetune.results_db import (
     DeviceFingerprint,
     QuarantinedPoint,
     StoredRun,
+    calibration_to_serve,
     clear_quarantine,
     latest_ceilings,
     quarantined_points,
@@ -61,6 +63,8 @@ from cutetune.tuner.study_storage import fail_abandoned_in, open_storage
 from cutetune.tuner.tune import BucketPlan, bucket_study_names, plan_bucket, tune_bucket
 
 TUNED, STORED, NO_WINNER, FAILED = "tuned", "stored", "no winner", "failed"
+# What device/ceilings.py measures (and Ceilings holds).
+MEASURED_CEILINGS = {"copy_gbps", "launch_floor_us", "grid_barrier_us"}
 
 
 @dataclass(frozen=True)
@@ -133,13 +137,18 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
         fingerprint = workers.fingerprint
         spec = device_spec_for(fingerprint.gpu_name)
         measured = latest_ceilings(db, fingerprint)
-        if not measured:
-            measured = workers.measure_ceilings()
-            record_ceilings(db, fingerprint, measured)
+        # A database from before a ceiling was measured (the grid barrier's) has it measured
+        # now, beside the others.
+        if not MEASURED_CEILINGS <= set(measured):
+            fresh = workers.measure_ceilings()
+            record_ceilings(db, fingerprint, fresh)
+            measured = {**measured, **fresh}
         ceilings = Ceilings.from_measured(spec, measured)
+        calibrated = calibration_to_serve(db, fingerprint)
         storage = storage if storage is not None else open_storage(db.url)
 
-        summaries, pending = _plan_run(units, buckets, db, fingerprint, spec, ceilings, options)
+        summaries, pending = _plan_run(units, buckets, db, fingerprint, spec, ceilings,
+                                       calibrated, options)
         queued = _compile_ahead(workers, pending, options.budget)
         eta = RunEta.for_run(pending, queued, workers)
         observer = eta.updating(observer)
@@ -224,7 +233,8 @@ class _OneAtATime:
 
 def _plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
               fingerprint: DeviceFingerprint, spec: DeviceSpec, ceilings: Ceilings,
-              options: RunOptions) -> tuple[list[BucketSummary], list[PendingBucket]]:
+              calibrated: CalibratedModel | None, options: RunOptions
+              ) -> tuple[list[BucketSummary], list[PendingBucket]]:
     """The summaries of the buckets stored already, and the buckets left to tune. A bucket
     counts as stored when its latest run took the trials asked for, or every candidate."""
     stored_summaries, pending = [], []
@@ -235,7 +245,7 @@ def _plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
         stored = stored_runs(db, fingerprint, unit.kernel.name, source, static_key)
         quarantined = frozenset(_quarantined(db, fingerprint, unit))
         for bucket in buckets:
-            planned = plan_bucket(unit.kernel, unit.problem, bucket, spec, ceilings)
+            planned = plan_bucket(unit.kernel, unit.problem, bucket, spec, ceilings, calibrated)
             trials = min(options.budget,
                          len(candidates_of(planned.plan, planned.default, quarantined)))
             run = stored.get(planned.bucket)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -79,20 +80,23 @@ class GpuTrialRunner:
     def _reference_us(self) -> float:
         return self._time(self.compiled(self._reference_config)).median_us
 
-    def measure(self, config: Any) -> Measurement:
+    def verified(self, config: Any):
+        """The point compiled and checked against the reference; TrialFailure where it does
+        not compile, launch or compute correctly."""
         compiled = self.compiled(config)
-        try:
-            start = time.perf_counter()
+        start = time.perf_counter()
+        with _as_trial_failure():
             verify(self.kernel, self.problem, compiled, self.device, self.seed)
-            verified = time.perf_counter()
+        self.verify_s += time.perf_counter() - start
+        return compiled
+
+    def measure(self, config: Any) -> Measurement:
+        compiled = self.verified(config)
+        start = time.perf_counter()
+        with _as_trial_failure():
             measured = self._timed(compiled)
-            self.verify_s += verified - start
-            self.timing_s += time.perf_counter() - verified
-            return measured
-        except VerificationError as err:
-            raise TrialFailure(f"wrong result: {err}") from err
-        except RuntimeError as err:  # CUDA launch errors surface as RuntimeError subclasses
-            raise TrialFailure(f"launch failed: {first_line(err)}") from err
+        self.timing_s += time.perf_counter() - start
+        return measured
 
     def _timed(self, compiled) -> Measurement:
         measured = self._time(compiled)
@@ -113,6 +117,17 @@ class GpuTrialRunner:
         measured = time_interleaved([self._launches(self.compiled(c)) for c in configs])
         self.timing_s += time.perf_counter() - start
         return measured
+
+
+@contextlib.contextmanager
+def _as_trial_failure() -> Iterator[None]:
+    """A wrong result or a failed launch as the TrialFailure that stores its reason."""
+    try:
+        yield
+    except VerificationError as err:
+        raise TrialFailure(f"wrong result: {err}") from err
+    except RuntimeError as err:  # CUDA launch errors surface as RuntimeError subclasses
+        raise TrialFailure(f"launch failed: {first_line(err)}") from err
 
 
 def drift_corrected(measured: Measurement, reference_now_us: float,

@@ -9,8 +9,9 @@ from typing import Any
 
 import optuna
 
+from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.funnel import Plan, make_plan
-from cutetune.device.roofline import achieved_gbps, percent_of_roofline
+from cutetune.device.roofline import achieved_gbps, percent_of_roofline, predict
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
 from cutetune.results_db import (
@@ -30,7 +31,7 @@ from cutetune.tuner.study import StudyResult, TrialOutcome, TrialRunner, run_stu
 @dataclass(frozen=True)
 class BucketPlan:
     """What tuning one bucket starts from: the problem at the bucket's own token count (the
-    size the dispatcher serves it for), the roofline's plan and the heuristic default."""
+    size the dispatcher serves it for), the cost model's plan and the heuristic default."""
 
     kernel: KernelDef
     problem: Problem
@@ -51,13 +52,14 @@ def bucket_key(planned: BucketPlan) -> tuple:
 
 
 def plan_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spec: DeviceSpec,
-                ceilings: Ceilings) -> BucketPlan:
-    """The plan of the bucket that serves `num_tokens`."""
+                ceilings: Ceilings, calibrated: CalibratedModel | None = None) -> BucketPlan:
+    """The plan of the bucket that serves `num_tokens`, ranked and pruned by `calibrated`
+    (the device's fitted model) where given, else by the datasheet roofline."""
     problem = static_problem.with_tokens(bucket_of(num_tokens))
     default = kernel.default_config(problem, spec)
     kernel.space.check(problem, default, spec)
-    return BucketPlan(kernel, problem, make_plan(kernel, problem, spec, ceilings), default,
-                      spec, ceilings)
+    return BucketPlan(kernel, problem, make_plan(kernel, problem, spec, ceilings, calibrated),
+                      default, spec, ceilings)
 
 
 def study_name(kernel: KernelDef, problem: Problem, fingerprint: DeviceFingerprint) -> str:
@@ -93,7 +95,9 @@ def trial_record(planned: BucketPlan, outcome: TrialOutcome) -> TrialRecord:
         gbps=achieved_gbps(cost, m.median_us) if m else None,
         pct_roofline=(percent_of_roofline(cost, planned.spec, planned.ceilings, m.median_us)
                       if m else None),
-        predicted_us=outcome.predicted_us,
+        # The datasheet roofline's, whatever model ranked the search: the report sets the
+        # calibrated model's prediction (recomputed from the point) beside it.
+        predicted_us=predict(cost, planned.spec, planned.ceilings).predicted_us,
     )
 
 

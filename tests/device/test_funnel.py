@@ -51,8 +51,8 @@ def test_qwen3_8b_funnel(tokens):
     assert funnel.startswith(f"declared 90 -> valid {plan.valid} (rejected ")
     for name, count in plan.rejected_by.items():
         assert f"{name}: -{count}" in funnel
-    assert (f"kept {len(plan.kept)} (pruned {len(plan.pruned)} predicted over 2x and 2 us "
-            "beyond the best)") in funnel
+    assert (f"kept {len(plan.kept)} (pruned {len(plan.pruned)} by the datasheet roofline: "
+            "predicted over 2x and 2 us beyond the best)") in funnel
 
 
 def test_predictions_grow_with_tokens():

@@ -25,6 +25,14 @@ def test_within_the_output_dtype_tolerance_passes_and_beyond_fails():
         check_outputs(qk.KERNEL, PROBLEM, *outputs_and_expected(0.5), label="run: ")
 
 
+def test_each_rounding_on_the_way_widens_the_tolerance_by_one():
+    rtol, atol = qk.KERNEL.tolerance["bfloat16"]
+    off = 1.5 * (rtol + atol)  # beyond one rounding's tolerance at 1.0, within two
+    with pytest.raises(VerificationError, match="q: 256 of 256 elements off"):
+        check_outputs(qk.KERNEL, PROBLEM, *outputs_and_expected(off))
+    check_outputs(qk.KERNEL, PROBLEM, *outputs_and_expected(off), roundings=2)
+
+
 def test_a_kernel_check_replaces_the_tolerance_comparison():
     seen = []
 

@@ -12,6 +12,7 @@ from cutetune.device.specs import device_spec_for
 from cutetune.device.verify import check_outputs
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import DeviceFingerprint
+from cutetune.spaces.hf_quant import MXFP8
 from cutetune.spaces.models import PRESETS, load_model
 
 pytestmark = pytest.mark.gpu
@@ -27,8 +28,14 @@ def _problem(kernel, tokens: int):
             continue
     import dataclasses
 
-    geglu = dataclasses.replace(load_model("qwen3-0.6b"), hidden_act="gelu_pytorch_tanh")
-    return kernel.problems_for_model(geglu, "bfloat16")[0].with_tokens(tokens)
+    base = load_model("qwen3-0.6b")
+    for model in (dataclasses.replace(base, hidden_act="gelu_pytorch_tanh"),
+                  dataclasses.replace(base, activation_quant=MXFP8)):
+        try:
+            return kernel.problems_for_model(model, "bfloat16")[0].with_tokens(tokens)
+        except NotApplicableError:
+            continue
+    raise AssertionError(f"no model gives {kernel.name} a problem")
 
 
 def _run(kernel, problem, compiled, seed: int, graph: bool):

@@ -12,21 +12,24 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-from cutetune.bench import DEFAULT_NAME, TUNED_NAME, run_bench
+from cutetune.bench import DEFAULT_NAME, TUNED_NAME, UNFUSED_NAME, run_bench
 from cutetune.cli.main import cli
 from cutetune.device.measure import INTERLEAVED_ROUNDS
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import Database, DeviceFingerprint, shipped_winners
 from cutetune.results_db.schema import BenchRow
+from cutetune.spaces.hf_quant import MXFP8
 from cutetune.spaces.models import PRESETS
 
 pytestmark = pytest.mark.gpu
 
 
-# The presets, and one GeGLU model so that gelu_and_mul has a problem too.
+# The presets, and one GeGLU model and one MXFP8 model so that gelu_and_mul and mxfp8_quant
+# have a problem too.
 MODELS = [*PRESETS.values(), dataclasses.replace(PRESETS["qwen3-0.6b"], name="geglu",
-                                                 hidden_act="gelu_pytorch_tanh")]
+                                                 hidden_act="gelu_pytorch_tanh"),
+          dataclasses.replace(PRESETS["qwen3-0.6b"], name="mxfp8", activation_quant=MXFP8)]
 H200 = DEVICE_SPECS["H200"]
 
 
@@ -81,6 +84,11 @@ def test_bench_times_every_candidate_and_stores_the_rows(tmp_path, name):
         row = rows[peer.name]
         assert row.median_us is not None or (
             row.note.startswith("not run:") and "not installed" not in row.note), row.note
+    # A fused kernel's unfused chain of our kernels is ours: it runs and agrees, or bench
+    # raises.
+    if kernel.unfused:
+        (chain,) = [r for r in run.rows if r.implementation.startswith(UNFUSED_NAME)]
+        assert chain.median_us > 0, chain.note
     timed = sum(1 for r in run.rows if r.median_us is not None)
     with db.session() as session:
         assert session.scalar(select(func.count()).select_from(BenchRow)) == timed

@@ -238,6 +238,7 @@ EXPECTED_WIDTHS = {
     "qwen3-30b-a3b": [768],
     "qwen3-235b-a22b": [1536],
     "llama-3.1-8b": [14336],
+    "llama-3.1-8b-fp4": [14336],
     "llama-3.1-70b": [28672],
     "deepseek-v3": [18432, 2048],  # dense layers, then the routed (and shared) experts
     "mixtral-8x7b": [14336],

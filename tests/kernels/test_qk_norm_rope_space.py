@@ -257,11 +257,16 @@ def test_reference_is_qk_norm_s_then_rope_s(style, rotary_dim, weight_bias, scal
     p = problem(num_tokens=9, q_heads=4, kv_heads=2, style=style, rotary_dim=rotary_dim,
                 weight_bias=weight_bias, **scaling)
     t = make_inputs(p, "cpu", torch.Generator().manual_seed(5))
-    normalised = qk_norm.reference(t, qk_norm.QKNormProblem(
-        num_tokens=9, dtype="bfloat16", head_dim=128, q_heads=4, kv_heads=2, eps=1e-6,
-        weight_bias=weight_bias))
+    norm_problem = qk_norm.QKNormProblem(num_tokens=9, dtype="bfloat16", head_dim=128,
+                                         q_heads=4, kv_heads=2, eps=1e-6,
+                                         weight_bias=weight_bias)
     rope_problem = rope.RopeProblem(**{name: getattr(p, name) for name in
                                        rope.RopeProblem.static_names()}, num_tokens=9)
+    # The unfused chain `cutetune bench` times beside it: qk_norm's launch, then rope's, on
+    # the same tensors.
+    assert [(step.kernel, step.problem(p), dict(step.names)) for step in KERNEL.unfused] == [
+        ("qk_norm", norm_problem, {}), ("rope", rope_problem, {})]
+    normalised = qk_norm.reference(t, norm_problem)
     expected = rope.reference({**t, **normalised}, rope_problem)
     ours = reference(t, p)
     for name in ("q", "k"):

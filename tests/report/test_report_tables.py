@@ -177,3 +177,26 @@ def test_the_device_with_the_most_winners_unless_one_is_named(tmp_path):
     assert named.winners.empty and "Nothing is tuned for qwen3-8b" in named.summary()
     assert environment(named).set_index("gpu_name")["reported"].to_dict() == {
         h200.gpu_name: False, h100.gpu_name: True}
+
+
+def test_a_calibration_shows_beside_the_datasheet_and_serves_what_nothing_tuned(
+        tmp_path_factory):
+    from cutetune.serving.plan import PREDICTED
+    from cutetune.tuner.calibrate import calibrate
+
+    url = current_copy(tmp_path_factory.mktemp("calibrated"))
+    db = Database.open(url)
+    (done,) = calibrate(db)
+    db.dispose()
+    assert done.model is not None, done.refused
+    data = load_report_data(url, "qwen3-8b")
+    table = roofline(data).set_index("kernel")
+    measured = data.trials[data.trials["status"] == "ok"]
+    error = ((measured["median_us"] / measured["calibrated_us"]) - 1).abs() * 100
+    assert table.loc["all", "calibrated: median error %"] == pytest.approx(error.median())
+    # Fitted to these very trials, it predicts them better than the datasheet does.
+    assert table.loc["all", "calibrated: median error %"] < table.loc["all", "median error %"]
+    assert "calibrated: median error %" not in roofline(load_report_data(H200_URL, "qwen3-8b"))
+    # What no winner covers is the calibrated model's pick now, not the heuristic's.
+    sources = set(data.coverage["source"])
+    assert DEFAULT not in sources and (PREDICTED in sources or sources <= {TUNED, NEAREST})

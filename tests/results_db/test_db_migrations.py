@@ -21,7 +21,7 @@ from cutetune.results_db import (
     record_tuning_result,
     winners,
 )
-from cutetune.results_db.migrate import _SCRIPTS
+from cutetune.results_db.migrate import _SCRIPTS, unversioned_revision
 from cutetune.results_db.schema import Base
 from cutetune.results_db.schema_version import (
     HEAD,
@@ -119,3 +119,20 @@ def test_the_revisions_are_alembics_in_order():
     script = ScriptDirectory(str(_SCRIPTS))
     assert tuple(reversed([r.revision for r in script.walk_revisions()])) == REVISIONS
     assert script.get_current_head() == HEAD
+
+
+def test_a_database_of_the_calibrations_but_no_claims_is_stamped_0003_and_upgraded(
+        database_url):
+    # As the last cutetune before the versioned tables created them (schema.py's create_all).
+    engine = create_engine(database_url)
+    Base.metadata.create_all(engine, tables=[t for t in Base.metadata.sorted_tables
+                                             if t.name != "bucket_claims"])
+    engine.dispose()
+    db = Database.open(database_url)
+    try:
+        with db.engine.connect() as connection:
+            assert stored_revision(connection) == HEAD
+        assert unversioned_revision({"winners", "quarantine", "calibrations"}) == "0003"
+        assert schema_differences(db) == []
+    finally:
+        db.dispose()

@@ -21,7 +21,7 @@ from cutetune.results_db import (
     winners_to_serve_at,
     winners_with_devices,
 )
-from cutetune.results_db.serving_read import _read, _sqlite_file
+from cutetune.results_db.serving_read import _sqlite_file, _winners
 from testkit.child_process import child_env
 
 RMSNORM_4096 = json.dumps({"dtype": "bfloat16", "eps": 1e-6, "hidden": 4096}, sort_keys=True)
@@ -51,7 +51,11 @@ def stored(tmp_path, make_result, h200, h100) -> str:
 def test_a_sqlite_file_reads_as_sqlalchemy_reads_it(stored, tmp_path, h200, h100):
     db = Database.open(stored)
     try:
-        assert _read(tmp_path / "results.db") == winners_with_devices(db)
+        connection = sqlite3.connect(tmp_path / "results.db")
+        try:
+            assert _winners(connection) == winners_with_devices(db)
+        finally:
+            connection.close()
         for here in (h200, h100):
             assert winners_to_serve_at(stored, here) == winners_to_serve(db, here)
     finally:

@@ -85,6 +85,8 @@ def what_transformers_builds(raw: dict) -> dict:
         else:
             seen["dense"].add(mlp.gate_proj.out_features)
             seen["act"].add(type(mlp.act_fn))
+    # Gemma's ScaledWordEmbedding keeps its scale as a float; a plain nn.Embedding has none.
+    seen["embedding_scale"] = getattr(model.embed_tokens, "scalar_embed_scale", 1.0)
     for name, norm in norms:
         if "linear_attn" in name:
             continue  # Qwen3-Next's gated norm: another kernel, not planned
@@ -120,6 +122,7 @@ def test_reading_matches_what_transformers_builds(raw):
     built = what_transformers_builds(raw)
 
     assert built["hidden"] == {(ours.hidden_size, ours.rms_norm_eps, ours.norm_weight_bias)}
+    assert ours.embedding_scale == built["embedding_scale"]
     qk = _one(built["qk"])
     assert ours.qk_norm == (qk is not None)
     if qk is not None:

@@ -17,6 +17,7 @@ TABLE = {
     "qwen3-30b-a3b": (2048, 32, 4, 128, 1e-6, True, 128, 8),
     "qwen3-235b-a22b": (4096, 64, 4, 128, 1e-6, True, 128, 8),
     "llama-3.1-8b": (4096, 32, 8, 128, 1e-5, False, None, None),
+    "llama-3.1-8b-fp4": (4096, 32, 8, 128, 1e-5, False, None, None),
     "llama-3.1-70b": (8192, 64, 8, 128, 1e-5, False, None, None),
     "deepseek-v3": (7168, None, None, None, 1e-6, False, 256, 8),
     "mixtral-8x7b": (4096, 32, 8, 128, 1e-5, False, 8, 2),

@@ -17,6 +17,36 @@ from cutetune.kernels.embedding import EmbeddingConfig, EmbeddingProblem, _vecto
 ID_TYPES = {"int32": cutlass.Int32, "int64": cutlass.Int64}
 
 
+@cute.jit
+def id_lookup(token_id, table_rows, START: cutlass.Constexpr[int], END: cutlass.Constexpr[int],
+              VOCAB: cutlass.Constexpr[int]):
+    """(local, held, bad) of one token's id: its row in this rank's table (id - START); whether
+    the table holds that row (the id is the rank's, [START, END), and below the table's rows);
+    whether the id is bad (outside the vocabulary [0, VOCAB), or the rank's but past the
+    table's rows). The compares are in the id's own width, so an int64 id is never cut to 32
+    bits before it is known to be in range."""
+    local = token_id - START
+    owned = local >= 0 and token_id < END
+    held = owned and local < table_rows
+    return local, held, token_id < 0 or token_id >= VOCAB or (owned and not held)
+
+
+@cute.jit
+def gather_vector(mW: cute.Tensor, local, held, column, VEC: cutlass.Constexpr[int],
+                  HINTS: cutlass.Constexpr[str]):
+    """Vector `column` (VEC elements) of row `local` of the table mW in registers, loaded
+    with HINTS where `held`, else zeros (another rank's id, or a bad one). A register
+    fragment, not a value: a value loaded under the branch would not be seen past it."""
+    # The vector's address is only computed where the row is not held, never loaded; the
+    # fragment takes its shape, so that its values combine with other vectors of rows.
+    vector = cute.zipped_divide(mW[Int32(local), None], (VEC,))[(None, column)]
+    fragment = cute.make_rmem_tensor_like(vector)
+    fragment.fill(0)
+    if held:
+        cache_hints.load_into(vector, fragment, HINTS)
+    return fragment
+
+
 @cute.kernel
 def _embedding_kernel(mIds: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mError: cute.Tensor,
                       VEC: cutlass.Constexpr[int], VECTORS_PER_THREAD: cutlass.Constexpr[int],
@@ -44,20 +74,9 @@ def _embedding_kernel(mIds: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mErro
     table_rows = cute.size(mW, mode=[0])
     fragments, bad = [], []
     for v in cutlass.range_constexpr(VECTORS_PER_THREAD):
-        # Registers, not values: a value loaded under the branch would not be seen past it.
-        # Another rank's id (or a bad one) keeps the zeros. The compares are in the ids' own
-        # width, so an int64 id is never cut to 32 bits before it is known to be in range; an
-        # id of the rank's past the table's rows reads nothing (and is flagged).
-        local = ids[v] - START
-        owned = local >= 0 and ids[v] < END
-        held = owned and local < table_rows
-        fragment = cute.make_rmem_tensor((VEC,), mO.element_type)
-        fragment.fill(0)
-        if held:
-            tWgW = cute.zipped_divide(mW[Int32(local), None], (VEC,))
-            cache_hints.load_into(tWgW[(None, cols[v])], fragment, HINTS)
-        fragments.append(fragment)
-        bad.append(ids[v] < 0 or ids[v] >= VOCAB or (owned and not held))
+        local, held, bad_id = id_lookup(ids[v], table_rows, START, END, VOCAB)
+        fragments.append(gather_vector(mW, local, held, cols[v], VEC, HINTS))
+        bad.append(bad_id)
     for v in cutlass.range_constexpr(VECTORS_PER_THREAD):
         if rows[v] < tokens:
             tOgO = cute.zipped_divide(mO[rows[v], None], (VEC,))

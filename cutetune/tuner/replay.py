@@ -1,0 +1,155 @@
+"""Searches replayed from stored exhaustive measurements, without a GPU (kernel_tuner calls it
+simulation): the tuner's own plan, pruning and Optuna study, with the trial runner replaced
+by a lookup of each point's measured time. Comparing cost models, pruning bands and budgets
+then costs CPU seconds over many buckets, not GPU hours.
+
+Per bucket, against the exhaustive best (the fastest verified point of every valid one):
+- pruning: the share of valid points the plan keeps, and its regret (the best kept point, or
+  the default the study always times, over the exhaustive best, less one);
+- search: how many trials the study took before one came within SEARCH_BAND of the exhaustive
+  best, as a share of the valid points (an exhaustive search's trials);
+- zero-shot: the gap of the cost model's top pick (what serving picks for an untuned problem)
+  to the exhaustive best.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cutetune.device.calibrated import CalibratedModel
+from cutetune.device.funnel import make_plan, predicted_best
+from cutetune.device.measure import Measurement
+from cutetune.device.specs import Ceilings, DeviceSpec
+from cutetune.kernels.registry import KernelDef
+from cutetune.spaces.problem import Problem
+from cutetune.tuner.defaults import DEFAULT_BUDGET
+from cutetune.tuner.study import TrialFailure, TrialOutcome, run_study
+
+SEARCH_BAND = 0.02  # "within 2% of the exhaustive best"
+ZERO_SHOT_BAND = 0.03  # "the top pick within 3% of the exhaustive winner"
+REGRET_BAND = 0.01  # "regret at most 1%"
+
+
+class ReplayRunner:
+    """A TrialRunner that answers with stored times: `times` maps each config to its measured
+    median, or to None where it failed; a config without a time was not measured."""
+
+    def __init__(self, times: Mapping[Any, float | None]):
+        self.times = times
+
+    def _time(self, config: Any) -> float:
+        if config not in self.times:
+            raise TrialFailure("not measured: the stored measurements lack this point")
+        if self.times[config] is None:
+            raise TrialFailure("failed when measured")
+        return self.times[config]
+
+    def measure(self, config: Any) -> Measurement:
+        return Measurement(self._time(config), 0.0, 1)
+
+    def remeasure(self, configs: Sequence[Any]) -> list[Measurement]:
+        return [self.measure(c) for c in configs]
+
+
+@dataclass(frozen=True)
+class BucketReplay:
+    """One bucket replayed; times in microseconds. `trials_to_band` is None where the search
+    never came within SEARCH_BAND of the best."""
+
+    valid: int
+    kept: int
+    best_us: float
+    best_kept_us: float
+    trials: int
+    trials_to_band: int | None
+    top_pick_us: float | None  # None: the top pick failed when measured
+
+    @property
+    def kept_fraction(self) -> float:
+        return self.kept / self.valid
+
+    @property
+    def regret(self) -> float:
+        return self.best_kept_us / self.best_us - 1
+
+    @property
+    def search_fraction(self) -> float:
+        """Trials to within the band over the valid points; infinite where never."""
+        return float("inf") if self.trials_to_band is None else self.trials_to_band / self.valid
+
+    @property
+    def zero_shot_gap(self) -> float:
+        return float("inf") if self.top_pick_us is None else self.top_pick_us / self.best_us - 1
+
+
+def trials_to_band(measured_in_order: Sequence[float | None], best_us: float,
+                   band: float = SEARCH_BAND) -> int | None:
+    """The number of trials, in the order taken, up to and including the first within `band`
+    of `best_us` (None entries failed); None where none is."""
+    for index, us in enumerate(measured_in_order, 1):
+        if us is not None and us <= best_us * (1 + band):
+            return index
+    return None
+
+
+def replay_bucket(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | None],
+                  spec: DeviceSpec, ceilings: Ceilings, calibrated: CalibratedModel | None,
+                  budget: int = DEFAULT_BUDGET, seed: int = 0) -> BucketReplay:
+    """The tuner's plan and search of `problem` (at its bucket's token count) replayed over
+    `times`, the exhaustive measurements of its valid points."""
+    plan = make_plan(kernel, problem, spec, ceilings, calibrated)
+    valid = [p.config for p in plan.kept + plan.pruned]
+    ok = {c: times[c] for c in valid if times.get(c) is not None}
+    if not ok:
+        raise ValueError(f"no valid point of {kernel.name} {problem.describe()} has a stored "
+                         "time: measure the bucket exhaustively first")
+    default = kernel.default_config(problem, spec)
+    taken: list[TrialOutcome] = []
+    run_study(kernel, plan, default, ReplayRunner(times), budget,
+              f"replay {kernel.name} {problem.static_key()} {problem.num_tokens}",
+              seed=seed, on_trial=taken.append)
+    best = min(ok.values())
+    kept = {p.config for p in plan.kept} | {default}
+    if calibrated is not None:
+        pick = predicted_best(kernel, problem, spec, calibrated, default)
+    else:
+        pick = plan.kept[0].config
+    return BucketReplay(
+        valid=len(valid), kept=len(plan.kept), best_us=best,
+        best_kept_us=min((ok[c] for c in kept if c in ok), default=float("inf")),
+        trials=len(taken),
+        trials_to_band=trials_to_band(
+            [t.measurement.median_us if t.ok else None for t in taken], best),
+        top_pick_us=ok.get(pick))
+
+
+@dataclass(frozen=True)
+class ReplaySummary:
+    """Over buckets: the median kept share, the largest and median regret and the share of
+    buckets within REGRET_BAND, the median search share (infinite where most never came within
+    the band), and the share of buckets whose top pick is within ZERO_SHOT_BAND."""
+
+    buckets: int
+    median_kept_fraction: float
+    max_regret: float
+    median_regret: float
+    within_regret_band: float
+    median_search_fraction: float
+    zero_shot_within_band: float
+
+
+def summarize(replays: Sequence[BucketReplay]) -> ReplaySummary:
+    if not replays:
+        raise ValueError("no bucket to summarize")
+    regrets = [r.regret for r in replays]
+    return ReplaySummary(
+        buckets=len(replays),
+        median_kept_fraction=statistics.median(r.kept_fraction for r in replays),
+        max_regret=max(regrets), median_regret=statistics.median(regrets),
+        within_regret_band=sum(g <= REGRET_BAND for g in regrets) / len(replays),
+        median_search_fraction=statistics.median(r.search_fraction for r in replays),
+        zero_shot_within_band=sum(r.zero_shot_gap <= ZERO_SHOT_BAND
+                                  for r in replays) / len(replays))

@@ -1,0 +1,88 @@
+"""The replay tables from an exhaustive CSV (issue 42 items 2, 3 and 6), on a space whose answer
+is known: rmsnorm's points of three presets and of one held-out model (Qwen2.5-7B, hidden 3584,
+which no preset has), every one timed by a known cost model (grid barriers none: rmsnorm has
+none). Fitted on the presets, the model
+is recovered, so the calibrated replay loses nothing and its top pick is the best everywhere,
+held-out buckets included."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from benchmarks.benchmarks_md import exhaustive_table
+from benchmarks.exhaustive import COLUMNS, HELD_OUT, done_keys, models_of, row_key, work
+from benchmarks.replay_tables import markdown_lines, tables
+from cutetune.device.specs import DEVICE_SPECS
+from cutetune.spaces.models import PRESET_NAMES
+from cutetune.spaces.space import config_to_json
+from testkit.known_cost_model import KNOWN
+
+SPEC = DEVICE_SPECS["H200"]
+MODELS = ("qwen3-0.6b", "qwen3-8b", "llama-3.1-70b", "tests/data/hf_configs/"
+          "Qwen2.5-7B-Instruct.json")
+
+
+@pytest.fixture(scope="module")
+def exhaustive(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("replay") / "exhaustive.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        for model, kernel, problem, config in work(MODELS, ["rmsnorm"], (8, 4096), SPEC):
+            writer.writerow({"model": model, "kernel_name": kernel.name,
+                             "static_key": problem.static_key(), "bucket": problem.num_tokens,
+                             "config_json": config_to_json(config), "status": "ok",
+                             "median_us": KNOWN.predict_us(kernel.cost(problem, config, SPEC),
+                                                           SPEC),
+                             "iqr_us": 0.01, "failure_reason": ""})
+    return path
+
+
+def test_work_lists_each_problem_once_and_done_keys_read_back(exhaustive):
+    with exhaustive.open() as f:
+        rows = list(csv.DictReader(f))
+    keys = done_keys(exhaustive)
+    assert len(keys) == len(rows)  # no point twice, though qwen3-8b and others share problems
+    first = rows[0]
+    assert row_key(first["kernel_name"], first["static_key"], first["bucket"],
+                   first["config_json"]) in keys
+    assert models_of("presets") == PRESET_NAMES and models_of("held-out") == HELD_OUT
+    assert models_of("qwen3-8b,llama-3.1-8b") == ("qwen3-8b", "llama-3.1-8b")
+
+
+def test_tables_recover_the_known_model_and_score_it(exhaustive, tmp_path, monkeypatch):
+    # Exact times: no band is needed, and without one the top pick is the best prediction.
+    monkeypatch.setattr("cutetune.device.calibration_fit.PRUNE_FACTOR_FLOOR", 1.0)
+    rows = {(r["cost_model"], r["scope"], r["kernel"]): r for r in tables(exhaustive)}
+    assert set(rows) == {(m, s, k) for m, s in (("datasheet", "presets"),
+                                                ("calibrated", "presets"),
+                                                ("calibrated", "held-out"))
+                         for k in ("all", "rmsnorm")}
+    calibrated = rows[("calibrated", "presets", "all")]
+    # Three presets, each with a plain and a fused-add norm, at two buckets.
+    assert calibrated["buckets"] == 3 * 2 * 2
+    assert calibrated["max_regret_pct"] == pytest.approx(0.0, abs=1e-6)
+    assert calibrated["zero_shot_within_3pct_share"] == 1.0
+    assert "launch 1.10 us, wave 0.350 us" in calibrated["calibration"]
+    # The exact model keeps only the best's ties; the datasheet's 2x band keeps all.
+    assert calibrated["median_kept_pct"] < rows[("datasheet", "presets", "all")][
+        "median_kept_pct"] == 100.0
+    held_out = rows[("calibrated", "held-out", "all")]
+    assert held_out["buckets"] == 2 * 2
+    assert held_out["zero_shot_within_3pct_share"] == 1.0
+    assert held_out["calibration"] == "fitted on the presets only"
+
+    out = tmp_path / "replay.csv"
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, list(calibrated))
+        writer.writeheader()
+        writer.writerows(rows.values())
+    lines = markdown_lines(out)
+    assert lines[0].startswith("| cost model | buckets of | kernel |")
+    assert any(line.startswith("| calibrated | held-out | all | 4 |") for line in lines)
+    with exhaustive.open() as f:
+        points = sum(1 for _ in f) - 1
+    assert exhaustive_table(exhaustive)[2] == f"| rmsnorm | 8 | {points} | 0 |"
