@@ -9,7 +9,9 @@ it does, and releases the claim when the bucket is stored, or when it stops. A b
 holds is waited for: the tuner asks again every poll interval until the bucket is stored, or
 until the peer's lease expires (it died) and the tuner takes the bucket over, continuing its
 Optuna study from the stored trials as a resumed run does. A run therefore ends when every one
-of its buckets is stored (or was tried here once and failed).
+of its buckets is stored (or was tried here once and failed). A tuner stalled for a whole lease
+(four missed renewals) may find its bucket taken over; both then store a run of it, and the
+bucket keeps the faster winner, as after any two runs.
 """
 
 from __future__ import annotations
