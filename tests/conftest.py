@@ -9,6 +9,18 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 import pytest  # noqa: E402
 
+from testkit.databases import BACKENDS, NO_SERVER, postgres_server_url, scratch_url  # noqa: E402
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request, tmp_path):
+    """The URL of an empty database on each backend: a SQLite file, and a schema of its own on
+    the PostgreSQL server of CUTETUNE_TEST_POSTGRES_URL (skipped, saying so, without one)."""
+    if request.param == "postgresql" and postgres_server_url() is None:
+        pytest.skip(NO_SERVER)
+    with scratch_url(request.param, tmp_path) as url:
+        yield url
+
 
 def pytest_collection_modifyitems(config, items):
     _skip_sweeps_unless_selected(config, items)

@@ -23,6 +23,7 @@ COMMANDS = {
     "import": "cutetune.cli.import_:import_",
     "report": "cutetune.cli.report:report",
     "cache": "cutetune.cli.cache:cache",
+    "db": "cutetune.cli.db:db",
 }
 
 

@@ -4,7 +4,8 @@ Open one with `Database.open(url)` (any SQLite or PostgreSQL SQLAlchemy URL); wr
 `record_*`, read with `winners`, `stored_runs`, `quarantined_points`, `latest_ceilings` and the
 pandas frames (winners, trials, bench rows, devices with their ceilings), export with
 `export_winners` and read an export back with `import_winners` (each row checked first by
-`check_import`, as a freshly tuned winner is). A warmup reads the winners it serves with
+`check_import`, as a freshly tuned winner is); copy winners with their runs, trials and
+ceilings between databases with `copy_results`. A warmup reads the winners it serves with
 `winners_to_serve_at(url, fingerprint)`, which reads a SQLite file without SQLAlchemy.
 """
 
@@ -16,6 +17,8 @@ import importlib
 _DEFINED_IN = {
     **dict.fromkeys(("FORMATS", "CheckedImport", "Refusal", "check_import", "export_winners",
                      "import_winners", "read_winners", "store_import"), "export"),
+    **dict.fromkeys(("BucketKey", "claim_bucket", "release_claim", "renew_claim"), "claims"),
+    **dict.fromkeys(("CopyCounts", "copy_results"), "copy_db"),
     "DeviceFingerprint": "fingerprint",
     **dict.fromkeys(("bench_frame", "calibration_to_serve", "calibrations_with_devices",
                      "clear_quarantine",

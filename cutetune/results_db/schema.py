@@ -208,3 +208,21 @@ class CalibrationRow(Base):
     params_json: Mapped[str] = mapped_column(Text)
     trials: Mapped[int]
     fitted_at: Mapped[datetime]
+
+
+class BucketClaimRow(Base):
+    """A bucket a tuner is searching now: its owner keeps the claim alive with a heartbeat
+    until the bucket is stored; a claim whose lease has expired (its owner died) is taken over
+    by another tuner, which continues the bucket's study from its stored trials."""
+
+    __tablename__ = "bucket_claims"
+    __table_args__ = (UniqueConstraint("kernel_id", "problem_id", "device_id", "bucket"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id"))
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    bucket: Mapped[int]
+    owner: Mapped[str] = mapped_column(Text)
+    claimed_at: Mapped[datetime]
+    expires_at: Mapped[datetime]

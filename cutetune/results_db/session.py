@@ -13,7 +13,11 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from cutetune.results_db.dialects import BACKENDS
-from cutetune.results_db.schema import Base, KernelRow
+from cutetune.results_db.schema import KernelRow
+from cutetune.results_db.schema_version import HEAD, check_known, stored_revision
+
+CONNECT_TIMEOUT_S = 10
+SQLITE_BUSY_TIMEOUT_S = 30
 
 
 class Database:
@@ -31,15 +35,17 @@ class Database:
 
     @classmethod
     def open(cls, url: str, read_only: bool = False) -> Database:
-        """Open (and create, where missing) the database at a SQLAlchemy URL.
+        """Open (and create, where missing) the database at a SQLAlchemy URL, its tables
+        brought to the installed revision (migrate.py; a read-only database is read as it is).
 
         SQLite and PostgreSQL are supported. A SQLite path may start with `~` (the home
         directory); its file gets its parent directory created. `read_only` creates and changes
         nothing: a SQLite file is opened read-only, and one that does not exist (or an
         in-memory database, which holds nothing to read) raises MissingDatabaseError. Raises
         ValueError, naming the URL (password masked), when it is empty or malformed, names an
-        unsupported backend or driver, or a SQLite path that is a directory; a server that
-        cannot be reached or a file that is no database raise SQLAlchemy's DatabaseError.
+        unsupported backend or driver, or a SQLite path that is a directory; NewerSchemaError (a
+        ValueError) where a newer cutetune wrote it; a server that cannot be reached or a file
+        that is no database raise SQLAlchemy's DatabaseError.
         """
         shown = shown_url(url)
         if not url.strip():
@@ -54,20 +60,27 @@ class Database:
                 )
             if parsed.get_backend_name() == "sqlite":
                 parsed = _checked_sqlite(parsed, shown, read_only)
-            engine = create_engine(parsed)
+            engine = create_engine(parsed, connect_args=_connect_args(parsed))
         except (ArgumentError, NoSuchModuleError) as exc:
             raise ValueError(f"invalid database URL {shown!r}: {exc}") from None
         except ImportError as exc:  # the URL's driver (e.g. psycopg) is not installed
+            hint = (" (pip install 'cutetune[postgresql]' installs psycopg)"
+                    if url.lstrip().startswith("postgresql") else "")
             raise ValueError(f"database URL {shown!r} needs a driver that is not installed: "
-                             f"{exc}") from None
+                             f"{exc}{hint}") from None
         if engine.dialect.name == "sqlite":
             try:
                 _prepare_sqlite(engine)
             except OSError as exc:
                 raise ValueError(f"cannot create the directory of database {shown!r}: "
                                  f"{exc.strerror}") from None
-        if not read_only:
-            Base.metadata.create_all(engine)
+        with engine.connect() as connection:
+            revision = stored_revision(connection)
+        check_known(revision, shown)
+        if not read_only and revision != HEAD:
+            from cutetune.results_db.migrate import bring_to_head
+
+            bring_to_head(engine, shown)
         return cls(url, engine)
 
     @contextmanager
@@ -122,6 +135,17 @@ def _checked_sqlite(url: URL, shown: str, read_only: bool) -> URL:
         raise MissingDatabaseError(f"cannot open the database {shown}: no such file")
     return url.set(database=f"file:{path.resolve()}?mode=ro",
                    query={**url.query, "uri": "true"})
+
+
+def _connect_args(url: URL) -> dict[str, Any]:
+    """A server that does not answer is an error after CONNECT_TIMEOUT_S, not a hang (a
+    connect_timeout in the URL wins); a SQLite file another process is writing is waited for
+    up to SQLITE_BUSY_TIMEOUT_S, as tuners sharing one file do."""
+    if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
+        return {"connect_timeout": CONNECT_TIMEOUT_S}
+    if url.get_backend_name() == "sqlite" and "timeout" not in url.query:
+        return {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    return {}
 
 
 def _prepare_sqlite(engine: Engine) -> None:

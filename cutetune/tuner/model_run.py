@@ -12,7 +12,9 @@ winner without its trials.
 With several GPU workers (one per GPU), each takes the next bucket left as it finishes one, in
 a thread of its own: a bucket's trials and its finalists' re-measurement all run on one GPU,
 so its winner is chosen among times of one device. The observer hears the workers one at a
-time.
+time. Several runs on one database (processes, hosts) divide the buckets the same way: each
+bucket is claimed in the database before it is tuned (bucket_claims.py), so each is searched
+once, and a bucket a dead run held is finished by another.
 
 The run reports what it does to an observer (the CLI's progress display), and returns one
 summary row per problem and bucket (in the order the buckets were planned).
@@ -52,6 +54,7 @@ from cutetune.results_db import (
 )
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
+from cutetune.tuner.bucket_claims import DEFAULT_LEASE_S, BucketClaims
 from cutetune.tuner.eta import RunEta
 from cutetune.tuner.finals import TIE_BAND_FLOOR
 from cutetune.tuner.isolated import Workers
@@ -111,6 +114,7 @@ class RunOptions:
     force: bool = False  # re-tune buckets already stored, from their first trial
     retry_failed: bool = False  # try quarantined points again
     tie_band: float = TIE_BAND_FLOOR  # the least band within which finalists tie (finals.py)
+    lease_s: float = DEFAULT_LEASE_S  # how long a bucket's claim holds without a heartbeat
 
 
 @dataclass(frozen=True)
@@ -149,14 +153,22 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
         eta = RunEta.for_run(pending, queued, workers)
         observer = eta.updating(observer)
         observer.started(fingerprint, ceilings, pending, len(summaries), eta)
+        tuned: list[BucketSummary | None] = [None] * len(pending)
+
+        def done_elsewhere(index: int, bucket: PendingBucket, run: StoredRun) -> None:
+            planned = bucket.planned
+            tuned[index] = _stored_summary(Unit(planned.kernel, planned.problem.with_tokens(1)),
+                                           run, "tuned by another process")
+            observer.bucket_finished(tuned[index])
+
+        claims = BucketClaims(db, fingerprint, pending, options.lease_s, done_elsewhere,
+                              options.force)
         if len(workers.gpus) == 1:
-            for bucket in pending:
-                observer.bucket_started(bucket.planned, bucket.trials)
-                summaries.append(_tune_one(bucket.planned, db, workers, storage, options,
-                                           observer))
+            _work_through(claims, tuned, db, workers, storage, options, observer)
         else:
-            summaries += _tune_in_parallel(pending, db, workers, storage, options,
-                                           _OneAtATime(observer))
+            _tune_in_parallel(claims, tuned, db, workers, storage, options,
+                              _OneAtATime(observer))
+        summaries += [summary for summary in tuned if summary is not None]
         # No study of the run's buckets keeps a trial of a dead process RUNNING, those of the
         # buckets found stored included, whose studies the run did not open (study_storage.py).
         fail_abandoned_in(storage, (name for unit in units for name in bucket_study_names(
@@ -164,27 +176,29 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
         return summaries
 
 
-def _tune_in_parallel(pending: Sequence[PendingBucket], db: Database, workers: Workers,
-                      storage: BaseStorage, options: RunOptions,
-                      observer: Observer) -> list[BucketSummary]:
-    """`pending` tuned by a thread per GPU worker, each taking the next bucket left. A thread's
-    error (Ctrl-C at a safe point among them) stops the others at their next safe point, and
-    is raised here once all have stopped."""
-    summaries: list[BucketSummary | None] = [None] * len(pending)
-    left = iter(enumerate(pending))
-    taking = threading.Lock()
+def _work_through(claims: BucketClaims, tuned: list[BucketSummary | None], db: Database,
+                  workers: Workers, storage: BaseStorage, options: RunOptions,
+                  observer: Observer, gpu: int = 0) -> None:
+    """Tune the buckets `claims` hands this GPU worker until none is left, each summary at its
+    bucket's index in `tuned`."""
+    while (taken := claims.take()) is not None:
+        observer.bucket_started(taken.bucket.planned, taken.bucket.trials)
+        with claims.holding(taken):
+            tuned[taken.index] = _tune_one(taken.bucket.planned, db, workers, storage, options,
+                                           observer, gpu)
+
+
+def _tune_in_parallel(claims: BucketClaims, tuned: list[BucketSummary | None], db: Database,
+                      workers: Workers, storage: BaseStorage, options: RunOptions,
+                      observer: Observer) -> None:
+    """The buckets of `claims` tuned by a thread per GPU worker, each taking the next bucket
+    left. A thread's error (Ctrl-C at a safe point among them) stops the others at their next
+    safe point, and is raised here once all have stopped."""
     errors: list[BaseException] = []
 
     def work(gpu: int) -> None:
         try:
-            while not errors:
-                with taking:
-                    index, bucket = next(left, (None, None))
-                if bucket is None:
-                    return
-                observer.bucket_started(bucket.planned, bucket.trials)
-                summaries[index] = _tune_one(bucket.planned, db, workers, storage, options,
-                                             observer, gpu)
+            _work_through(claims, tuned, db, workers, storage, options, observer, gpu)
         except BaseException as error:  # noqa: BLE001 - raised again in the run's thread
             errors.append(error)
             request_stop()
@@ -198,7 +212,6 @@ def _tune_in_parallel(pending: Sequence[PendingBucket], db: Database, workers: W
             thread.join(timeout=0.5)
     if errors:
         raise errors[0]
-    return summaries
 
 
 class _OneAtATime:
@@ -320,11 +333,11 @@ def _tuned_summary(planned: BucketPlan, result: StudyResult) -> BucketSummary:
                          len(result.trials), failures, note)
 
 
-def _stored_summary(unit: Unit, run: StoredRun) -> BucketSummary:
+def _stored_summary(unit: Unit, run: StoredRun, note: str = "stored earlier") -> BucketSummary:
     winner = run.winner
     return BucketSummary(unit.kernel.name, unit.problem, run.bucket,
                          STORED if winner is not None else NO_WINNER,
                          winner.config_json if winner else None,
                          winner.median_us if winner else None,
                          winner.pct_roofline if winner else None, None, run.trials, run.failed,
-                         "stored earlier")
+                         note)

@@ -35,7 +35,10 @@ import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, InMemoryStorage
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import create_engine, text
 
+from cutetune.results_db.schema_version import SCHEMA_LOCK_KEY
+from cutetune.results_db.session import SQLITE_BUSY_TIMEOUT_S
 from cutetune.tuner.trial_owner import TrialOwner
 
 OWNER_ATTR = "cutetune_owner"
@@ -48,9 +51,34 @@ def open_storage(url: str, heartbeat_interval_s: int = 10,
                  grace_period_s: int = 30) -> optuna.storages.RDBStorage:
     """Optuna's storage in the results database, with heartbeats: a trial whose heartbeat is
     older than `grace_period_s` belongs to a dead process and is failed by the next study."""
-    with warnings_silenced():
-        return optuna.storages.RDBStorage(url, heartbeat_interval=heartbeat_interval_s,
+    # On SQLite, a file another tuner is writing is waited for as the results database waits.
+    engine_kwargs = ({"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}}
+                     if url.startswith("sqlite") else None)
+    with warnings_silenced(), schema_lock(url):
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
+                                          heartbeat_interval=heartbeat_interval_s,
                                           grace_period=grace_period_s)
+
+
+@contextmanager
+def schema_lock(url: str) -> Iterator[None]:
+    """On PostgreSQL, hold the lock under which tables are created (schema_version.py) while
+    the block runs: Optuna creates its tables where they are missing, and tuners starting
+    together on a new database would each try (the slower failing on a table that exists)."""
+    if not url.startswith("postgresql"):
+        yield
+        return
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+            try:
+                yield
+            finally:
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"),
+                                   {"key": SCHEMA_LOCK_KEY})
+    finally:
+        engine.dispose()
 
 
 @contextmanager

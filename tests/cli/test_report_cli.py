@@ -83,7 +83,8 @@ def test_bad_model_device_and_database(tmp_path):
         invoke("--model", "qwen3-8b", "--db", H200_URL, "--device", "B200"))
     not_a_db = tmp_path / "text.db"
     not_a_db.write_text("not a database")
-    assert "cannot read the database" in one_error_line(
+    # Refused at open, where the database's schema revision is read.
+    assert "cannot open the database" in one_error_line(
         invoke("--model", "qwen3-8b", "--db", f"sqlite:///{not_a_db}", "--format", "md"))
 
 

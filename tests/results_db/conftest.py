@@ -6,18 +6,10 @@ import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from cutetune.results_db import Database, DeviceFingerprint, TrialRecord, TuningResult
-from cutetune.results_db.schema import Base
-
-# One entry per backend the contract tests run against. PostgreSQL joins with one more entry,
-# its URL read from the environment (a server is shared, hence the drop_all at teardown).
-BACKEND_URLS: dict[str, Callable[[Path], str]] = {
-    "sqlite": lambda tmp_path: f"sqlite:///{tmp_path / 'results.db'}",
-}
 
 # Qwen3-8B's per-head QK-norm, as `Problem.static_key()` writes it.
 QWEN3_8B_QK_NORM = json.dumps(
@@ -26,12 +18,11 @@ QWEN3_8B_QK_NORM = json.dumps(
 )
 
 
-@pytest.fixture(params=sorted(BACKEND_URLS))
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    """An empty results database on each backend of BACKEND_URLS."""
-    database = Database.open(BACKEND_URLS[request.param](tmp_path))
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    """An empty results database on each backend (tests/conftest.py's database_url)."""
+    database = Database.open(database_url)
     yield database
-    Base.metadata.drop_all(database.engine)
     database.dispose()
 
 

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError, StatementError
 
 from cutetune.results_db import Database
 from cutetune.results_db.schema import Base, CeilingRow, KernelRow, TrialRow
+from cutetune.results_db.schema_version import VERSION_TABLE
 
 
 def test_open_creates_the_sqlite_directory_and_every_table(tmp_path):
@@ -17,7 +18,8 @@ def test_open_creates_the_sqlite_directory_and_every_table(tmp_path):
     db = Database.open(f"sqlite:///{path}")
     try:
         assert path.is_file()
-        assert set(inspect(db.engine).get_table_names()) == set(Base.metadata.tables)
+        assert set(inspect(db.engine).get_table_names()) == {*Base.metadata.tables,
+                                                             VERSION_TABLE}
         assert db.url == f"sqlite:///{path}"
     finally:
         db.dispose()
