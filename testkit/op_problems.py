@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 import cutetune.ops  # noqa: F401  (registers every op)
-from cutetune.kernels.registry import NotApplicableError
+from cutetune.kernels.registry import NotApplicableError, Tensors
 from cutetune.ops.registry import OpDef, ops
 from cutetune.spaces.models import PRESET_NAMES, load_model
 from cutetune.spaces.problem import Problem
@@ -75,6 +75,14 @@ def public_calls(op: OpDef, problem: Problem, tokens: int) -> dict[str, Callable
     """The op's public calls, by name, of fresh CPU inputs of `problem` at `tokens` tokens."""
     at = problem.with_tokens(tokens)
     return dict(op.calls(op.kernel.make_inputs(at, "cpu", torch.Generator().manual_seed(0)), at))
+
+
+def written_outputs(op: OpDef, problem: Problem, tensors: Tensors, returned: Any) -> Tensors:
+    """The kernel's tensors a call of op.calls(tensors, problem) was given, with the outputs
+    it wrote: those it returned where the op allocates them (OpDef.returned)."""
+    if op.returned is None:
+        return tensors
+    return {**tensors, **op.returned(returned, problem)}
 
 
 def public_call(name: str, tokens: int) -> Callable[[], Any]:

@@ -21,7 +21,7 @@ from cutetune.fast_call import Constant, Dim, DType, FastCall, Value
 from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, CooperativeGridError
 from cutetune.kernels.qk_norm import KERNEL as QK_KERNEL
 from cutetune.kernels.rmsnorm import KERNEL as RMSNORM_KERNEL
-from cutetune.ops import activation, moe_combine, moe_dispatch, qk_norm, rmsnorm
+from cutetune.ops import activation, fp8_quant, moe_combine, moe_dispatch, qk_norm, rmsnorm
 from cutetune.ops.registry import route_of
 from cutetune.serving.table import Dispatcher
 from cutetune.serving.warmup import set_current
@@ -30,7 +30,8 @@ from testkit.op_problems import call_problems, public_call
 
 
 class Launcher:
-    """A compiled kernel's stand-in: records the data pointers of each call's tensors;
+    """A compiled kernel's stand-in: records the data pointers of each call's tensors (and
+    their shapes and strides, `layouts`);
     refuses, with the error type TVM-FFI raises, the calls whose tensors do not share the
     first one's dtype (int32, int64 and fp32 tensors aside, as the MoE kernels and rope take
     them, and one-byte floats, the quantisation kernels' outputs); raises
@@ -38,6 +39,7 @@ class Launcher:
 
     def __init__(self):
         self.calls = []
+        self.layouts = []
         self.failure: Exception | None = None
 
     def __call__(self, *tensors):
@@ -47,6 +49,7 @@ class Launcher:
         if any(t.dtype is not rows[0].dtype for t in rows):
             raise ValueError("Mismatched Tensor on argument #1, expected dtype=bfloat16")
         self.calls.append(tuple(t.data_ptr() for t in views))
+        self.layouts.append(tuple((tuple(t.shape), t.stride()) for t in views))
         if self.failure is not None:
             raise self.failure
 
@@ -259,6 +262,25 @@ def test_calls_beyond_the_largest_bucket_take_the_checked_path(served, monkeypat
         activation.silu_and_mul(bf16(MAX_BUCKET + 1, 64))
     assert len(checked) == 3
     assert sum(served.dispatcher.beyond_calls().values()) == 2
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["allocated", "given"])
+def test_the_fp8_route_passes_the_kernel_what_the_checked_path_does(served, given,
+                                                                   monkeypatch):
+    """Column-major scales reach the kernel as their transpose, (groups, tokens) rows of the
+    padded token stride, on the route as on the checked path; q is (tokens, width)."""
+    looked = counting_lookups(monkeypatch)
+    x = bf16(5, 512)
+    buffers = {}
+    for _ in range(2):  # the checked path, then the route
+        if given:
+            buffers = {"out": torch.empty(5, 512, dtype=torch.float8_e4m3fn),
+                       "scales": torch.empty_strided((5, 4), (1, 8))}
+        q, scales = fp8_quant.fp8_group_quant(x, 128, column_major_scales=True, **buffers)
+        assert served.launcher.calls[-1][1:] == (q.data_ptr(), scales.data_ptr())
+    assert len(looked) == 1  # the second call took the route
+    checked, routed = served.launcher.layouts
+    assert checked == routed == (((5, 512), (512, 1)), ((5, 512), (512, 1)), ((4, 5), (8, 1)))
 
 
 def test_zero_tokens_take_the_checked_path(served, monkeypatch):

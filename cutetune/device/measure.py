@@ -75,7 +75,9 @@ def time_events(fn: Callable[[], None], repeats: int = REPEATS) -> list[float]:
 def with_fresh_outputs(tensors: Mapping[str, torch.Tensor], outputs: Sequence[str],
                        written_in_place: Sequence[str]) -> dict[str, torch.Tensor]:
     """`tensors` with each of `outputs` not written in place replaced by a new uninitialised
-    tensor of its shape, allocated now.
+    tensor of its shape and strides, allocated now: padded or transposed outputs keep the
+    layout the kernel was given (the column-major FP8 scales, padded to four tokens, as the ops
+    allocate them), where torch.empty_like would make a non-dense one contiguous.
 
     Ours is timed this way because every peer, torch itself and an engine allocate outputs per
     call: in a CUDA graph each replay of such a call writes the same pool block, which stays
@@ -84,7 +86,9 @@ def with_fresh_outputs(tensors: Mapping[str, torch.Tensor], outputs: Sequence[st
     fresh = dict(tensors)
     for name in outputs:
         if name not in written_in_place:
-            fresh[name] = torch.empty_like(tensors[name])
+            given = tensors[name]
+            fresh[name] = torch.empty_strided(given.shape, given.stride(), dtype=given.dtype,
+                                              device=given.device)
     return fresh
 
 

@@ -17,8 +17,9 @@ transpose of the (tokens, groups) column-major scales, (groups, tokens) with a r
 least the tokens, for column-major ones (the op passes scales.t()): both are rows with a
 symbolic stride to the compile.
 
-Peers for `cutetune bench`: the fused form's unfused chain of cutetune's own ops (silu_and_mul,
-then fp8_group_quant); torch.compile of the reference is the bench's own. vLLM's and SGLang's
+For `cutetune bench`: the fused form's unfused chain of our own kernels (KernelDef.unfused:
+silu_and_mul, then fp8_group_quant of the activation it writes, each as the plan serves it);
+torch.compile of the reference is the bench's own. vLLM's and SGLang's
 per_token_group_quant_fp8 would be the library peers, and neither is installed where the
 benchmarks run.
 
@@ -30,14 +31,19 @@ turn, so that a warp's loads are coalesced and any token count is one compile.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 
 import torch
 
 from cutetune.kernels import cache_hints
-from cutetune.kernels.activation import FLOPS_PER_ELEMENT, SILU, SILU_ACTS, _mlp_widths
+from cutetune.kernels.activation import (
+    FLOPS_PER_ELEMENT,
+    SILU,
+    SILU_ACTS,
+    SiluAndMulProblem,
+    _mlp_widths,
+)
 from cutetune.kernels.block_limits import (
     MAX_VECTORS_PER_THREAD,
     WARP,
@@ -61,10 +67,10 @@ from cutetune.kernels.fp8_quant import (
     with_edge_groups,
 )
 from cutetune.kernels.registry import (
+    ChainStep,
     DeviceCompile,
     KernelDef,
     NotApplicableError,
-    Peer,
     Tensors,
     register,
 )
@@ -72,6 +78,8 @@ from cutetune.spaces.models import ModelShape
 from cutetune.spaces.space import Constraint, Param, Space
 
 OUTPUTS = ("q", "scales")
+# The unfused chain's activation (silu_and_mul's out, fp8_group_quant's x): bench_inputs' buffer.
+ACTIVATION = "activation"
 # Lanes of one group hold at least this many bytes of it before the amax (the seed heuristic).
 MIN_BYTES_PER_LANE = 32
 
@@ -281,18 +289,38 @@ def make_inputs(problem: GroupQuantProblem, device, generator: torch.Generator) 
             "scales": kernel_scales(scales, problem.column_major_scales)}
 
 
-def _unfused_chain(problem: SiluAndMulFP8QuantProblem):
-    """cutetune.silu_and_mul, then cutetune.fp8_group_quant of its output: two launches and
-    the bf16 activation written and read back."""
-    ops = importlib.import_module("cutetune.ops")
-    column_major = problem.column_major_scales
+def quant_problem(problem, width: int) -> FP8GroupQuantProblem:
+    """fp8_group_quant's problem for the rows of `width` that a fused FP8 problem (one with
+    the quantisation's fields and a dtype) quantises: its unfused chain's last step."""
+    return FP8GroupQuantProblem(num_tokens=problem.num_tokens, dtype=problem.dtype, hidden=width,
+                                group_size=problem.group_size,
+                                column_major_scales=problem.column_major_scales,
+                                ue8m0=problem.ue8m0)
 
-    def run(t: Tensors) -> dict:
-        q, scales = ops.fp8_group_quant(ops.silu_and_mul(t["x"]), problem.group_size,
-                                        column_major_scales=column_major, ue8m0=problem.ue8m0)
-        return {"q": q, "scales": kernel_scales(scales, column_major)}
 
-    return run
+def with_chain_buffer(make_inputs, name: str, width_of):
+    """bench_inputs of a fused kernel: its make_inputs plus the buffer `name`, (tokens,
+    width_of(problem)) in x's dtype, that its unfused chain's first step writes (allocated
+    per call, as every output is) and its quantisation reads."""
+
+    def bench_inputs(problem, device, generator: torch.Generator) -> Tensors:
+        tensors = dict(make_inputs(problem, device, generator))
+        tensors[name] = torch.empty(problem.num_tokens, width_of(problem),
+                                    dtype=TORCH_DTYPES[problem.dtype], device=device)
+        return tensors
+
+    return bench_inputs
+
+
+# silu_and_mul writes the activation in x's dtype (what the fused form quantises, rounded so),
+# and fp8_group_quant quantises it: the chain's q and scales are the fused kernel's.
+SILU_CHAIN = (
+    ChainStep("silu_and_mul", lambda p: SiluAndMulProblem(
+        num_tokens=p.num_tokens, dtype=p.dtype, intermediate=p.intermediate),
+        names={"out": ACTIVATION}),
+    ChainStep("fp8_group_quant", lambda p: quant_problem(p, p.intermediate),
+              names={"x": ACTIVATION}),
+)
 
 
 def quant_problems_for_model(model: ModelShape, dtype: str) -> list[FP8GroupQuantProblem]:
@@ -324,7 +352,8 @@ def silu_problems_for_model(model: ModelShape, dtype: str) -> list[SiluAndMulFP8
 
 
 def _kernel_def(name: str, description: str, problem_type: type[GroupQuantProblem],
-                problems_for_model, peers: tuple[Peer, ...]) -> KernelDef:
+                problems_for_model, unfused: tuple[ChainStep, ...] = (),
+                bench_inputs=None) -> KernelDef:
     return KernelDef(
         name=name,
         description=description,
@@ -341,15 +370,16 @@ def _kernel_def(name: str, description: str, problem_type: type[GroupQuantProble
         written_in_place=(),
         tolerance={"float32": (0.0, 0.0)},
         source_file=__file__,
-        peers=peers,
         check=check,
+        unfused=unfused,
+        bench_inputs=bench_inputs,
     )
 
 
 QUANT_KERNEL = register(_kernel_def(
     "fp8_group_quant", "FP8 (e4m3) quantisation with one fp32 scale per group of a row",
-    FP8GroupQuantProblem, quant_problems_for_model, ()))
+    FP8GroupQuantProblem, quant_problems_for_model))
 SILU_QUANT_KERNEL = register(_kernel_def(
     "silu_and_mul_fp8_quant", "SwiGLU of a fused gate-up row, quantised to FP8 per group",
-    SiluAndMulFP8QuantProblem, silu_problems_for_model,
-    (Peer("cutetune silu_and_mul, then fp8_group_quant", _unfused_chain),)))
+    SiluAndMulFP8QuantProblem, silu_problems_for_model, SILU_CHAIN,
+    with_chain_buffer(make_inputs, ACTIVATION, lambda p: p.intermediate)))

@@ -19,7 +19,6 @@ lanes of one warp (at most 32, the space's constraint), whose amax their shuffle
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 
@@ -36,7 +35,7 @@ from cutetune.kernels.block_limits import (
 )
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import DTYPE_BYTES, FLOAT_TOLERANCE, TORCH_DTYPES, vector_elements
-from cutetune.kernels.fp8_group_quant import kernel_scales
+from cutetune.kernels.fp8_group_quant import kernel_scales, quant_problem, with_chain_buffer
 from cutetune.kernels.fp8_quant import (
     FP8_DTYPE,
     QUANT_FLOPS_PER_ELEMENT,
@@ -50,9 +49,9 @@ from cutetune.kernels.fp8_quant import (
     with_edge_groups,
 )
 from cutetune.kernels.registry import (
+    ChainStep,
     DeviceCompile,
     KernelDef,
-    Peer,
     Tensors,
     compare,
     register,
@@ -69,6 +68,8 @@ from cutetune.spaces.models import ModelShape
 from cutetune.spaces.space import Constraint, Param, Space
 
 OUTPUTS = ("q", "scales", "residual")
+# The unfused chain's normalised row (rmsnorm's out, fp8_group_quant's x): bench_inputs' buffer.
+NORMED = "normed"
 # The seed heuristic's vectors per thread of a block_per_row row (rmsnorm's).
 TARGET_VECTORS_PER_THREAD = 4
 
@@ -268,22 +269,13 @@ def make_inputs(problem: RMSNormFP8QuantProblem, device, generator: torch.Genera
     }
 
 
-def _unfused_chain(problem: RMSNormFP8QuantProblem):
-    """cutetune.rmsnorm (or fused_add_rmsnorm), then cutetune.fp8_group_quant of its output:
-    two launches, the normalised row written and read back."""
-    ops = importlib.import_module("cutetune.ops")
-    eps, bias, column_major = problem.eps, problem.weight_bias, problem.column_major_scales
-
-    def run(t: Tensors) -> dict:
-        if problem.fused_add:
-            normed, _ = ops.fused_add_rmsnorm(t["x"], t["residual"], t["weight"], eps, bias)
-        else:
-            normed = ops.rmsnorm(t["x"], t["weight"], eps, bias)
-        q, scales = ops.fp8_group_quant(normed, problem.group_size,
-                                        column_major_scales=column_major, ue8m0=problem.ue8m0)
-        return {"q": q, "scales": kernel_scales(scales, column_major), "residual": t["residual"]}
-
-    return run
+# rmsnorm (its fused add where the problem's is: the residual summed in place) writes the
+# normalised row in x's dtype (what the fused kernel quantises, rounded so), and fp8_group_quant
+# quantises it: the chain's q, scales and residual are the fused kernel's.
+UNFUSED = (
+    ChainStep("rmsnorm", lambda p: p.norm_problem(fused_add=p.fused_add), names={"out": NORMED}),
+    ChainStep("fp8_group_quant", lambda p: quant_problem(p, p.hidden), names={"x": NORMED}),
+)
 
 
 def problems_for_model(model: ModelShape, dtype: str) -> list[RMSNormFP8QuantProblem]:
@@ -323,6 +315,7 @@ KERNEL = register(KernelDef(
     written_in_place=("residual",),
     tolerance={"float32": (0.0, 0.0), **FLOAT_TOLERANCE},
     source_file=__file__,
-    peers=(Peer("cutetune rmsnorm, then fp8_group_quant", _unfused_chain),),
     check=check,
+    unfused=UNFUSED,
+    bench_inputs=with_chain_buffer(make_inputs, NORMED, lambda p: p.hidden),
 ))

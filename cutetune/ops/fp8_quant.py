@@ -209,7 +209,14 @@ def _rows_op(kernel: KernelDef, width_field: str, width_of, function):
         calls=calls,
         prepare=prepared,
         traced=traced,
+        returned=_returned_quant,
     ))
+
+
+def _returned_quant(result: tuple[torch.Tensor, torch.Tensor], problem) -> dict:
+    """A call's (q, scales), the scales as the kernel's `scales` holds them."""
+    q, scales = result
+    return {"q": q, "scales": kernel_scales(scales, problem.column_major_scales)}
 
 
 def _halved(width: int) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch.compiler import is_compiling
@@ -341,4 +341,5 @@ _MOE_DISPATCH = register(OpDef(
     calls=_calls,
     prepare=_prepared,
     traced=_traced,
+    returned=lambda result, problem: {f.name: getattr(result, f.name) for f in fields(result)},
 ))

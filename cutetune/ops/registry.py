@@ -78,6 +78,11 @@ class OpDef:
     calls:      (a problem's kernel inputs, by KernelDef.make_inputs' names; the problem) -> the
                 op's public calls of them, by name: what the tests and the host-time
                 benchmarks call
+    returned:   (what one of `calls` returned, the problem) -> the kernel's outputs it holds,
+                by KernelDef.make_inputs' names, in the kernel's layout: for an op some of
+                whose calls allocate their outputs and return them, leaving the tensors they
+                were given unwritten (the tests judge the returned ones); None: every call
+                writes the tensors it is given
     """
 
     kernel: KernelDef
@@ -90,6 +95,7 @@ class OpDef:
     prepare: Callable[..., tuple[tuple | None, Any]] | None = None
     traced: Callable[..., Any] | None = None
     writes: Callable[[Problem], tuple[str, ...]] | None = None
+    returned: Callable[[Any, Problem], Mapping[str, torch.Tensor]] | None = None
 
     @property
     def name(self) -> str:

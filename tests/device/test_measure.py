@@ -23,6 +23,15 @@ def test_outputs_not_written_in_place_are_new_tensors_of_the_same_shape():
     assert set(fresh) == set(tensors) and (tensors["out"] == 0).all()
 
 
+def test_fresh_outputs_keep_the_layout_of_a_padded_transposed_output():
+    # Column-major scales of 5 tokens with the token stride padded to 8, as the kernel takes
+    # them: their transpose, (groups, tokens) rows 8 apart.
+    scales = torch.empty_strided((5, 3), (1, 8)).t()
+    fresh = with_fresh_outputs({"scales": scales}, ("scales",), ())["scales"]
+    assert fresh is not scales
+    assert (fresh.shape, fresh.stride()) == ((3, 5), (8, 1))
+
+
 class _StubPoints:
     def get(self, kernel, problem, config):
         return "compiled"

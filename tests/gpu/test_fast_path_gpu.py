@@ -19,6 +19,7 @@ from cutetune.serving.table import Dispatcher
 from cutetune.serving.warmup import set_current
 from cutetune.spaces.models import PRESETS
 from testkit.compiled_points import compile_all, compiled
+from testkit.op_problems import written_outputs
 from testkit.routed import routed
 
 pytestmark = pytest.mark.gpu
@@ -64,15 +65,6 @@ def _inputs(kernel, problem, seed: int):
     return tensors, kernel.reference(tensors, problem)
 
 
-def _outputs(op: str, tensors: dict, returned) -> dict:
-    """The kernel's tensors with the outputs the op wrote: the allocating moe_dispatch
-    returns its own."""
-    if op != "moe_dispatch":
-        return tensors
-    return {**tensors, **{f.name: getattr(returned, f.name)
-                          for f in dataclasses.fields(returned)}}
-
-
 @pytest.mark.parametrize("name", sorted(op.name for op in ops()))
 def test_routed_calls_compute_the_reference_on_a_side_stream_and_in_a_graph(name, all_tuned):
     kernel = get_op(name).kernel
@@ -96,7 +88,8 @@ def _check_routed(kernel, problem, op: str) -> None:
         assert routed(lambda: returned.append(op_calls(tensors, problem)[op]())), op
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    check_outputs(kernel, problem, _outputs(op, tensors, returned[0]), expected)
+    check_outputs(kernel, problem, written_outputs(get_op(kernel.name), problem, tensors,
+                                                   returned[0]), expected)
 
     warm, _ = _inputs(kernel, problem, seed=3)
     tensors, expected = _inputs(kernel, problem, seed=2)
@@ -110,4 +103,5 @@ def _check_routed(kernel, problem, op: str) -> None:
         graph.replay()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    check_outputs(kernel, problem, _outputs(op, tensors, captured), expected)
+    check_outputs(kernel, problem, written_outputs(get_op(kernel.name), problem, tensors,
+                                                   captured), expected)

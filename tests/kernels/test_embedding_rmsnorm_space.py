@@ -27,6 +27,7 @@ from cutetune.kernels.registry import NotApplicableError, VerificationError, get
 from cutetune.kernels.rmsnorm import BLOCK_PER_ROW, WARP_PER_ROW
 from cutetune.serving.plan import ServingPlan
 from cutetune.spaces.models import PRESETS, ModelShape, load_model
+from testkit.reference_runner import reference_runner
 
 H200 = DEVICE_SPECS["H200"]
 DTYPES = ("bfloat16", "float16", "float32")
@@ -299,29 +300,13 @@ def test_the_unfused_chain_is_embedding_then_rmsnorm():
         ("rmsnorm", p.norm, {"x": "residual", "weight": "norm_weight"})]
 
 
-def _reference_runner(served):
-    def runner(kernel, problem, config, points):
-        served.append((kernel.name, problem))
-
-        def run(tensors):
-            expected = kernel.reference(tensors, problem)
-            written = dict(tensors)
-            for name in kernel.outputs:  # outputs allocated per call, as ours_runner does
-                if name not in kernel.written_in_place:
-                    written[name] = torch.empty_like(tensors[name])
-                written[name].copy_(expected[name])
-            return {name: written[name] for name in kernel.outputs}
-        return run
-    return runner
-
-
 def test_bench_runs_the_chain_on_the_tensors_the_lookup_wrote(monkeypatch):
     """Each step stands in as its kernel's reference: the chain must give the fused
     reference, rmsnorm reading the lookup's rows as x (and as its unused residual)."""
     from cutetune import bench
 
     served = []
-    monkeypatch.setattr(bench, "ours_runner", _reference_runner(served))
+    monkeypatch.setattr(bench, "ours_runner", reference_runner(served))
     p = problem(num_tokens=9, hidden=512, vocab_size=300)
     found = {c.name: c for c in candidates(KERNEL, p, ServingPlan(H200), CompiledPoints())}
     chain = found[f"{UNFUSED_NAME}: embedding + rmsnorm"]
@@ -336,7 +321,7 @@ def test_bench_runs_the_chain_on_the_tensors_the_lookup_wrote(monkeypatch):
 def test_bench_has_no_chain_for_a_scaled_embedding(monkeypatch):
     from cutetune import bench
 
-    monkeypatch.setattr(bench, "ours_runner", _reference_runner([]))
+    monkeypatch.setattr(bench, "ours_runner", reference_runner([]))
     found = {c.name: c for c in candidates(KERNEL, gemma(num_tokens=3), ServingPlan(H200),
                                            CompiledPoints())}
     chain = found[f"{UNFUSED_NAME}: embedding + rmsnorm"]

@@ -140,7 +140,12 @@ def test_nan_is_left_out_of_the_amax_and_infinity_makes_the_group_zero_and_nan()
 def test_check_is_exact_and_tells_nan_and_the_sign_of_zero():
     expected = {"q": torch.tensor([[1.0, float("nan"), 0.0]])}
     check_exact({"q": expected["q"].to(torch.float8_e4m3fn)}, expected, ("q",))
-    for wrong in ([[1.125, float("nan"), 0.0]], [[1.0, 2.0, 0.0]], [[1.0, float("nan"), -0.0]]):
+    # A NaN of either sign is the NaN expected: e4m3's 0xFF as well as 0x7F.
+    negative_nan = torch.tensor([[0x38, 0xFF, 0x00]], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    assert torch.signbit(negative_nan.float()[0, 1])
+    check_exact({"q": negative_nan}, expected, ("q",))
+    for wrong in ([[1.125, float("nan"), 0.0]], [[1.0, 2.0, 0.0]], [[1.0, float("nan"), -0.0]],
+                  [[float("nan"), float("nan"), 0.0]]):
         with pytest.raises(VerificationError, match="q: 1 of 3 elements differ"):
             check_exact({"q": torch.tensor(wrong)}, expected, ("q",))
 
