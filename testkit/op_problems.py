@@ -1,41 +1,30 @@
 """Every registered op (cutetune.ops.registry) with the static problems real models give its
-kernel: those of the presets and of the committed Hugging Face configs, one per static key. The
-tests that cover every op iterate these, so that a new op is covered once it is registered."""
+kernel: those of the presets and of the committed Hugging Face configs (testkit.model_problems),
+one per static key. The tests that cover every op iterate these, so that a new op is covered
+once it is registered."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 import cutetune.ops  # noqa: F401  (registers every op)
-from cutetune.kernels.registry import NotApplicableError, Tensors
+from cutetune.kernels.registry import Tensors
 from cutetune.ops.registry import OpDef, ops
-from cutetune.spaces.models import PRESET_NAMES, load_model
 from cutetune.spaces.problem import Problem
-
-HF_CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "data" / "hf_configs"
+from testkit.model_problems import model_problems
 
 
 @functools.cache
 def op_problems() -> tuple[tuple[OpDef, Problem], ...]:
     """(op, static problem) for every static problem of every op's kernel the models give."""
-    models = [load_model(name) for name in PRESET_NAMES]
-    models += [load_model(str(path)) for path in sorted(HF_CONFIGS.glob("*.json"))]
     found = []
     for op in ops():
-        problems = {}
-        for model in models:
-            try:
-                given = op.kernel.problems_for_model(model, "bfloat16")
-            except NotApplicableError:
-                continue
-            problems.update((p.static_key(), p) for p in given)
-        assert problems, f"no model in the presets or {HF_CONFIGS} uses op {op.name}"
+        problems = {p.static_key(): p for p in model_problems(op.kernel)}
         for variant in (v for p in list(problems.values()) for v in _variants(op.name, p)):
             problems.setdefault(variant.static_key(), variant)
         found += [(op, problem) for problem in problems.values()]

@@ -20,7 +20,7 @@ from benchmarks import benchmarks_md  # noqa: E402
 from benchmarks import hf_decode_step as bench  # noqa: E402
 from cutetune.integrations.transformers import patch  # noqa: E402
 from cutetune.spaces.models import PRESET_NAMES, load_model, model_from_hf_config  # noqa: E402
-from testkit.op_problems import HF_CONFIGS  # noqa: E402
+from testkit.model_problems import HF_CONFIGS  # noqa: E402
 
 # transformers' class per family (the integration's FAMILIES prefix, ForCausalLM).
 CLASSES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",

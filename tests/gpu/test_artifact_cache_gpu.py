@@ -10,32 +10,15 @@ import torch
 from cutetune.build.artifacts import ArtifactStore, arch_for
 from cutetune.device.specs import device_spec_for
 from cutetune.device.verify import check_outputs
-from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
+from cutetune.kernels.registry import get_kernel, kernel_names
 from cutetune.results_db import DeviceFingerprint
-from cutetune.spaces.hf_quant import MXFP8
-from cutetune.spaces.models import PRESETS, load_model
+from testkit.model_problems import first_model_problems
 
 pytestmark = pytest.mark.gpu
-GELU_MODEL = "gelu-model"
 
 
 def _problem(kernel, tokens: int):
-    models = [*PRESETS]
-    for name in models:
-        try:
-            return kernel.problems_for_model(load_model(name), "bfloat16")[0].with_tokens(tokens)
-        except NotApplicableError:
-            continue
-    import dataclasses
-
-    base = load_model("qwen3-0.6b")
-    for model in (dataclasses.replace(base, hidden_act="gelu_pytorch_tanh"),
-                  dataclasses.replace(base, activation_quant=MXFP8)):
-        try:
-            return kernel.problems_for_model(model, "bfloat16")[0].with_tokens(tokens)
-        except NotApplicableError:
-            continue
-    raise AssertionError(f"no model gives {kernel.name} a problem")
+    return first_model_problems(kernel)[0].with_tokens(tokens)
 
 
 def _run(kernel, problem, compiled, seed: int, graph: bool):

@@ -4,9 +4,7 @@ runs agrees with the reference and is timed, the rows land in the DB, and the CL
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import dataclasses
 
 import pytest
 from click.testing import CliRunner
@@ -16,33 +14,24 @@ from cutetune.bench import DEFAULT_NAME, TUNED_NAME, UNFUSED_NAME, run_bench
 from cutetune.cli.main import cli
 from cutetune.device.measure import INTERLEAVED_ROUNDS
 from cutetune.device.specs import DEVICE_SPECS
-from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
+from cutetune.kernels.registry import get_kernel, kernel_names
 from cutetune.results_db import Database, DeviceFingerprint, shipped_winners
 from cutetune.results_db.schema import BenchRow
-from cutetune.spaces.hf_quant import MXFP8
-from cutetune.spaces.models import PRESETS
+from testkit.model_problems import preset_problems
 
 pytestmark = pytest.mark.gpu
 
 
-# The presets, and one GeGLU model and one MXFP8 model so that gelu_and_mul and mxfp8_quant
-# have a problem too.
-MODELS = [*PRESETS.values(), dataclasses.replace(PRESETS["qwen3-0.6b"], name="geglu",
-                                                 hidden_act="gelu_pytorch_tanh"),
-          dataclasses.replace(PRESETS["qwen3-0.6b"], name="mxfp8", activation_quant=MXFP8)]
 H200 = DEVICE_SPECS["H200"]
 
 
 def cheapest_problem(kernel):
-    """The problem of the models that moves the fewest bytes at TOKENS: a peer's first call
-    (Triton's autotuning, torch.compile) costs time by the size of what it is given, and
-    DeepSeek-V3's MoE combine took five minutes here."""
-    problems = []
-    for model in MODELS:
-        with contextlib.suppress(NotApplicableError):
-            problems += kernel.problems_for_model(model, "bfloat16")
-    assert problems, f"no preset gives {kernel.name} a problem"
-    return min(problems, key=lambda problem: _bytes_moved(kernel, problem.with_tokens(TOKENS)))
+    """The problem of the presets (the committed configs where no preset applies) that moves
+    the fewest bytes at TOKENS: a peer's first call (Triton's autotuning, torch.compile) costs
+    time by the size of what it is given, and DeepSeek-V3's MoE combine took five minutes
+    here."""
+    return min(preset_problems(kernel),
+               key=lambda problem: _bytes_moved(kernel, problem.with_tokens(TOKENS)))
 
 
 def _bytes_moved(kernel, problem) -> int:

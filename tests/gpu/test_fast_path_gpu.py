@@ -12,13 +12,12 @@ import torch
 
 from cutetune.device.specs import device_spec_for
 from cutetune.device.verify import check_outputs
-from cutetune.kernels.registry import NotApplicableError
 from cutetune.ops.registry import get_op, ops
 from cutetune.serving.plan import DEFAULT, TUNED, ServingPlan
 from cutetune.serving.table import Dispatcher
 from cutetune.serving.warmup import set_current
-from cutetune.spaces.models import PRESETS
 from testkit.compiled_points import compile_all, compiled
+from testkit.model_problems import first_model_problems
 from testkit.op_problems import written_outputs
 from testkit.routed import routed
 
@@ -47,16 +46,8 @@ def all_tuned(monkeypatch):
 
 
 def _problems(kernel) -> list:
-    """The static problems of the first preset model the kernel applies to, at TOKENS
-    (gelu_and_mul: a model made to use it)."""
-    for model in [*PRESETS.values(), dataclasses.replace(PRESETS["qwen3-0.6b"],
-                                                         hidden_act="gelu_pytorch_tanh")]:
-        try:
-            return [p.with_tokens(TOKENS)
-                    for p in kernel.problems_for_model(model, "bfloat16")]
-        except NotApplicableError:
-            continue
-    raise AssertionError(f"no model for {kernel.name}")
+    """The static problems of the first model that applies to the kernel, at TOKENS."""
+    return [p.with_tokens(TOKENS) for p in first_model_problems(kernel)]
 
 
 def _inputs(kernel, problem, seed: int):

@@ -15,6 +15,7 @@ from cutetune.kernels.block_quant import (
     BlockQuantConfig,
     MXFP8QuantProblem,
     NVFP4QuantProblem,
+    _e2m1_codes,
     cost,
     default_config,
     make_inputs,
@@ -23,6 +24,7 @@ from cutetune.kernels.block_quant import (
 )
 from cutetune.kernels.registry import NotApplicableError, VerificationError, get_kernel
 from cutetune.spaces.models import PRESETS
+from testkit.capturable import run_on_meta
 
 H200, B200 = DEVICE_SPECS["H200"], DEVICE_SPECS["B200"]
 
@@ -190,3 +192,31 @@ def test_make_inputs_and_the_bitwise_check(make):
     wrong["q"] = wrong["q"].view(expected["q"].dtype)
     with pytest.raises(VerificationError, match=r"q: 1 of .* bytes differ; first at \(7, 3\)"):
         kernel.check(wrong, expected, problem)
+
+
+@pytest.mark.parametrize("layout", ["swizzled", "row_major"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("make", [mx, nv])
+def test_the_reference_is_capturable_in_a_cuda_graph(make, dtype, layout):
+    # The bench times the reference inside a CUDA graph capture: no tensor from host data, no
+    # CPU table, no read back (testkit.capturable).
+    problem = make(num_tokens=130, hidden=256, dtype=dtype, scale_layout=layout)
+    tensors = make_inputs(problem, "cpu", torch.Generator().manual_seed(0))
+    expected = run_on_meta(lambda on_meta: reference(on_meta, problem), tensors)
+    assert {name: tuple(t.shape) for name, t in expected.items()} == {
+        name: tuple(t.shape) for name, t in reference(tensors, problem).items()}
+
+
+def test_e2m1_rounding_of_every_half_precision_value():
+    # Every finite bf16 and fp16 value (the midpoints 0.25 ... 5 and their neighbours among
+    # them) against the nearest e2m1 magnitude found by distance, ties to the even code.
+    bits = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16)
+    y = torch.cat([bits.view(torch.bfloat16).float(), bits.view(torch.float16).float()])
+    y = y[~y.isnan()]
+    values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    distance = (y.abs().clamp(max=6).unsqueeze(-1) - values).abs()
+    nearest = distance.min(dim=-1, keepdim=True).values
+    # The even code among the nearest: codes 0..7 scored by being nearest, then by evenness.
+    score = (distance == nearest) * 2 + (torch.arange(8) % 2 == 0)
+    expected = score.argmax(dim=-1) + 8 * torch.signbit(y)
+    assert torch.equal(_e2m1_codes(y), expected.to(torch.uint8))
