@@ -24,14 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from cutetune.kernels import cache_hints
+from cutetune.kernels import cache_hints, rmsnorm
 from cutetune.kernels.block_limits import (
     MAX_ELEMENTS_PER_THREAD,
     MAX_VECTORS_PER_THREAD,
     WARP,
     block_fits_register_file,
     block_size_within_device,
-    estimated_registers,
 )
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import DTYPE_BYTES, FLOAT_TOLERANCE, TORCH_DTYPES, vector_elements
@@ -94,6 +93,11 @@ class RMSNormFP8QuantProblem(GroupQuantFields):
         if not isinstance(self.fused_add, bool):
             raise ValueError(f"fused_add must be a bool, got {self.fused_add!r}")
 
+    @property
+    def norm(self) -> RMSNormProblem:
+        """The norm this kernel computes, as rmsnorm states it."""
+        return self.norm_problem(self.fused_add)
+
     def norm_problem(self, fused_add: bool) -> RMSNormProblem:
         """The RMSNorm this quantises the output of, written in x's dtype."""
         return RMSNormProblem(num_tokens=self.num_tokens, dtype=self.dtype, out_dtype=self.dtype,
@@ -101,29 +105,26 @@ class RMSNormFP8QuantProblem(GroupQuantFields):
                               fused_add=fused_add)
 
 
+# The row's split over threads is rmsnorm's, of the norm this quantises the output of (written
+# in x's dtype, so its vectors are x's).
 def _vector_elements(problem: RMSNormFP8QuantProblem, config: RMSNormConfig) -> int:
-    return vector_elements(problem.dtype, config.vector_bits)
-
-
-def _threads_per_row(config: RMSNormConfig) -> int:
-    return config.warps_per_block * WARP if config.form == BLOCK_PER_ROW else WARP
+    return rmsnorm._vector_elements(problem.norm, config)
 
 
 def _vectors_per_row(problem: RMSNormFP8QuantProblem, config: RMSNormConfig) -> int:
-    return problem.hidden // _vector_elements(problem, config)
+    return rmsnorm._vectors_per_row(problem.norm, config)
 
 
 def _vectors_per_thread(problem: RMSNormFP8QuantProblem, config: RMSNormConfig) -> int:
-    return -(-_vectors_per_row(problem, config) // _threads_per_row(config))
+    return rmsnorm._vectors_per_thread(problem.norm, config)
 
 
 def _elements_per_thread(problem: RMSNormFP8QuantProblem, config: RMSNormConfig) -> int:
-    return _vectors_per_thread(problem, config) * _vector_elements(problem, config)
+    return rmsnorm._elements_per_thread(problem.norm, config)
 
 
 def _registers_per_thread(problem: RMSNormFP8QuantProblem, config: RMSNormConfig) -> int:
-    # The row's and the weight's shares in fp32.
-    return estimated_registers(2 * _elements_per_thread(problem, config))
+    return rmsnorm._registers_per_thread(problem.norm, config)
 
 
 SPACE = Space(
@@ -148,7 +149,7 @@ SPACE = Space(
             "no_idle_threads",
             "every thread of a row must own at least one vector (no more threads per row "
             "than vectors in it)",
-            lambda p, c, d: _threads_per_row(c) <= _vectors_per_row(p, c),
+            lambda p, c, d: rmsnorm._threads_per_row(c) <= _vectors_per_row(p, c),
         ),
         Constraint(
             "row_fits_registers",
@@ -200,11 +201,10 @@ def cost(problem: RMSNormFP8QuantProblem, config: RMSNormConfig, device) -> Cost
     moved = (elements * (in_bytes + (2 * in_bytes if problem.fused_add else 0) + 1)
              + problem.hidden * in_bytes
              + scales_bytes(problem.num_tokens, problem.hidden, problem.group_size))
-    rows_per_block = 1 if config.form == BLOCK_PER_ROW else config.warps_per_block
     return Cost(
         bytes_moved=moved,
         flops=((5 if problem.fused_add else 4) + QUANT_FLOPS_PER_ELEMENT) * elements,
-        blocks=-(-problem.num_tokens // rows_per_block),
+        blocks=-(-problem.num_tokens // rmsnorm._rows_per_block(config)),
         threads_per_block=config.warps_per_block * WARP,
         registers_per_thread=_registers_per_thread(problem, config),
         smem_per_block=4 * config.warps_per_block if (
