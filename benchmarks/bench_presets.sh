@@ -29,11 +29,12 @@ for pair in "${pairs[@]}"; do
     kernel=${pair%%:*} model=${pair#*:}
     name=$(basename "$(dirname "$model/x")")
     [ "$name" = config.json ] && name=$(basename "$(dirname "$model")")
+    name=${name%.json}
     file=bench-$name-$kernel-$commit.csv
     echo "$(date +%T) bench $kernel $model"
     if python3 -m cutetune.cli.main bench "$kernel" --model "$model" --tokens "$tokens" \
         --out "$out/$file" > "$out/${file%.csv}.log" 2>&1; then
-        echo "$file,bench,$commit,$date,one $machine,\"cutetune bench $kernel --model $model" \
+        echo "$file,bench,$commit,$date,\"one $machine\",\"cutetune bench $kernel --model $model" \
             "--tokens $tokens --out F\"" >> "$out/index-rows.csv"
     else
         echo "bench $pair failed: see ${file%.csv}.log"

@@ -31,8 +31,8 @@ def all_tuned(monkeypatch):
     every bucket), its points compiled once for the session."""
     plan = ServingPlan._plan
 
-    def tuned(self, kernel, problem):
-        entries = plan(self, kernel, problem)
+    def tuned(self, kernel, problem, predicted):
+        entries = plan(self, kernel, problem, predicted)
         compile_all(kernel, problem, {e.config for e in entries})
         return tuple(dataclasses.replace(e, source=TUNED) if e.source == DEFAULT else e
                      for e in entries)
