@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = ROOT / "benchmarks" / "targets.md"
 OUT = ROOT / "BENCHMARKS.md"
-KINDS = ("bench", "tuned", "tune_walls", "tune_eta", "winner_repro", "warm_start",
-         "host_overhead", "host_units", "hf_drop_in", "exhaustive", "replay")
+KINDS = ("bench", "tuned", "tune_walls", "tune_eta", "winner_repro", "shared_db", "db_overhead",
+         "warm_start", "host_overhead", "host_units", "hf_drop_in", "exhaustive", "replay")
 # The buckets the tuned tables show, decode to prefill.
 SHOWN_BUCKETS = (1, 8, 64, 512, 4096, 32768)
 
@@ -177,6 +177,42 @@ def winner_repro_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         "measured in the same run (side by side where both were finalists), against that "
         "run's tie band. Each source is a folder of the runs' CSVs, compared here.", rows,
         lambda folder: winner_repro_lines(compare_files(sorted(folder.glob("*-run*.csv")))))
+
+
+def shared_db_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    return sourced_section(
+        "## One model tuned against PostgreSQL",
+        "`cutetune tune --model M` against a PostgreSQL server on the GPU machine (run 1), then "
+        "the same command into a SQLite file (run 2), one process each "
+        "(`benchmarks/shared_db_run.sh`; issue 41): the buckets both runs named the same winner "
+        "for, and where they differ, the largest gap between the two winners measured in one "
+        "run (side by side where both were finalists, else by search times; the PostgreSQL "
+        "run's studies stay on its server, so its gaps are search times), against the tie band. "
+        "Two fresh runs into SQLite differ as often (\"Winners of fresh runs\").", rows,
+        lambda folder: winner_repro_lines(compare_files(sorted(folder.glob("*-run*.csv")))))
+
+
+def db_overhead_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    return sourced_section(
+        "## What the results database costs a trial",
+        "The tuner's own time per trial against each database (`python3 -m "
+        "benchmarks.db_trial_overhead`: a test kernel's buckets tuned by the real tuner, the "
+        "GPU worker answering at once, so what is left is claims, Optuna's storage with its "
+        "heartbeats and the stored runs), and what it adds over Optuna's studies held in "
+        "memory. For scale: the PostgreSQL run above verified and timed 480 trials in 47 s of "
+        "GPU work, about 0.1 s a trial.", rows,
+        db_overhead_table)
+
+
+def db_overhead_table(path: Path) -> list[str]:
+    frame = pd.read_csv(path)
+    lines = ["| database | buckets | trials | ms per trial | added ms per trial |",
+             "|---|---:|---:|---:|---:|"]
+    for r in frame.itertuples():
+        name = "PostgreSQL (loopback)" if r.database.startswith("postgresql") else r.database
+        lines.append(f"| {name} | {r.buckets} | {r.trials} | {r.ms_per_trial:.1f} | "
+                     f"{r.added_ms_per_trial:.1f} |")
+    return lines
 
 
 # Issue 38 item 3: the ETA within this share of the true remaining time from 5% of the trials.
@@ -383,6 +419,7 @@ SECTIONS = {"bench": bench_section, "tuned": tuned_section, "tune_walls": tune_w
             "host_overhead": host_overhead_section,
             "host_units": host_units_section,
             "hf_drop_in": hf_drop_in_section, "winner_repro": winner_repro_section,
+            "shared_db": shared_db_section, "db_overhead": db_overhead_section,
             "exhaustive": exhaustive_section, "replay": replay_section}
 
 

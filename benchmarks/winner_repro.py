@@ -13,6 +13,11 @@ when the longest one so far would not fit in --budget-s.
     python3 -m benchmarks.winner_repro run --out OUT [--state DIR] [--models M,M]
         [--runs 1,2,3,4,5] [--tokens 1,8,...] [--budget-s 540]
 
+A database tuned elsewhere (another URL, or a file `cutetune export --format db` wrote) gives
+the same CSV:
+
+    python3 -m benchmarks.winner_repro rows DB_URL --model M --run K --out OUT/M-runK.csv
+
 Step 2, anywhere: compare the runs' CSVs per (model, kernel, problem, bucket) and write one row
 each: how many runs named how many winners, and where they differ, the largest gap between the
 winner of a run and another run's winner, measured in that run (side by side where both were
@@ -82,15 +87,21 @@ def run_rows(db_url: str, model: str, run: int) -> pd.DataFrame:
     """The buckets of one run's database: per bucket a `winner` row (its config and own
     re-measured times; no config where nothing verified), a `finalist` row per finalist as
     re-measured, and a `trial` row per verified trial with its search time (the winner's trial
-    holds its re-measurement, as the database stores it)."""
+    holds its re-measurement, as the database stores it). A database without the run's Optuna
+    studies (one `cutetune export --format db` wrote carries cutetune's tables only) gives
+    each bucket's stored winner as its one finalist (its stored re-measured times), with the
+    default band."""
     import optuna
 
-    from cutetune.results_db import Database, trials_frame
+    from cutetune.results_db import Database, trials_frame, winners_frame
+    from cutetune.tuner.finals import TIE_BAND_FLOOR
     from cutetune.tuner.study import FINALS_ATTR
 
     db = Database.open(db_url)
     try:
         trials = trials_frame(db)
+        stored = {(w.kernel_name, w.static_key, int(w.bucket)): w
+                  for w in winners_frame(db).itertuples()}
     finally:
         db.dispose()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -101,6 +112,11 @@ def run_rows(db_url: str, model: str, run: int) -> pd.DataFrame:
     rows = []
     for (kernel, static_key, bucket), group in latest.groupby(keys, sort=True):
         final = finals.get(group["study_name"].iloc[0])
+        if final is None and (kernel, static_key, int(bucket)) in stored:
+            kept = stored[kernel, static_key, int(bucket)]
+            final = {"tie_band": TIE_BAND_FLOOR, "winner": kept.config_json, "finalists": [
+                {"config": kept.config_json, "median_us": kept.median_us,
+                 "iqr_us": kept.iqr_us}]}
         band = final["tie_band"] if final else math.nan
         winner = final["winner"] if final else ""
         base = {"model": model, "run": run, "kernel": kernel,
@@ -239,6 +255,11 @@ def main() -> None:
     run.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     run.add_argument("--budget-s", type=float, default=540.0,
                      help="start no run the longest so far would not finish within")
+    rows = steps.add_parser("rows", help="one run's CSV from a database tuned elsewhere")
+    rows.add_argument("db_url", help="the run's database (SQLAlchemy URL)")
+    rows.add_argument("--model", required=True, help="the model the run tuned")
+    rows.add_argument("--run", type=int, required=True, help="the run's number in the CSV")
+    rows.add_argument("--out", type=Path, required=True, help="the run's CSV")
     comparing = steps.add_parser("compare", help="compare the runs' winners")
     comparing.add_argument("runs", nargs="+", type=Path, help="the runs' CSVs")
     comparing.add_argument("--out", type=Path, required=True, help="the comparison's CSV")
@@ -246,6 +267,9 @@ def main() -> None:
     if args.step == "run":
         run_all(args.models.split(","), [int(r) for r in args.runs.split(",")],
                 [int(t) for t in args.tokens.split(",")], args.state, args.out, args.budget_s)
+        return
+    if args.step == "rows":
+        run_rows(args.db_url, args.model, args.run).to_csv(args.out, index=False)
         return
     frame = compare_files(args.runs)
     frame.to_csv(args.out, index=False)

@@ -16,7 +16,7 @@ import pytest
 from benchmarks import benchmarks_md as generator
 from benchmarks import winner_repro
 from cutetune.kernels import qk_norm as qk
-from cutetune.results_db import Database, winners
+from cutetune.results_db import Database, copy_results, winners
 from cutetune.spaces.models import load_model
 from cutetune.tuner.tune import plan_bucket, tune_bucket
 from testkit.child_process import child_env
@@ -116,6 +116,29 @@ def test_run_rows_reads_each_buckets_winner_finalists_and_trials(tmp_path):
         assert len(finalists) >= 2 and winner.config in set(finalists["config"])
         assert 1 <= (group["kind"] == "trial").sum() <= 6
     assert rows["problem"].iloc[0].startswith("dtype=bfloat16 ")
+
+
+def test_run_rows_of_an_exported_database_read_its_stored_winners(tmp_path):
+    """A run copied out by `cutetune export --format db` has no Optuna studies: each bucket's
+    winner is the stored one, its own finalist with its stored times, in the default band."""
+    source_url = f"sqlite:///{tmp_path / 'run.db'}"
+    source = Database.open(source_url)
+    static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
+    tune_bucket(plan_bucket(qk.KERNEL, static, 8, SPEC, CEILINGS), FakeRunner(), source,
+                FINGERPRINT, budget=6)
+    (stored,) = winners(source, FINGERPRINT, "qk_norm")
+    exported_url = f"sqlite:///{tmp_path / 'exported.db'}"
+    exported = Database.open(exported_url)
+    copy_results(source, exported)
+    source.dispose()
+    exported.dispose()
+    rows = winner_repro.run_rows(exported_url, "qwen3-8b", 1)
+    (winner,) = rows[rows["kind"] == "winner"].itertuples()
+    assert json.loads(winner.config) == json.loads(stored.config_json)
+    assert winner.median_us == pytest.approx(stored.median_us)
+    assert winner.tie_band == pytest.approx(0.02)
+    assert list(rows[rows["kind"] == "finalist"]["config"]) == [winner.config]
+    assert 1 <= (rows["kind"] == "trial").sum() <= 6
 
 
 def test_runs_resume_and_stop_within_the_budget(tmp_path, monkeypatch):
