@@ -7,18 +7,29 @@
 
 Families: Llama, Qwen3, Qwen3-MoE and Gemma 3 (text, or the text model inside the multimodal
 one). Per decoder layer: the RMSNorms (the residual add after attention fused into the next
-norm, Gemma's (1 + w) scale included), the per-head q/k norm in one launch, the gated MLP's
-activation (gate_proj and up_proj computed as one GEMM whose output is [gate | up]) and
-Qwen3-MoE's token shuffle (moe_dispatch and moe_combine around grouped GEMMs on the experts'
-stacked weights).
+norm, Gemma's (1 + w) scale included), the attention's rotary embedding in one launch, in place
+on the q and k projections (qk_norm_rope, the per-head q/k norm with it, in Qwen3, Qwen3-MoE
+and Gemma 3; rope in Llama), the gated MLP's activation (gate_proj and up_proj computed as one
+GEMM whose output is [gate | up]) and Qwen3-MoE's token shuffle (moe_dispatch and moe_combine
+around grouped GEMMs on the experts' stacked weights).
+
+The rotation's positions are the position_ids transformers passes each attention; its theta
+and frequency scaling are read from the config's rope_parameters (Gemma 3's per kind of layer)
+and checked, once, against the frequencies transformers' rotary module holds. A kind of layer
+whose rotation the ops do not state (a scaling they do not compute, such as Gemma 3's linear
+one; frequencies rounded by casting the model after loading) keeps transformers' rotation,
+after the q/k norm in one launch where the family has one, and the report says why. The
+rotating ops index a cos/sin cache of config.max_position_embeddings rows, which the patch adds
+to the rotary module: positions stay below it.
 
 A module is replaced only where the op's own input checks accept its shape and dtype (a
 zero-token call at patch time: no kernel is looked up or launched for it); the others are left
 alone and listed with the op's reason. No module object is replaced: the patch binds forwards
-to the instances and adds a non-persistent buffer to each gated MLP (its fused gate/up weight),
+to the instances and adds non-persistent buffers: to each gated MLP its fused gate/up weight,
 whose slices the original Linear weights then view, so the weights are held once and the
-state_dict is unchanged. Patch after moving the model to its device and dtype. The ops have
-no backward: the patched model is for inference.
+state_dict is unchanged; to the rotary module the cos/sin caches. Patch after moving the model
+to its device and dtype (load it in its dtype: a cast after loading rounds the rotary module's
+frequencies). The ops have no backward: the patched model is for inference.
 """
 
 from __future__ import annotations
@@ -143,14 +154,14 @@ class _PatchState:
 
 
 def patch(model: torch.nn.Module, warmup: bool = True) -> PatchReport:
-    """Serve `model`'s norms, q/k norms, gated activations and MoE token shuffle with
-    cutetune's ops, and return the report of what was replaced and what was left alone (print
-    it for a table). With warmup=True and the model on a GPU, `cutetune.warmup` first loads
-    and compiles the kernels for the model's shapes (from its config). A family cutetune does
-    not know, a transformers release older than the tested range (TRANSFORMERS_VERSIONS), or
-    a module without an attribute its forward reads raises NotPatchableError naming what is
-    wrong, and changes nothing. A release newer than the tested range is patched after one
-    UntestedTransformersWarning."""
+    """Serve `model`'s norms, rotary embeddings (with the q/k norms), gated activations and
+    MoE token shuffle with cutetune's ops, and return the report of what was replaced and what
+    was left alone (print it for a table). With warmup=True and the model on a GPU,
+    `cutetune.warmup` first loads and compiles the kernels for the model's shapes (from its
+    config). A family cutetune does not know, a transformers release older than the tested
+    range (TRANSFORMERS_VERSIONS), or a module without an attribute its forward reads raises
+    NotPatchableError naming what is wrong, and changes nothing. A release newer than the
+    tested range is patched after one UntestedTransformersWarning."""
     import transformers
 
     _check_release(transformers.__version__)
@@ -246,10 +257,11 @@ class _Planner:
         self.installs: list[_Install] = []
         self.entries: list[PatchEntry] = []
         # The model's rotary embedding module, the rotations of its kinds of layer (None: the
-        # model's one kind) and their caches' rope problems and rows.
+        # model's one kind), and the rope problem and rows of each cos/sin cache no install
+        # holds yet.
         self.rotary: torch.nn.Module | None = None
         self.rotations: dict[str | None, tuple[fw.Rotation | None, str]] = {}
-        self.cache_rows: dict[str, tuple[RopeProblem, int]] = {}
+        self.unheld_caches: dict[str, tuple[RopeProblem, int]] = {}
         # Modules whose work a patched parent now does (the fused norms, q/k norms, experts).
         self.folded: set[int] = set()
 
@@ -327,13 +339,13 @@ class _Planner:
                                             f"{modeling.__name__}")
         rotation, unrotated = self._rotation(attn)
         if normed:
-            rotate, rotary = self._qk_norm_rotate(name, attn, modeling, rotation, unrotated)
+            rotate, fused = self._qk_norm_rotate(name, attn, modeling, rotation, unrotated)
         else:
-            rotate, rotary = self._rope_rotate(name, attn, rotation, unrotated)
+            rotate, fused = self._rope_rotate(name, attn, rotation, unrotated)
         if rotate is None:
             return
-        if rotary is not None:
-            self._hold_cache(rotation)
+        if fused is not None:
+            self._hold_cache(fused)
         self.installs.append(_Install(attn, functools.partial(
             fw.attention_forward, attn, rotate=rotate,
             eager_attention_forward=modeling.eager_attention_forward,
@@ -343,9 +355,9 @@ class _Planner:
 
     def _qk_norm_rotate(self, name: str, attn: torch.nn.Module, modeling,
                         rotation: fw.Rotation | None, unrotated: str):
-        """(the rotate function, its rotation or None) of an attention with q/k norms: the
-        fused qk_norm_rope where it computes the rotation, else qk_norm then transformers'
-        apply_rotary_pos_emb; (None, None) where qk_norm refuses too."""
+        """(the rotate function, the rotation it passes to the op or None) of an attention
+        with q/k norms: the fused qk_norm_rope where it computes the rotation, else qk_norm
+        then transformers' apply_rotary_pos_emb; (None, None) where qk_norm refuses too."""
         eps, d = self._eps(f"{name}.q_norm", attn.q_norm), attn.head_dim
         k_eps = self._eps(f"{name}.k_norm", attn.k_norm)
         q, k = self._heads(attn)
@@ -459,17 +471,22 @@ class _Planner:
                           f"{problem.attention_factor}")
         scaling = {"scaling": problem.scaling, **{
             name: getattr(problem, name) for name in rope_kernel.SCALING_FIELDS[problem.scaling]}}
-        rotation = fw.Rotation(self.rotary, fw.COS_SIN_CACHE + ("" if kind is None else f"_{kind}"),
+        rows = getattr(attn.config, "max_position_embeddings", None)
+        if not isinstance(rows, int) or rows < 1:
+            return None, ("its config states no max_position_embeddings, the positions of the "
+                          "cos/sin cache")
+        rotation = fw.Rotation(self.rotary,
+                               fw.COS_SIN_CACHE + ("" if kind is None else f"_{kind}"),
                                problem.theta, scaling)
-        self.cache_rows[rotation.cache] = (problem, int(attn.config.max_position_embeddings))
+        self.unheld_caches[rotation.cache] = (problem, rows)
         return rotation, ""
 
     def _hold_cache(self, rotation: fw.Rotation) -> None:
         """Add the rotation's cos/sin cache to the rotary module, once for all its layers."""
-        if any(name == rotation.cache for install in self.installs
-               for name, _ in install.buffers):
-            return
-        problem, rows = self.cache_rows[rotation.cache]
+        unheld = self.unheld_caches.pop(rotation.cache, None)
+        if unheld is None:
+            return  # an earlier layer's install holds it
+        problem, rows = unheld
         device = next(self.rotary.buffers()).device
         self.installs.append(_Install(self.rotary, None, buffers=(
             (rotation.cache, cos_sin_cache(problem, rows, self.dtype, device)),)))
