@@ -393,3 +393,16 @@ def test_a_model_cast_after_loading_keeps_transformers_rope():
                      "Qwen3RotaryEmbedding's frequencies are torch.bfloat16, rounded by a cast "
                      "of the model (load it in its dtype instead)"}
     torch.testing.assert_close(logits(model), expected, **TOLERANCE[torch.bfloat16])
+
+
+def test_an_attention_called_without_position_ids_is_an_error():
+    """The fused rotation reads the positions transformers' decoder layers pass: an attention
+    called without them says so, rather than rotating by anything else."""
+    model = build("qwen3", torch.float32)
+    patch(model)
+    x = torch.randn(1, 3, COMMON["hidden_size"])
+    position_embeddings = model.model.rotary_emb(x, torch.arange(3)[None])
+    with torch.no_grad(), pytest.raises(ValueError, match="reads the position_ids that "
+                                                          "transformers' decoder layers pass"):
+        model.model.layers[0].self_attn(x, position_embeddings=position_embeddings,
+                                        attention_mask=None)
