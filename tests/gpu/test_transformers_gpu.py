@@ -138,16 +138,18 @@ def _batch(batch: int, tokens: int, seed: int) -> torch.Tensor:
 def _steps(model, routing: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits of a prefill of 33 tokens of two sequences into transformers' KV cache, the
     second 1000 positions on (as left padding, or a long context, sets them), then of one
-    decode step: each forward's MoE routing pinned to `routing`'s record of it (filled by the
-    first model that runs them)."""
+    decode step, the second's 50 positions past its prefill's end (RoPE turns a shift common
+    to a row's queries and keys into nothing: the step's distance from its row's keys shows
+    the row's own positions): each forward's MoE routing pinned to `routing`'s record of it
+    (filled by the first model that runs them)."""
     import transformers
 
-    offsets = torch.tensor([[0], [1000]], device="cuda")
     cache = transformers.DynamicCache(config=model.config)
     logits = []
     for i, (ids, positions) in enumerate((
-            (_batch(2, 33, 4), torch.arange(33, device="cuda")[None] + offsets),
-            (_batch(2, 1, 5), torch.full((1, 1), 33, device="cuda") + offsets))):
+            (_batch(2, 33, 4), torch.arange(33, device="cuda")[None]
+             + torch.tensor([[0], [1000]], device="cuda")),
+            (_batch(2, 1, 5), torch.tensor([[33], [1083]], device="cuda")))):
         with routing_pinned(model, routing[i]):
             logits.append(model(ids, position_ids=positions, cache=cache,
                                 use_cache=True).logits)

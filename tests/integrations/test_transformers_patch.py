@@ -212,13 +212,17 @@ def test_patching_twice_or_unpatching_an_unpatched_model_is_an_error():
     patch(model)  # and again after unpatching
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_decoding_with_the_kv_cache_matches(family):
     """Greedy generation goes through the attention's cache path (the patched forward updates
-    the cache itself); fp32, where the patched model computes what transformers computes."""
+    the cache itself) and rotates by the positions generate gives each row (the second prompt
+    is left-padded by 2); fp32, where the patched model computes what transformers
+    computes."""
     model = build(family, torch.float32)
-    prompt = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(2))
-    settings = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    prompt = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(prompt)
+    prompt[1, :2], mask[1, :2] = 0, 0
+    settings = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         expected = model.generate(prompt, **settings)
         patch(model)
@@ -251,18 +255,19 @@ def test_the_patched_model_compiles_as_one_graph_of_cutetune_ops(family):
 
 
 def _prefill_then_decode(model, dtype):
-    """The logits of a prefill of 5 tokens into transformers' KV cache, then of one decode step
-    (positions 5 on), the two sequences of the batch at positions 3 apart (as left padding
-    sets them): the rotary embedding reads each row's own positions."""
+    """The logits of a prefill of 5 tokens into transformers' KV cache, then of one decode step,
+    the two sequences of the batch at positions 3 apart (as left padding sets them), the
+    second's step 4 positions past its prefill's end: RoPE turns a shift common to a row's
+    queries and keys into nothing, so only the step's own distance from its row's cached keys
+    shows that the rotation reads each row's own positions."""
     generator = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, VOCAB, (2, 5), generator=generator)
     step = torch.randint(0, VOCAB, (2, 1), generator=generator)
-    offsets = torch.tensor([[0], [3]])
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
-        prefill = model(prompt, position_ids=torch.arange(5)[None] + offsets, cache=cache,
-                        use_cache=True).logits
-        decode = model(step, position_ids=torch.full((1, 1), 5) + offsets, cache=cache,
+        prefill = model(prompt, position_ids=torch.arange(5)[None] + torch.tensor([[0], [3]]),
+                        cache=cache, use_cache=True).logits
+        decode = model(step, position_ids=torch.tensor([[5], [12]]), cache=cache,
                        use_cache=True).logits
     return prefill, decode
 
