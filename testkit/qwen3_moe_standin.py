@@ -34,6 +34,7 @@ class StandinShape:
     num_hidden_layers: int = 2
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1e6
+    max_position_embeddings: int = 4096
 
 
 TINY = StandinShape()
@@ -47,6 +48,9 @@ class StandinConfig:
     def __init__(self, shape: StandinShape, name: str = "qwen3-moe-standin"):
         self.shape = shape
         self.name_or_path = name
+        # As transformers 5 states them.
+        self.rope_parameters = {"rope_type": "default", "rope_theta": shape.rope_theta}
+        self.max_position_embeddings = shape.max_position_embeddings
 
     def to_dict(self) -> dict:
         return dict(asdict(self.shape), model_type=self.model_type, norm_topk_prob=True,
@@ -148,6 +152,26 @@ class Qwen3MoeTopKRouter(nn.Module):
             router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
         router_top_value = router_top_value.to(router_logits.dtype)
         return router_logits, router_top_value, router_indices
+
+
+class Qwen3MoeRotaryEmbedding(nn.Module):
+    """The default rotary embedding: inverse frequencies of theta, built in fp32, and the cos
+    and sin of each position in the model's dtype."""
+
+    def __init__(self, config: StandinConfig):
+        super().__init__()
+        shape = config.shape
+        self.config, self.rope_type, self.attention_scaling = config, "default", 1.0
+        exponents = torch.arange(0, shape.head_dim, 2, dtype=torch.float) / shape.head_dim
+        self.register_buffer("inv_freq", 1.0 / (shape.rope_theta ** exponents),
+                             persistent=False)
+
+    def forward(self, x, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device,
+                                                                    dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
@@ -264,8 +288,9 @@ class Qwen3MoeDecoderLayer(nn.Module):
 
 
 class Qwen3MoeStandin(nn.Module):
-    """embed, the decoder layers, the final norm, lm_head; rotary embeddings and a causal mask
-    built on the device (a CUDA graph can capture the whole forward)."""
+    """embed, the decoder layers, the final norm, lm_head; positions, their rotary embeddings
+    and a causal mask built on the device (a CUDA graph can capture the whole forward); each
+    layer gets the position_ids, as transformers' model passes them."""
 
     def __init__(self, shape: StandinShape, name: str = "qwen3-moe-standin"):
         super().__init__()
@@ -275,9 +300,7 @@ class Qwen3MoeStandin(nn.Module):
                                      for i in range(shape.num_hidden_layers)])
         self.norm = Qwen3MoeRMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
-        exponents = torch.arange(0, shape.head_dim, 2, dtype=torch.float) / shape.head_dim
-        inv_freq = 1.0 / (shape.rope_theta ** exponents)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rotary_emb = Qwen3MoeRotaryEmbedding(self.config)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -286,21 +309,21 @@ class Qwen3MoeStandin(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
         tokens = input_ids.shape[1]
-        positions = torch.arange(tokens, device=input_ids.device, dtype=torch.float)
-        freqs = positions[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)[None]
-        position_embeddings = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+        position_ids = torch.arange(tokens, device=input_ids.device)[None]
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
         mask = torch.full((tokens, tokens), float("-inf"), device=input_ids.device,
                           dtype=self.dtype).triu(1)[None, None]
         for layer in self.layers:
             hidden_states = layer(hidden_states, position_embeddings=position_embeddings,
-                                  attention_mask=mask)
+                                  attention_mask=mask, position_ids=position_ids)
         return self.lm_head(self.norm(hidden_states))
 
 
 def build_standin(dtype: torch.dtype, device, shape: StandinShape = TINY,
                   seed: int = 0) -> Qwen3MoeStandin:
-    """Random weights with a transformer's scale (0.02), norms spread around 1."""
+    """Random weights with a transformer's scale (0.02), norms spread around 1, in `dtype`;
+    the rotary embedding's frequencies stay fp32, as transformers' from_pretrained keeps
+    them."""
     torch.manual_seed(seed)
     model = Qwen3MoeStandin(shape)
     with torch.no_grad():
@@ -309,7 +332,10 @@ def build_standin(dtype: torch.dtype, device, shape: StandinShape = TINY,
                 parameter.copy_(1 + 0.5 * torch.randn_like(parameter))
             else:
                 parameter.normal_(0.0, 0.02)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device).eval()
+    for parameter in model.parameters():
+        parameter.data = parameter.data.to(dtype)
+    return model
 
 
 @contextmanager

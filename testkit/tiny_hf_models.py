@@ -22,34 +22,36 @@ ROUTER_SHARPNESS = 20.0
 
 
 def llama(**overrides):
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**COMMON, **overrides}))
+    return transformers.LlamaConfig(**{**COMMON, **overrides})
 
 
 def qwen3(**overrides):
-    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**COMMON, **overrides}))
+    return transformers.Qwen3Config(**{**COMMON, **overrides})
 
 
 def qwen3_moe(**overrides):
-    config = transformers.Qwen3MoeConfig(**{**COMMON, "num_experts": 8, "num_experts_per_tok": 2,
-                                            "moe_intermediate_size": 64, "norm_topk_prob": True,
-                                            **overrides})
-    return transformers.Qwen3MoeForCausalLM(config)
+    return transformers.Qwen3MoeConfig(**{**COMMON, "num_experts": 8, "num_experts_per_tok": 2,
+                                          "moe_intermediate_size": 64, "norm_topk_prob": True,
+                                          **overrides})
 
 
 def gemma3(**overrides):
     # One sliding-window layer and one global one: the layer picks its rotary embedding.
-    config = transformers.Gemma3TextConfig(**{
+    return transformers.Gemma3TextConfig(**{
         **COMMON, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"],
         **overrides})
-    return transformers.Gemma3ForCausalLM(config)
 
 
+# Each family's config, of COMMON's shape and the fields given.
 FAMILIES = {"llama": llama, "qwen3": qwen3, "qwen3_moe": qwen3_moe, "gemma3": gemma3}
 
 
 def build(family: str, dtype: torch.dtype, **overrides) -> torch.nn.Module:
+    """The family's causal LM in `dtype`, built as from_pretrained builds it (its rotary
+    embedding's frequencies stay fp32; a cast of the whole model would round them)."""
     torch.manual_seed(0)
-    model = FAMILIES[family](**overrides).to(dtype).eval()
+    model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family](**overrides),
+                                                          dtype=dtype).eval()
     with torch.no_grad():  # norms start at 1 (Gemma: 0); spread them so that a wrong weight shows
         for name, parameter in model.named_parameters():
             if "norm" in name:

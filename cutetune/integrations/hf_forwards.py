@@ -7,6 +7,7 @@ serve inference: the ops have no backward."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional
@@ -14,7 +15,9 @@ from torch.nn import functional
 from cutetune.ops.moe_combine import moe_combine
 from cutetune.ops.moe_dispatch import moe_dispatch
 from cutetune.ops.qk_norm import qk_norm
+from cutetune.ops.qk_norm_rope import qk_norm_rope
 from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
+from cutetune.ops.rope import rope
 
 # The name of the tensor the patch adds to a gated MLP (a non-persistent buffer: it follows
 # the module across devices but stays out of its state_dict).
@@ -77,47 +80,106 @@ def sandwich_norm_layer_forward(layer: torch.nn.Module, hidden_states: torch.Ten
     return summed + layer.post_feedforward_layernorm(layer.mlp(normed))
 
 
+# The name of the cos/sin cache the patch adds to transformers' rotary module (a
+# non-persistent buffer), suffixed by the kind of layer where the kinds rotate differently.
+COS_SIN_CACHE = "cutetune_cos_sin_cache"
 # What the attention calls from its modeling module (patch passes them in: see below).
 MODELING_FUNCTIONS = ("apply_rotary_pos_emb", "eager_attention_forward", "ALL_ATTENTION_FUNCTIONS")
 
 
-@reads("head_dim", "q_proj", "k_proj", "v_proj", "o_proj", "q_norm.weight", "k_norm.weight",
-       "layer_idx", "config._attn_implementation", "attention_dropout", "scaling",
-       "sliding_window")
-def qk_norm_attention_forward(
+@dataclass(frozen=True)
+class Rotation:
+    """The rotary embedding of an attention layer as cutetune's rope and qk_norm_rope take it:
+    `theta` and the frequency scaling (`scaling`: the ops' keyword arguments), and the cos/sin
+    cache of them, the buffer named `cache` that the patch adds to transformers' rotary
+    module `rotary` (so that it follows the model across devices, held once for every layer
+    that rotates alike). Positions index its rows: they stay below its length, the config's
+    max_position_embeddings."""
+
+    rotary: torch.nn.Module
+    cache: str
+    theta: float
+    scaling: dict[str, object]
+
+
+def _positions(position_ids: torch.Tensor | None, input_shape: torch.Size) -> torch.Tensor:
+    """The position of each row of q and k (batch, then sequence), contiguous: position_ids
+    itself where it has one row per sequence, its one row repeated where transformers passes
+    one for the batch (a copy then)."""
+    if position_ids is None:
+        raise ValueError("cutetune's rotary embedding reads the position_ids that transformers' "
+                         "decoder layers pass to the attention; this call passed none")
+    return position_ids.expand(input_shape).reshape(-1).contiguous()
+
+
+def _token_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """A projection's output (..., heads * head_dim) as (tokens, heads, head_dim): a view."""
+    return x.view(-1, x.shape[-1] // head_dim, head_dim)
+
+
+def qk_norm_then_rotary(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor,
+                        hidden_shape: tuple, position_embeddings, position_ids, *, eps: float,
+                        weight_bias: float, apply_rotary_pos_emb: Callable):
+    """q and k normalised per head in one launch, in place, then rotated by transformers'
+    `apply_rotary_pos_emb` with its cos and sin: for a rotation rope cannot compute."""
+    qk_norm(_token_heads(q, attn.head_dim), _token_heads(k, attn.head_dim), attn.q_norm.weight,
+            attn.k_norm.weight, eps=eps, weight_bias=weight_bias)
+    cos, sin = position_embeddings
+    return apply_rotary_pos_emb(q.view(hidden_shape).transpose(1, 2),
+                                k.view(hidden_shape).transpose(1, 2), cos, sin)
+
+
+def qk_norm_rope_in_place(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor,
+                          hidden_shape: tuple, position_embeddings, position_ids, *,
+                          rotation: Rotation, eps: float, weight_bias: float):
+    """q and k normalised per head and rotated by their positions in one launch, in place."""
+    qk_norm_rope(_positions(position_ids, hidden_shape[:-2]), _token_heads(q, attn.head_dim),
+                 _token_heads(k, attn.head_dim), attn.q_norm.weight, attn.k_norm.weight,
+                 getattr(rotation.rotary, rotation.cache), rotation.theta, eps, weight_bias,
+                 True, **rotation.scaling)
+    return q.view(hidden_shape).transpose(1, 2), k.view(hidden_shape).transpose(1, 2)
+
+
+def rope_in_place(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, hidden_shape: tuple,
+                  position_embeddings, position_ids, *, rotation: Rotation):
+    """q and k rotated by their positions in one launch, in place (Llama: no q/k norm)."""
+    rope(_positions(position_ids, hidden_shape[:-2]), _token_heads(q, attn.head_dim),
+         _token_heads(k, attn.head_dim), getattr(rotation.rotary, rotation.cache),
+         rotation.theta, True, **rotation.scaling)
+    return q.view(hidden_shape).transpose(1, 2), k.view(hidden_shape).transpose(1, 2)
+
+
+@reads("head_dim", "q_proj", "k_proj", "v_proj", "o_proj", "layer_idx",
+       "config._attn_implementation", "attention_dropout", "scaling")
+def attention_forward(
         attn: torch.nn.Module, hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None, cache=None, past_key_values=None, *, eps: float,
-        weight_bias: float, apply_rotary_pos_emb: Callable, eager_attention_forward: Callable,
-        attention_functions, **kwargs):
-    """The attention of Qwen3, Qwen3-MoE and Gemma 3 with q and k normalised per head in one
-    launch, in place. The rest is theirs: `apply_rotary_pos_emb`, `eager_attention_forward` and
-    `attention_functions` (transformers' registry of the other implementations) come from the
-    model's own modeling module. The KV cache arrives as `cache` from transformers 5.24 on,
-    as `past_key_values` before."""
+        attention_mask: torch.Tensor | None, cache=None, past_key_values=None, *,
+        rotate: Callable, eager_attention_forward: Callable, attention_functions, **kwargs):
+    """The attention of Llama, Qwen3, Qwen3-MoE and Gemma 3 with q and k rotated (and, in the
+    last three, normalised per head) by `rotate`, one of the functions above, bound to its
+    arguments. The rest is theirs: `eager_attention_forward` and `attention_functions`
+    (transformers' registry of the other implementations) come from the model's own modeling
+    module. The KV cache arrives as `cache` from transformers 5.24 on, as `past_key_values`
+    before; position_ids stays among the keyword arguments the implementation receives, as
+    in transformers' forward."""
     cache = cache if cache is not None else past_key_values
     input_shape = hidden_states.shape[:-1]
-    head_dim = attn.head_dim
-    q = attn.q_proj(hidden_states)
-    k = attn.k_proj(hidden_states)
-    qk_norm(q.view(-1, q.shape[-1] // head_dim, head_dim),
-            k.view(-1, k.shape[-1] // head_dim, head_dim),
-            attn.q_norm.weight, attn.k_norm.weight, eps=eps, weight_bias=weight_bias)
-    hidden_shape = (*input_shape, -1, head_dim)
-    query_states = q.view(hidden_shape).transpose(1, 2)
-    key_states = k.view(hidden_shape).transpose(1, 2)
+    hidden_shape = (*input_shape, -1, attn.head_dim)
+    query_states, key_states = rotate(attn, attn.q_proj(hidden_states),
+                                      attn.k_proj(hidden_states), hidden_shape,
+                                      position_embeddings, kwargs.get("position_ids"))
     value_states = attn.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
     if cache is not None:
         key_states, value_states = cache.update(key_states, value_states, attn.layer_idx,
                                                 kwargs=kwargs)
     interface = attention_functions.get_interface(attn.config._attn_implementation,
                                                   eager_attention_forward)
+    # Llama's attention has no sliding window (transformers passes none for it).
     attn_output, attn_weights = interface(
         attn, query_states, key_states, value_states, attention_mask,
         dropout=attn.attention_dropout if attn.training else 0.0, scaling=attn.scaling,
-        sliding_window=attn.sliding_window, **kwargs)
+        sliding_window=getattr(attn, "sliding_window", None), **kwargs)
     attn_output = attn_output.reshape(*input_shape, -1).contiguous()
     return attn.o_proj(attn_output), attn_weights
 

@@ -7,23 +7,35 @@
 
 Families: Llama, Qwen3, Qwen3-MoE and Gemma 3 (text, or the text model inside the multimodal
 one). Per decoder layer: the RMSNorms (the residual add after attention fused into the next
-norm, Gemma's (1 + w) scale included), the per-head q/k norm in one launch, the gated MLP's
-activation (gate_proj and up_proj computed as one GEMM whose output is [gate | up]) and
-Qwen3-MoE's token shuffle (moe_dispatch and moe_combine around grouped GEMMs on the experts'
-stacked weights).
+norm, Gemma's (1 + w) scale included), the attention's rotary embedding in one launch, in place
+on the q and k projections (qk_norm_rope, the per-head q/k norm with it, in Qwen3, Qwen3-MoE
+and Gemma 3; rope in Llama), the gated MLP's activation (gate_proj and up_proj computed as one
+GEMM whose output is [gate | up]) and Qwen3-MoE's token shuffle (moe_dispatch and moe_combine
+around grouped GEMMs on the experts' stacked weights).
+
+The rotation's positions are the position_ids transformers passes each attention; its theta
+and frequency scaling are read from the config's rope_parameters (Gemma 3's per kind of layer)
+and checked, once, against the frequencies transformers' rotary module holds. A kind of layer
+whose rotation the ops do not state (a scaling they do not compute, such as Gemma 3's linear
+one; frequencies rounded by casting the model after loading) keeps transformers' rotation,
+after the q/k norm in one launch where the family has one, and the report says why. The
+rotating ops index a cos/sin cache of config.max_position_embeddings rows, which the patch adds
+to the rotary module: positions stay below it.
 
 A module is replaced only where the op's own input checks accept its shape and dtype (a
 zero-token call at patch time: no kernel is looked up or launched for it); the others are left
 alone and listed with the op's reason. No module object is replaced: the patch binds forwards
-to the instances and adds a non-persistent buffer to each gated MLP (its fused gate/up weight),
+to the instances and adds non-persistent buffers: to each gated MLP its fused gate/up weight,
 whose slices the original Linear weights then view, so the weights are held once and the
-state_dict is unchanged. Patch after moving the model to its device and dtype. The ops have
-no backward: the patched model is for inference.
+state_dict is unchanged; to the rotary module the cos/sin caches. Patch after moving the model
+to its device and dtype (load it in its dtype: a cast after loading rounds the rotary module's
+frequencies). The ops have no backward: the patched model is for inference.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 import sys
 import warnings
@@ -34,13 +46,20 @@ import torch
 
 from cutetune.integrations import hf_forwards as fw
 from cutetune.integrations.patch_report import PatchEntry, PatchReport
+from cutetune.kernels import rope as rope_kernel
 from cutetune.kernels.dtypes import DTYPE_NAMES
 from cutetune.kernels.moe_common import DEFAULT_PAD
+from cutetune.kernels.qk_norm_rope import SCALINGS as QK_NORM_ROPE_SCALINGS
+from cutetune.kernels.registry import NotApplicableError
+from cutetune.kernels.rope import RopeProblem
+from cutetune.kernels.rope_frequencies import cos_sin_table, inverse_frequencies
 from cutetune.ops.activation import gelu_and_mul, silu_and_mul
 from cutetune.ops.moe_combine import moe_combine
 from cutetune.ops.moe_dispatch import moe_dispatch
 from cutetune.ops.qk_norm import qk_norm
+from cutetune.ops.qk_norm_rope import qk_norm_rope
 from cutetune.ops.rmsnorm import fused_add_rmsnorm, rmsnorm
+from cutetune.ops.rope import rope
 from cutetune.serving.warmup import warmup as warmup_dispatcher
 from cutetune.spaces.models import ModelShape, model_from_hf_config
 
@@ -119,11 +138,11 @@ def _check_release(version: str) -> None:
 
 @dataclass(frozen=True)
 class _Install:
-    """What the patch does to one module: its bound forward, the buffers it adds, and the
-    Parameters that become views of them."""
+    """What the patch does to one module: its bound forward (None: its own stays), the
+    buffers it adds, and the Parameters that become views of them."""
 
     module: torch.nn.Module
-    forward: Callable
+    forward: Callable | None
     buffers: tuple[tuple[str, torch.Tensor], ...] = ()
     views: tuple[tuple[torch.nn.Parameter, torch.Tensor], ...] = ()
 
@@ -135,14 +154,14 @@ class _PatchState:
 
 
 def patch(model: torch.nn.Module, warmup: bool = True) -> PatchReport:
-    """Serve `model`'s norms, q/k norms, gated activations and MoE token shuffle with
-    cutetune's ops, and return the report of what was replaced and what was left alone (print
-    it for a table). With warmup=True and the model on a GPU, `cutetune.warmup` first loads
-    and compiles the kernels for the model's shapes (from its config). A family cutetune does
-    not know, a transformers release older than the tested range (TRANSFORMERS_VERSIONS), or
-    a module without an attribute its forward reads raises NotPatchableError naming what is
-    wrong, and changes nothing. A release newer than the tested range is patched after one
-    UntestedTransformersWarning."""
+    """Serve `model`'s norms, rotary embeddings (with the q/k norms), gated activations and
+    MoE token shuffle with cutetune's ops, and return the report of what was replaced and what
+    was left alone (print it for a table). With warmup=True and the model on a GPU,
+    `cutetune.warmup` first loads and compiles the kernels for the model's shapes (from its
+    config). A family cutetune does not know, a transformers release older than the tested
+    range (TRANSFORMERS_VERSIONS), or a module without an attribute its forward reads raises
+    NotPatchableError naming what is wrong, and changes nothing. A release newer than the
+    tested range is patched after one UntestedTransformersWarning."""
     import transformers
 
     _check_release(transformers.__version__)
@@ -174,7 +193,8 @@ def patch(model: torch.nn.Module, warmup: bool = True) -> PatchReport:
             install.module.register_buffer(name, buffer, persistent=False)
         for parameter, view in install.views:
             parameter.data = view
-        install.module.forward = install.forward
+        if install.forward is not None:
+            install.module.forward = install.forward
     report = PatchReport(family=prefix, entries=tuple(entries), warmup=warmed)
     setattr(model, _STATE, _PatchState(tuple(installs), report))
     return report
@@ -188,7 +208,8 @@ def unpatch(model: torch.nn.Module) -> None:
     if state is None:
         raise NotPatchableError("the model is not patched by cutetune")
     for install in state.installs:
-        del install.module.forward
+        if install.forward is not None:
+            del install.module.forward
         for name, _ in install.buffers:
             delattr(install.module, name)
     delattr(model, _STATE)
@@ -235,12 +256,20 @@ class _Planner:
         self.fused_norm = _FUSED_NORM.get(prefix, "post_attention_layernorm")
         self.installs: list[_Install] = []
         self.entries: list[PatchEntry] = []
+        # The model's rotary embedding module, the rotations of its kinds of layer (None: the
+        # model's one kind), and the rope problem and rows of each cos/sin cache no install
+        # holds yet.
+        self.rotary: torch.nn.Module | None = None
+        self.rotations: dict[str | None, tuple[fw.Rotation | None, str]] = {}
+        self.unheld_caches: dict[str, tuple[RopeProblem, int]] = {}
         # Modules whose work a patched parent now does (the fused norms, q/k norms, experts).
         self.folded: set[int] = set()
 
     def plan(self, model: torch.nn.Module) -> tuple[list[_Install], list[PatchEntry]]:
         modules = list(model.named_modules())
         p = self.prefix
+        rotaries = [m for _, m in modules if type(m).__name__ == f"{p}RotaryEmbedding"]
+        self.rotary = rotaries[0] if len(rotaries) == 1 else None
         # Parents first: each folds its children's work into its own forward.
         for kind, plan_one in ((f"{p}DecoderLayer", self._layer),
                                (f"{p}Attention", self._attention),
@@ -298,32 +327,169 @@ class _Planner:
 
     def _attention(self, name: str, attn: torch.nn.Module) -> None:
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-        if q_norm is None or k_norm is None:
-            return  # no per-head norm: nothing cutetune serves here
-        self._require(name, attn, fw.qk_norm_attention_forward, "q_proj.out_features",
-                      "k_proj.out_features")
+        normed = q_norm is not None and k_norm is not None
+        self._require(name, attn, fw.attention_forward, "q_proj.out_features",
+                      "k_proj.out_features",
+                      *(("q_norm.weight", "k_norm.weight", "sliding_window") if normed else ()))
         # What the module's own forward calls, from its modeling module.
         modeling = sys.modules[type(attn).__module__]
         missing = _lacks(modeling, fw.MODELING_FUNCTIONS)
         if missing:
             raise self._missing(name, attn, f"{missing!r} in its modeling module "
                                             f"{modeling.__name__}")
-        eps, d = self._eps(f"{name}.q_norm", q_norm), attn.head_dim
-        k_eps = self._eps(f"{name}.k_norm", k_norm)
-        reason = _refusal(lambda: qk_norm(
-            self._empty(0, attn.q_proj.out_features // d, d, like=attn),
-            self._empty(0, attn.k_proj.out_features // d, d, like=attn),
-            q_norm.weight, k_norm.weight, eps=eps, weight_bias=self.weight_bias))
-        if not reason and k_eps != eps:
-            reason = f"q_norm's eps {eps} differs from k_norm's {k_eps}"
-        if not self._entry(name, "qk_norm", reason, "q_norm and k_norm in one launch"):
+        rotation, unrotated = self._rotation(attn)
+        if normed:
+            rotate, fused = self._qk_norm_rotate(name, attn, modeling, rotation, unrotated)
+        else:
+            rotate, fused = self._rope_rotate(name, attn, rotation, unrotated)
+        if rotate is None:
             return
+        if fused is not None:
+            self._hold_cache(fused)
         self.installs.append(_Install(attn, functools.partial(
-            fw.qk_norm_attention_forward, attn, eps=eps, weight_bias=self.weight_bias,
-            apply_rotary_pos_emb=modeling.apply_rotary_pos_emb,
+            fw.attention_forward, attn, rotate=rotate,
             eager_attention_forward=modeling.eager_attention_forward,
             attention_functions=modeling.ALL_ATTENTION_FUNCTIONS)))
-        self.folded.update((id(q_norm), id(k_norm)))
+        if normed:
+            self.folded.update((id(q_norm), id(k_norm)))
+
+    def _qk_norm_rotate(self, name: str, attn: torch.nn.Module, modeling,
+                        rotation: fw.Rotation | None, unrotated: str):
+        """(the rotate function, the rotation it passes to the op or None) of an attention
+        with q/k norms: the fused qk_norm_rope where it computes the rotation, else qk_norm
+        then transformers' apply_rotary_pos_emb; (None, None) where qk_norm refuses too."""
+        eps, d = self._eps(f"{name}.q_norm", attn.q_norm), attn.head_dim
+        k_eps = self._eps(f"{name}.k_norm", attn.k_norm)
+        q, k = self._heads(attn)
+        weights = dict(eps=eps, weight_bias=self.weight_bias)
+        if k_eps != eps:
+            self._entry(name, "qk_norm", f"q_norm's eps {eps} differs from k_norm's {k_eps}")
+            return None, None
+        if rotation is not None and rotation.scaling["scaling"] not in QK_NORM_ROPE_SCALINGS:
+            unrotated = (f"the {rotation.scaling['scaling']} scaling is not one qk_norm_rope "
+                         f"computes ({', '.join(QK_NORM_ROPE_SCALINGS)})")
+        elif rotation is not None:
+            unrotated = _refusal(lambda: qk_norm_rope(
+                self._empty(0, dtype=torch.int64, like=attn), q, k, attn.q_norm.weight,
+                attn.k_norm.weight, self._cache_stand_in(d, attn), rotation.theta, eps,
+                self.weight_bias, True, **rotation.scaling))
+        if not unrotated:
+            self._entry(name, "qk_norm_rope", "", "q_norm, k_norm and RoPE "
+                        f"(theta {rotation.theta:g}) in one launch, in place")
+            return functools.partial(fw.qk_norm_rope_in_place, rotation=rotation,
+                                     **weights), rotation
+        reason = _refusal(lambda: qk_norm(q, k, attn.q_norm.weight, attn.k_norm.weight,
+                                          **weights))
+        if not self._entry(name, "qk_norm", reason, "q_norm and k_norm in one launch; RoPE by "
+                                                    f"transformers: {unrotated}"):
+            return None, None
+        return functools.partial(fw.qk_norm_then_rotary, **weights,
+                                 apply_rotary_pos_emb=modeling.apply_rotary_pos_emb), None
+
+    def _rope_rotate(self, name: str, attn: torch.nn.Module, rotation: fw.Rotation | None,
+                     unrotated: str):
+        """(the rotate function, its rotation) of an attention without q/k norms (Llama):
+        cutetune's rope; (None, None) where it cannot serve the rotation."""
+        if rotation is not None:
+            q, k = self._heads(attn)
+            unrotated = _refusal(lambda: rope(
+                self._empty(0, dtype=torch.int64, like=attn), q, k,
+                self._cache_stand_in(attn.head_dim, attn), rotation.theta, True,
+                **rotation.scaling))
+        if not self._entry(name, "rope", unrotated, "RoPE of q and k in one launch, in place"):
+            return None, None
+        return functools.partial(fw.rope_in_place, rotation=rotation), rotation
+
+    def _heads(self, attn: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero-token q and k of the attention's heads, for the ops' input checks."""
+        d = attn.head_dim
+        return (self._empty(0, attn.q_proj.out_features // d, d, like=attn),
+                self._empty(0, attn.k_proj.out_features // d, d, like=attn))
+
+    def _cache_stand_in(self, rotary_dim: int, like: torch.nn.Module) -> torch.Tensor:
+        """One row of a cos/sin cache, for the ops' input checks (which read its width): the
+        cache itself is built only for a rotation the patch installs."""
+        return self._empty(1, rotary_dim, like=like)
+
+    def _rotation(self, attn: torch.nn.Module) -> tuple[fw.Rotation | None, str]:
+        """The attention's rotary embedding as rope's arguments, and '' (the same for every
+        layer of its kind); or None and why transformers' rotary module computes something
+        they do not state."""
+        parameters = getattr(getattr(attn, "config", None), "rope_parameters", None)
+        if not isinstance(parameters, dict):
+            return None, "its config states no rope_parameters"
+        # Gemma 3 states the parameters per kind of layer, and its rotary module holds each
+        # kind's frequencies under the kind's name.
+        kind = None if "rope_type" in parameters else getattr(attn, "layer_type", None)
+        if kind is not None:
+            parameters = parameters.get(kind)
+        if kind not in self.rotations:
+            self.rotations[kind] = self._derive_rotation(attn, kind, parameters)
+        return self.rotations[kind]
+
+    def _derive_rotation(self, attn: torch.nn.Module, kind: str | None,
+                         parameters) -> tuple[fw.Rotation | None, str]:
+        """See _rotation: rope's problem of the kind's rope parameters (as a warmup reads a
+        config's), checked against the inverse frequencies and the cos/sin scale transformers'
+        rotary module holds, which its forward turns into the cos and sin the unpatched
+        attention rotates by."""
+        if self.rotary is None:
+            return None, (f"the model has no single {self.prefix}RotaryEmbedding, whose "
+                          "frequencies the patch would check")
+        if not isinstance(parameters, dict):
+            return None, f"its config states no rope_parameters for its layer kind {kind!r}"
+        prefix = "" if kind is None else f"{kind}_"
+        inv_freq = getattr(self.rotary, f"{prefix}inv_freq", None)
+        scale = getattr(self.rotary, f"{prefix}attention_scaling", None)
+        if not isinstance(inv_freq, torch.Tensor) or scale is None:
+            return None, (f"{type(self.rotary).__name__} has no {prefix}inv_freq and "
+                          f"{prefix}attention_scaling, which the patch checks")
+        raw = {key: value for key, value in attn.config.to_dict().items()
+               if key not in ("rope_theta", "rope_scaling", "rope_local_base_freq")}
+        layer_shape = model_from_hf_config({**raw, "rope_parameters": parameters},
+                                           name=self.shape.name)
+        try:
+            (problem,) = rope_kernel.problems_for_model(layer_shape, DTYPE_NAMES[self.dtype])
+        except NotApplicableError as err:
+            return None, str(err)
+        if problem.mrope != rope_kernel.MROPE_NONE:
+            return None, "its multimodal RoPE rotates by three position streams"
+        want = inverse_frequencies(problem.rotary_dim, problem.theta, problem.llama3,
+                                   problem.yarn)
+        if inv_freq.dtype != torch.float32:
+            # transformers builds them in fp32; a model cast after loading (model.to(dtype))
+            # casts them too, and rotates by the rounded frequencies, which theta does not give.
+            return None, (f"{type(self.rotary).__name__}'s frequencies are {inv_freq.dtype}, "
+                          "rounded by a cast of the model (load it in its dtype instead)")
+        held = inv_freq.detach().to("cpu", torch.float64)
+        # transformers computes them in fp32: each within a few fp32 ulps of the exact value.
+        if held.shape != want.shape or not torch.allclose(held, want, rtol=1e-5, atol=0):
+            return None, (f"{type(self.rotary).__name__}'s frequencies are not those of "
+                          f"theta {problem.theta:g} and the {problem.scaling} scaling")
+        if not math.isclose(float(scale), problem.attention_factor, rel_tol=1e-6):
+            return None, (f"{type(self.rotary).__name__} scales cos and sin by {scale}, not "
+                          f"{problem.attention_factor}")
+        scaling = {"scaling": problem.scaling, **{
+            name: getattr(problem, name) for name in rope_kernel.SCALING_FIELDS[problem.scaling]}}
+        rows = getattr(attn.config, "max_position_embeddings", None)
+        if not isinstance(rows, int) or rows < 1:
+            return None, ("its config states no max_position_embeddings, the positions of the "
+                          "cos/sin cache")
+        rotation = fw.Rotation(self.rotary,
+                               fw.COS_SIN_CACHE + ("" if kind is None else f"_{kind}"),
+                               problem.theta, scaling)
+        self.unheld_caches[rotation.cache] = (problem, rows)
+        return rotation, ""
+
+    def _hold_cache(self, rotation: fw.Rotation) -> None:
+        """Add the rotation's cos/sin cache to the rotary module, once for all its layers."""
+        unheld = self.unheld_caches.pop(rotation.cache, None)
+        if unheld is None:
+            return  # an earlier layer's install holds it
+        problem, rows = unheld
+        device = next(self.rotary.buffers()).device
+        self.installs.append(_Install(self.rotary, None, buffers=(
+            (rotation.cache, cos_sin_cache(problem, rows, self.dtype, device)),)))
 
     def _activation(self, intermediate: int, like: torch.nn.Module):
         """(op name, op, '') for the model's activation, or (name, None, reason)."""
@@ -386,6 +552,24 @@ class _Planner:
         if self._entry(name, "rmsnorm", reason):
             self.installs.append(_Install(norm, functools.partial(
                 fw.rmsnorm_forward, norm, eps=eps, weight_bias=self.weight_bias)))
+
+
+# Rows of a cos/sin cache computed at a time: their float64 table is this times rotary_dim
+# times 8 bytes (16 MiB at rotary_dim 128), not the whole cache's.
+CACHE_BLOCK = 16384
+
+
+def cos_sin_cache(problem: RopeProblem, rows: int, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """The cos/sin cache of `problem`'s rotation for positions 0 to rows - 1, in `dtype` on
+    `device`: the float64 values the rope kernels' own inputs hold (cos_sin_table), rounded
+    once, which the kernels read or compute alike."""
+    cache = torch.empty(rows, problem.rotary_dim, dtype=dtype, device=device)
+    for start in range(0, rows, CACHE_BLOCK):
+        positions = torch.arange(start, min(rows, start + CACHE_BLOCK), device=device)
+        cache[start:start + len(positions)] = cos_sin_table(
+            positions, problem.rotary_dim, problem.theta, problem.llama3, problem.yarn)
+    return cache
 
 
 def _experts_refusal(experts: torch.nn.Module, count: int, hidden: int,

@@ -189,13 +189,14 @@ def _rope_op(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              cos_sin_cache: torch.Tensor, rope_theta: float, is_neox: bool, scaling: str,
              scaling_factor: float, low_freq_factor: float, high_freq_factor: float,
              original_max_position: int, beta_fast: float, beta_slow: float, truncate: bool,
-             attention_factor: float | None, mrope_section: list[int] | None,
-             mrope_interleaved: bool) -> None:
-    """The custom op's body: the eager op (a compiled graph runs it, not compiling)."""
-    rope(positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling, scaling_factor,
-         low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow,
-         truncate, attention_factor, None if mrope_section is None else tuple(mrope_section),
-         mrope_interleaved)
+             attention_factor: float | None, mrope: str, mrope_t: int, mrope_h: int,
+             mrope_w: int) -> None:
+    """The custom op's body: the eager op's call (a compiled graph runs it, not compiling).
+    It takes the call as the op serves it, mrope as the problem's fields (what `rope` makes
+    of mrope_section and mrope_interleaved)."""
+    _ROPE((positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling, scaling_factor,
+           low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow,
+           truncate, attention_factor, mrope, mrope_t, mrope_h, mrope_w))
 
 
 _ROPE = register(OpDef(

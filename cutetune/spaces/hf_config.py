@@ -250,19 +250,27 @@ def _read(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
 def _rope(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
     """The rotary embedding's fields as config.json states them, in the form transformers 4
     writes (rope_theta, rope_scaling, partial_rotary_factor at the top) or 5 writes (all in
-    rope_parameters); Gemma 3's sliding-window layers rotate with rope_local_base_freq."""
+    rope_parameters, or one set of them per kind of attention layer where the kinds rotate
+    differently: Gemma 3's {"sliding_attention": ..., "full_attention": ...}); Gemma 3's
+    sliding-window layers rotate with rope_local_base_freq in the first form. A model whose
+    kinds of layer rotate differently states one scaling, that of the kind that scales."""
     nested = cfg.value("rope_parameters")
     if nested is not None and not isinstance(nested, dict):
         raise cfg._bad("rope_parameters", "an object")
-    rope = _Fields(nested or {}, where, {}, {})
+    per_kind = (list(nested.values()) if nested and all(isinstance(p, dict)
+                                                        for p in nested.values())
+                else [nested or {}])
+    ropes = [_Fields(p, where, {}, {}) for p in per_kind]
 
-    def stated(key: str) -> float | None:
+    def stated(rope: _Fields, key: str) -> float | None:
         return rope.positive_float(key) or cfg.positive_float(key)
 
-    thetas = tuple(dict.fromkeys(t for t in (stated("rope_theta"),
+    thetas = tuple(dict.fromkeys(t for t in (*(stated(rope, "rope_theta") for rope in ropes),
                                              cfg.positive_float("rope_local_base_freq")) if t))
-    factor = stated("partial_rotary_factor") or family.partial_rotary_factor
-    scaling = cfg.value("rope_scaling") or nested or {}
+    factor = stated(ropes[0], "partial_rotary_factor") or family.partial_rotary_factor
+    scaling = cfg.value("rope_scaling") or next(
+        (p for p in per_kind if "mrope_section" in p
+         or p.get("rope_type", p.get("type")) not in (None, "default")), per_kind[0])
     if not isinstance(scaling, dict):
         raise cfg._bad("rope_scaling", "an object or null")
     # Qwen3-VL's multimodal RoPE names the default type beside its mrope_section.

@@ -30,6 +30,9 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_k
             head_dim=64)
 TINY_EXTRA = {"qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64),
               "gemma3": dict(sliding_window=4, query_pre_attn_scalar=64)}
+# The op each held-out model's attention rotates with, in one layer.
+ATTENTION_OPS = {"llama": "rope", "qwen3": "qk_norm_rope", "qwen3_moe": "qk_norm_rope",
+                 "gemma3": "qk_norm"}
 SETTINGS = bench.Settings(layers=2, vocab=128, batches=(1, 3), prefill=12, repeats=2, rounds=1)
 
 
@@ -56,8 +59,11 @@ def test_every_family_has_a_held_out_model_of_a_shape_no_test_uses():
 @pytest.mark.parametrize("family", CLASSES)
 def test_the_model_is_transformers_own_class_cut_to_the_benchmarks_size_and_fully_patched(
         family):
-    """On the meta device (shapes only), its memory then allocated untouched on the CPU: the
-    held-out dims, the benchmark's layers and vocabulary, and nothing the patch leaves alone."""
+    """On the meta device (shapes only), its memory then allocated untouched on the CPU but
+    for the rotary module's frequencies, which patch checks (transformers' own initialisation
+    of them): the held-out dims, the benchmark's layers and vocabulary, nothing the patch
+    leaves alone, and the attention rotating with cutetune's op (Gemma 3's one layer is a
+    full-attention one, whose linear scaling keeps transformers' rotation)."""
     held = bench.HELD_OUT[family]
     model = bench.build_model(held, 1, 4096, "meta", "grouped_mm")
     assert type(model).__name__ == CLASSES[family]
@@ -71,8 +77,14 @@ def test_the_model_is_transformers_own_class_cut_to_the_benchmarks_size_and_full
         assert bench.unpatched_description(model) == "attention sdpa, experts grouped_mm"
     if family == "gemma3":
         assert model.config.layer_types == ["full_attention"]
-    report = patch(model.to_empty(device="cpu"))
+    model.to_empty(device="cpu")
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            model._init_weights(module)
+    report = patch(model)
     assert report.left_alone == (), str(report)
+    assert [e.op for e in report.entries if e.module.endswith("self_attn")] == [
+        ATTENTION_OPS[family]]
 
 
 def test_a_gemma3_of_two_layers_keeps_a_global_layer():

@@ -45,7 +45,7 @@ def test_the_standin_is_patched_whole_with_the_transformers_stub(monkeypatch):
         again = model(ids)
     assert report.left_alone == ()
     assert {e.op for e in report.replaced} == {
-        "rmsnorm", "fused_add_rmsnorm", "qk_norm", "moe_dispatch, silu_and_mul, moe_combine"}
+        "rmsnorm", "fused_add_rmsnorm", "qk_norm_rope", "moe_dispatch, silu_and_mul, moe_combine"}
     assert got.shape == (1, 64, VOCAB)
     torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=3e-2)
     assert torch.equal(again, expected)

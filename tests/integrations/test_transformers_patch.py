@@ -32,7 +32,8 @@ class OpCalls:
 
     def __init__(self, monkeypatch):
         self.counts: dict[str, int] = {}
-        for name in ("rmsnorm", "fused_add_rmsnorm", "qk_norm", "moe_dispatch", "moe_combine"):
+        for name in ("rmsnorm", "fused_add_rmsnorm", "qk_norm", "qk_norm_rope", "rope",
+                     "moe_dispatch", "moe_combine"):
             monkeypatch.setattr(hf_forwards, name, self._counting(name, getattr(hf_forwards, name)))
         activations = {act: (op_name, self._counting(op_name, op))
                        for act, (op_name, op) in integration.ACTIVATIONS.items()}
@@ -47,15 +48,20 @@ class OpCalls:
 
 
 # Per family, the ops one forward of the 2-layer model calls (bf16, where every module is
-# served): per layer one input norm, one fused add + norm, the q/k norm where the family has
-# it; the final norm; Gemma's post-attention and post-feedforward norms.
+# served): per layer one input norm, one fused add + norm, the rotary embedding (with the q/k
+# norm where the family has one); the final norm; Gemma's post-attention and post-feedforward
+# norms.
 EXPECTED_CALLS = {
-    "llama": {"rmsnorm": 3, "fused_add_rmsnorm": 2, "silu_and_mul": 2},
-    "qwen3": {"rmsnorm": 3, "fused_add_rmsnorm": 2, "qk_norm": 2, "silu_and_mul": 2},
-    "qwen3_moe": {"rmsnorm": 3, "fused_add_rmsnorm": 2, "qk_norm": 2, "moe_dispatch": 2,
+    "llama": {"rmsnorm": 3, "fused_add_rmsnorm": 2, "rope": 2, "silu_and_mul": 2},
+    "qwen3": {"rmsnorm": 3, "fused_add_rmsnorm": 2, "qk_norm_rope": 2, "silu_and_mul": 2},
+    "qwen3_moe": {"rmsnorm": 3, "fused_add_rmsnorm": 2, "qk_norm_rope": 2, "moe_dispatch": 2,
                   "silu_and_mul": 2, "moe_combine": 2},
-    "gemma3": {"rmsnorm": 7, "fused_add_rmsnorm": 2, "qk_norm": 2, "gelu_and_mul(tanh)": 2},
+    "gemma3": {"rmsnorm": 7, "fused_add_rmsnorm": 2, "qk_norm_rope": 2,
+               "gelu_and_mul(tanh)": 2},
 }
+# The op that rotates q and k in each family's attention.
+ROTATES = {"llama": "rope", "qwen3": "qk_norm_rope", "qwen3_moe": "qk_norm_rope",
+           "gemma3": "qk_norm_rope"}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -82,6 +88,7 @@ def test_patched_logits_match_and_unpatch_restores_the_model(family, dtype, monk
     assert list(model.state_dict()) == list(state)
 
     unpatch(model)
+    assert not any("cutetune" in name for name, _ in model.named_buffers())
     assert dict(model.named_modules()) == modules  # the same objects, under the same names
     assert not any("forward" in vars(m) for m in model.modules())
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
@@ -96,7 +103,8 @@ def test_report_names_what_each_family_serves():
     report = patch(build("gemma3", torch.bfloat16))
     entries = _entries(report)
     assert ("model.layers.0", "fused_add_rmsnorm", True) in entries
-    assert ("model.layers.1.self_attn", "qk_norm", True) in entries
+    assert ("model.layers.0.self_attn", "qk_norm_rope", True) in entries
+    assert ("model.layers.1.self_attn", "qk_norm_rope", True) in entries
     assert ("model.layers.0.mlp", "gelu_and_mul(tanh)", True) in entries
     assert ("model.layers.1.post_feedforward_layernorm", "rmsnorm", True) in entries
     # Folded into the layer's and the attention's forwards, so no entry of their own.
@@ -107,8 +115,12 @@ def test_report_names_what_each_family_serves():
     assert "residual add after attention fused into pre_feedforward_layernorm" in text
     assert "model.layers.*.self_attn" in text  # the layers' rows are one row each
 
+    assert "q_norm, k_norm and RoPE (theta 10000) in one launch, in place" in text
+    assert "q_norm, k_norm and RoPE (theta 1e+06) in one launch, in place" in text
+
     entries = _entries(patch(build("llama", torch.bfloat16)))
-    assert not any(op == "qk_norm" for _, op, _ in entries)  # Llama has no q/k norm
+    assert not any(op.startswith("qk_norm") for _, op, _ in entries)  # Llama has no q/k norm
+    assert ("model.layers.0.self_attn", "rope", True) in entries
     assert ("model.layers.1", "fused_add_rmsnorm", True) in entries
 
 
@@ -138,7 +150,7 @@ def test_a_hidden_size_the_norm_kernel_refuses_leaves_the_norms_and_layers_alone
     reason = "hidden size 48 is not supported: use 64 to 16384"
     left = {e.module: e.note for e in report.left_alone}
     assert left["model.layers.0"] == reason and left["model.norm"] == reason
-    assert {e.op for e in report.replaced} == {"silu_and_mul"}
+    assert {e.op for e in report.replaced} == {"silu_and_mul", "rope"}
     torch.testing.assert_close(logits(model), expected, **TOLERANCE[torch.float32])
 
 
@@ -200,13 +212,17 @@ def test_patching_twice_or_unpatching_an_unpatched_model_is_an_error():
     patch(model)  # and again after unpatching
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_decoding_with_the_kv_cache_matches(family):
     """Greedy generation goes through the attention's cache path (the patched forward updates
-    the cache itself); fp32, where the patched model computes what transformers computes."""
+    the cache itself) and rotates by the positions generate gives each row (the second prompt
+    is left-padded by 2); fp32, where the patched model computes what transformers
+    computes."""
     model = build(family, torch.float32)
-    prompt = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(2))
-    settings = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    prompt = torch.randint(1, VOCAB, (2, 5), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(prompt)
+    prompt[1, :2], mask[1, :2] = 0, 0
+    settings = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
     with torch.no_grad():
         expected = model.generate(prompt, **settings)
         patch(model)
@@ -236,3 +252,162 @@ def test_the_patched_model_compiles_as_one_graph_of_cutetune_ops(family):
         op = op.removesuffix("(tanh)").replace("fused_add_rmsnorm", "rmsnorm")
         assert any(f"cutetune.{op}" in target for target in called), (op, called)
     torch.testing.assert_close(got, eager, **TOLERANCE[torch.bfloat16])
+
+
+def _prefill_then_decode(model, dtype):
+    """The logits of a prefill of 5 tokens into transformers' KV cache, then of one decode step,
+    the two sequences of the batch at positions 3 apart (as left padding sets them), the
+    second's step 4 positions past its prefill's end: RoPE turns a shift common to a row's
+    queries and keys into nothing, so only the step's own distance from its row's cached keys
+    shows that the rotation reads each row's own positions."""
+    generator = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=generator)
+    step = torch.randint(0, VOCAB, (2, 1), generator=generator)
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        prefill = model(prompt, position_ids=torch.arange(5)[None] + torch.tensor([[0], [3]]),
+                        cache=cache, use_cache=True).logits
+        decode = model(step, position_ids=torch.tensor([[5], [12]]), cache=cache,
+                       use_cache=True).logits
+    return prefill, decode
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_decode_step_after_a_prefill_matches_with_the_fused_rotary_embedding(
+        family, dtype, monkeypatch):
+    model = build(family, dtype)
+    expected = _prefill_then_decode(model, dtype)
+    report = patch(model)
+    attentions = [e for e in report.entries if e.module.endswith("self_attn")]
+    assert [(e.op, e.replaced) for e in attentions] == [(ROTATES[family], True)] * 2
+    calls = OpCalls(monkeypatch)
+    got = _prefill_then_decode(model, dtype)
+    assert calls.counts[ROTATES[family]] == 4  # two layers, two forwards
+    for got_logits, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(got_logits, want, **TOLERANCE[dtype])
+
+
+def test_the_report_names_the_op_that_rotates_each_familys_attention():
+    for family, op in ROTATES.items():
+        report = patch(build(family, torch.bfloat16))
+        # One row per note: Gemma 3's two kinds of layer rotate with two thetas.
+        rows = [line for line in str(report).splitlines() if "self_attn" in line]
+        assert rows and all(f"  {op}  " in row and "  replaced  " in row for row in rows), rows
+
+
+# transformers' rope parameters of other scalings (Llama 3's own; YaRN; Gemma 3's full-attention
+# layers' linear scaling), over a context long enough that a wrong frequency shows.
+LLAMA3 = dict(rope_type="llama3", factor=8.0, rope_theta=500000.0, low_freq_factor=1.0,
+              high_freq_factor=4.0, original_max_position_embeddings=512)
+YARN = dict(rope_type="yarn", factor=4.0, rope_theta=10000.0,
+            original_max_position_embeddings=512)
+GEMMA3_LINEAR = {"sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+                 "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6)}
+CONTEXT = 4096
+
+
+def _rotary_tables(model) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """transformers' cos and sin of positions 0 to CONTEXT - 1, per cos/sin cache the patch
+    would add (keyed by its name): the rotary module's forward."""
+    rotary = model.model.rotary_emb
+    x = torch.zeros(1, dtype=model.dtype)
+    positions = torch.arange(CONTEXT)[None]
+    kinds = getattr(rotary, "layer_types", None)
+    if kinds is None:
+        return {hf_forwards.COS_SIN_CACHE: rotary(x, positions)}
+    return {f"{hf_forwards.COS_SIN_CACHE}_{kind}": rotary(x, positions, kind) for kind in kinds}
+
+
+@pytest.mark.parametrize(("family", "rope"), [
+    ("llama", None), ("llama", LLAMA3), ("llama", YARN), ("qwen3", None), ("qwen3_moe", None),
+    ("gemma3", None), ("gemma3", GEMMA3_LINEAR)], ids=[
+    "llama", "llama-llama3", "llama-yarn", "qwen3", "qwen3_moe", "gemma3", "gemma3-linear"])
+def test_the_cos_sin_cache_holds_transformers_cos_and_sin(family, rope):
+    """The rows the kernels read (or compute alike) are the cos and sin transformers' rotary
+    module gives each position, for every kind of layer the patch rotates; fp32, to a few
+    fp32 rounding errors of transformers' own angle at position 4095."""
+    overrides = {"max_position_embeddings": CONTEXT}
+    if rope is not None:
+        overrides["rope_parameters"] = rope
+    model = build(family, torch.float32, **overrides)
+    tables = _rotary_tables(model)
+    patch(model)
+    caches = {name: buffer for name, buffer in model.model.rotary_emb.named_buffers()
+              if name.startswith(hf_forwards.COS_SIN_CACHE)}
+    fused = {name: table for name, table in tables.items()
+             if not (rope is GEMMA3_LINEAR and name.endswith("full_attention"))}
+    assert set(caches) == set(fused)
+    for name, (cos, sin) in fused.items():
+        half = cos.shape[-1] // 2
+        assert caches[name].shape == (CONTEXT, 2 * half)
+        torch.testing.assert_close(caches[name], torch.cat((cos[0, :, :half], sin[0, :, :half]),
+                                                           dim=-1), rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("rope", [LLAMA3, YARN], ids=["llama3", "yarn"])
+def test_llamas_scaled_rotary_embeddings_are_served_by_rope(rope):
+    model = build("llama", torch.float32, rope_parameters=rope,
+                  max_position_embeddings=CONTEXT)
+    # Positions far into the context, where the scaled frequencies differ from theta's.
+    ids = torch.randint(0, VOCAB, (2, TOKENS), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(TOKENS)[None] + torch.tensor([[1000], [3000]])
+    expected = logits(model, ids, position_ids=positions)
+    report = patch(model)
+    assert {(e.op, e.replaced) for e in report.entries if e.module.endswith("self_attn")} == {
+        ("rope", True)}
+    # transformers' fp32 angles at position 3000 are a few 1e-4 radians off the exact ones.
+    torch.testing.assert_close(logits(model, ids, position_ids=positions), expected,
+                               rtol=1e-3, atol=1e-3)
+
+
+def test_a_scaling_the_fused_op_does_not_compute_keeps_transformers_rope_for_those_layers():
+    """Gemma 3 4B to 27B scale the full-attention layers' frequencies linearly: those layers
+    normalise q and k in one launch and rotate them with transformers' apply_rotary_pos_emb,
+    the sliding-window layers take the fused op; the report says which and why."""
+    model = build("gemma3", torch.bfloat16, rope_parameters=GEMMA3_LINEAR)
+    expected = _prefill_then_decode(model, torch.bfloat16)
+    report = patch(model)
+    attentions = {e.module: e for e in report.entries if e.module.endswith("self_attn")}
+    sliding, full = attentions["model.layers.0.self_attn"], attentions["model.layers.1.self_attn"]
+    assert (sliding.op, sliding.replaced) == ("qk_norm_rope", True)
+    assert (full.op, full.replaced) == ("qk_norm", True)
+    assert full.note == ("q_norm and k_norm in one launch; RoPE by transformers: model "
+                         "gemma3_text scales its frequencies (linear), which rope does not "
+                         "compute yet")
+    assert "RoPE by transformers: model gemma3_text scales" in str(report)
+    for got, want in zip(_prefill_then_decode(model, torch.bfloat16), expected, strict=True):
+        torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
+
+    # Llama has no q/k norm to keep: its attention is left alone, with the reason.
+    llama = build("llama", torch.bfloat16, rope_parameters=dict(rope_type="linear", factor=2.0,
+                                                                 rope_theta=10000.0))
+    left = {e.module: e.note for e in patch(llama).left_alone}
+    assert left == {f"model.layers.{i}.self_attn": "model llama scales its frequencies "
+                    "(linear), which rope does not compute yet" for i in (0, 1)}
+
+
+def test_a_model_cast_after_loading_keeps_transformers_rope():
+    """model.to(bf16) rounds the rotary module's fp32 frequencies, and transformers rotates by
+    the rounded ones, which no theta gives: the attention rotates with transformers' rope."""
+    model = build("qwen3", torch.float32).to(torch.bfloat16)
+    expected = logits(model)
+    report = patch(model)
+    notes = {e.note for e in report.entries if e.module.endswith("self_attn")}
+    assert notes == {"q_norm and k_norm in one launch; RoPE by transformers: "
+                     "Qwen3RotaryEmbedding's frequencies are torch.bfloat16, rounded by a cast "
+                     "of the model (load it in its dtype instead)"}
+    torch.testing.assert_close(logits(model), expected, **TOLERANCE[torch.bfloat16])
+
+
+def test_an_attention_called_without_position_ids_is_an_error():
+    """The fused rotation reads the positions transformers' decoder layers pass: an attention
+    called without them says so, rather than rotating by anything else."""
+    model = build("qwen3", torch.float32)
+    patch(model)
+    x = torch.randn(1, 3, COMMON["hidden_size"])
+    position_embeddings = model.model.rotary_emb(x, torch.arange(3)[None])
+    with torch.no_grad(), pytest.raises(ValueError, match="reads the position_ids that "
+                                                          "transformers' decoder layers pass"):
+        model.model.layers[0].self_attn(x, position_embeddings=position_embeddings,
+                                        attention_mask=None)

@@ -105,6 +105,8 @@ MISSING = [
     ("llama", "model.norm", "variance_epsilon", "model.norm", "LlamaRMSNorm",
      "'variance_epsilon' or 'eps'"),
     ("llama", "model.norm", "weight", "model.norm", "LlamaRMSNorm", "weight"),
+    ("llama", "model.layers.0.self_attn", "o_proj", "model.layers.0.self_attn",
+     "LlamaAttention", "o_proj"),
     ("qwen3", "model.layers.1.self_attn", "o_proj", "model.layers.1.self_attn",
      "Qwen3Attention", "o_proj"),
     ("qwen3", "model.layers.0.self_attn", "scaling", "model.layers.0.self_attn",

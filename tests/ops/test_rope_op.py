@@ -208,3 +208,32 @@ def test_bad_mrope_input_is_one_line_naming_the_argument(positions_shape, mrope,
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         cutetune.rope(positions, q, k, cache, 1e4, **mrope)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("mrope", [{}, dict(mrope_section=(24, 20, 20), mrope_interleaved=True)],
+                         ids=["one-stream", "mrope"])
+def test_compiles_as_the_mutating_custom_op(mrope):
+    """torch.compile(fullgraph=True) records cutetune::rope with the call's arguments (the
+    custom op takes the mrope fields the op makes of mrope_section), and the graph rotates as
+    the eager op does."""
+    positions, q, k, cache = _inputs()
+    if mrope:
+        positions = torch.randint(0, 4096, (3, TOKENS), generator=torch.Generator().manual_seed(1))
+    expected_q, expected_k = (x.clone() for x in (q, k))
+    cutetune.rope(positions, expected_q, expected_k, cache, 1e4, **mrope)
+    graphs = []
+
+    def recording_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    def rotate(positions, q, k, cache):
+        cutetune.rope(positions, q, k, cache, 1e4, **mrope)
+        return q * 1, k * 1
+
+    torch._dynamo.reset()
+    got_q, got_k = torch.compile(rotate, fullgraph=True, backend=recording_backend)(
+        positions, q, k, cache)
+    (graph,) = graphs
+    assert any("cutetune.rope" in str(node.target) for node in graph.graph.nodes)
+    assert torch.equal(got_q, expected_q) and torch.equal(got_k, expected_k)

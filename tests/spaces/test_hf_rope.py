@@ -21,6 +21,16 @@ CLASS_OF_TYPE = {"kimi_k2": "deepseek_v3"}
 QWEN3_YARN = {**json.loads((PRESETS_DIR / "qwen3-8b.json").read_text()),
               "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                "original_max_position_embeddings": 32768}}
+GEMMA3 = json.loads((Path(__file__).parents[1] / "data" / "hf_configs"
+                     / "gemma-3-1b-it.json").read_text())
+# Gemma 3 4B to 27B scale the full-attention layers' frequencies, not the sliding ones'.
+GEMMA3_LINEAR = {**GEMMA3, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+
+
+def _as_transformers_5_writes(raw: dict) -> dict:
+    """The config.json transformers 5 writes of `raw`: Gemma 3's rope parameters one set per
+    kind of attention layer."""
+    return CONFIG_MAPPING[raw["model_type"]](**raw).to_dict()
 
 
 def _rope_parameters(raw: dict) -> list[dict]:
@@ -41,6 +51,9 @@ def _rope_parameters(raw: dict) -> list[dict]:
     # ... and not from beside the parameters.
     pytest.param({**QWEN3_YARN, "original_max_position_embeddings": 8192},
                  id="qwen3-8b-yarn-context-beside"),
+    pytest.param(GEMMA3_LINEAR, id="gemma-3-linear"),
+    pytest.param(_as_transformers_5_writes(GEMMA3), id="gemma-3-1b-per-layer-kind"),
+    pytest.param(_as_transformers_5_writes(GEMMA3_LINEAR), id="gemma-3-linear-per-layer-kind"),
     *[pytest.param({"model_type": t}, id=f"bare-{t}") for t in sorted(FAMILY_OF_TYPE)],
 ])
 def test_rope_reading_matches_transformers(raw):
@@ -67,3 +80,14 @@ def test_rope_reading_matches_transformers(raw):
 def test_rotary_dim_is_the_rotated_share_of_a_head(name, rotary_dim):
     path = Path(__file__).parents[1] / "data" / "hf_configs" / f"{name}.json"
     assert model_from_hf_config(json.loads(path.read_text()), name=name).rotary_dim == rotary_dim
+
+
+@pytest.mark.parametrize("raw", [GEMMA3, GEMMA3_LINEAR], ids=["1b", "linear"])
+def test_gemma3_reads_alike_in_both_forms(raw):
+    """transformers 5 writes Gemma 3's rope parameters per kind of attention layer: both thetas
+    and the full-attention layers' scaling are read from that form as from the first."""
+    first = model_from_hf_config(raw, name="m")
+    per_kind = model_from_hf_config(_as_transformers_5_writes(raw), name="m")
+    assert set(first.rope_thetas) == set(per_kind.rope_thetas) == {1e6, 1e4}
+    assert (per_kind.rope_scaling, per_kind.rope_scaling_parameters) == (
+        first.rope_scaling, first.rope_scaling_parameters)
