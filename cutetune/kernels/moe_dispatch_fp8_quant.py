@@ -16,14 +16,15 @@ One form, moe_dispatch's split (its cooperative routing kernel, imported unchang
 kernel launched early behind it by programmatic dependent launch), with a copy that quantises:
 a token's row is read once and quantised once, however many of its K rows it is stored to, and
 the quantisation (loads, amax over a group's lanes by shuffles, scale, e4m3 conversion) runs
-before the copy waits for routing, so it overlaps routing's latency. The decode forms
-(fused, replicated) are not carried over: their single kernel routes in every block (or block
-0) before any block copies, so the quantisation would sit behind the routing instead of beside
-it, and the unfused chain this replaces quantises the whole capacity (T * K + L * (pad - 1)
-rows: thousands at decode for DeepSeek-V3's 256 experts), which a split call's extra launch
-does not approach. split_bulk moves rows through shared memory untouched by registers, which
-quantisation needs; split_block_ranks pays off only for few local experts, which FP8 models
-(DeepSeek-V3: 256) do not have.
+before the copy waits for routing, so it overlaps routing's latency. Why only split: it is the
+one form whose copy is a kernel of its own, so quantising changes only that kernel. The decode
+forms (fused, replicated) route and copy in one kernel, and a quantising one would repeat that
+kernel's routing whole; at decode the chain this replaces (moe_dispatch, then fp8_group_quant
+of every row of the capacity, T * K + L * (pad - 1): 3848 rows for one token of DeepSeek-V3's
+256 experts) quantises hundreds of times the rows split's second, overlapped launch costs, so a
+one-kernel decode form is left until the H200's bench says it pays. split_bulk moves rows
+through shared memory without registers, where quantising needs them; split_block_ranks pays
+only for few local experts, which the FP8 models (DeepSeek-V3: 256) do not have.
 
 Work split (moe_dispatch/fp8_quant_kernels.py): a quantisation group of G elements is
 G / VEC 128-bit vectors spread over `lanes_per_group` consecutive lanes of a warp (the amax's
@@ -239,8 +240,10 @@ def cost(problem: MoEDispatchFP8QuantProblem, config: DispatchFP8QuantConfig, de
     return Cost(
         bytes_moved=routing + copy + padding,
         flops=QUANT_FLOPS_PER_ELEMENT * problem.num_tokens * problem.hidden,
-        blocks=copy_unit_total(problem.num_tokens, config.tokens_per_block,
-                               _slices(problem, config)),
+        # The copy's grid (with zero_padding, a block per local expert at least).
+        blocks=max(copy_unit_total(problem.num_tokens, config.tokens_per_block,
+                                   _slices(problem, config)),
+                   problem.local_experts if problem.zero_padding and problem.pad > 1 else 1),
         threads_per_block=config.warps_per_block * WARP,
         registers_per_thread=_registers_per_thread(problem, config),
         launches=2,

@@ -147,6 +147,17 @@ def test_cost_counts_each_byte_once():
         c.bytes_moved + int(padding_rows * (4096 + 32 * 4)))
 
 
+def test_zeroed_padding_gets_a_copy_block_per_local_expert_at_least():
+    decode = _problem(tokens=1)
+    config = KERNEL.default_config(decode, H200)
+    # 56 groups over the 16 slots of 4 warps of 8-lane groups: 4 slices of one token.
+    assert KERNEL.cost(decode, config, H200).blocks == 4
+    zeroed = dataclasses.replace(decode, zero_padding=True)
+    assert KERNEL.cost(zeroed, config, H200).blocks == 256
+    # pad 1 has no padding rows: no zeroing, no extra blocks.
+    assert KERNEL.cost(dataclasses.replace(zeroed, pad=1), config, H200).blocks == 4
+
+
 def test_every_valid_point_is_resident_and_predictable_on_every_device():
     for device in DEVICE_SPECS.values():
         for tokens in (1, 64, 4096):
