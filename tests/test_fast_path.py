@@ -22,7 +22,7 @@ from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, Cooperative
 from cutetune.kernels.qk_norm import KERNEL as QK_KERNEL
 from cutetune.kernels.rmsnorm import KERNEL as RMSNORM_KERNEL
 from cutetune.ops import activation, fp8_quant, moe_combine, moe_dispatch, qk_norm, rmsnorm
-from cutetune.ops.registry import route_of
+from cutetune.ops.registry import ops, route_of
 from cutetune.serving.table import Dispatcher
 from cutetune.serving.warmup import set_current
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
@@ -76,10 +76,12 @@ def served(monkeypatch) -> Served:
     monkeypatch.setattr(Dispatcher, "_install", install)
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
     monkeypatch.setattr(moe_dispatch, "_workspace", lambda device, local: None)
-    # The stand-in is no CompiledDispatch: the route calls it as it is.
-    dispatch_route = route_of("moe_dispatch")
-    monkeypatch.setattr(dispatch_route, "fast_call", dataclasses.replace(
-        dispatch_route.fast_call, launch_function=None))
+    # The stand-in is no CompiledDispatch: the routes call it as it is.
+    for op in ops():
+        op_route = route_of(op.name)
+        if op_route.fast_call.launch_function is not None:
+            monkeypatch.setattr(op_route, "fast_call", dataclasses.replace(
+                op_route.fast_call, launch_function=None))
     set_current(served.dispatcher)
     yield served
     set_current(None)

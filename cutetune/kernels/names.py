@@ -15,6 +15,7 @@ KERNEL_NAMES: tuple[str, ...] = (
     "gelu_and_mul",
     "moe_combine",
     "moe_dispatch",
+    "moe_dispatch_fp8_quant",
     "mxfp8_quant",
     "nvfp4_quant",
     "qk_norm",
