@@ -5,6 +5,8 @@ transformers: a test module skips first where it is not installed
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import transformers
 
@@ -19,6 +21,14 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidd
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5),
              torch.bfloat16: dict(rtol=1.6e-2, atol=3e-2)}
 ROUTER_SHARPNESS = 20.0
+
+
+def kv_cache_argument(model, cache) -> dict:
+    """`cache` as the keyword argument `model`'s forward takes a KV cache by: `cache` from
+    transformers 5.24 on, `past_key_values` before (the other name would pass into its kwargs
+    unused, and the model would run without the cache)."""
+    parameters = inspect.signature(type(model).forward).parameters
+    return {"cache" if "cache" in parameters else "past_key_values": cache}
 
 
 def llama(**overrides):

@@ -46,6 +46,7 @@ from cutetune.spaces.problem import Problem
 FP8_DTYPE = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 AMAX_FLOOR = 1e-10
+REFERENCE_ROWS = 16384
 GROUP_SIZES = (64, 128)
 QUANT_DTYPES = ("bfloat16", "float16")
 # An fp32's exponent bits, and the mantissa bits below them.
@@ -105,9 +106,15 @@ def quantize_reference(values: torch.Tensor, group_size: int, ue8m0: bool
     scales = (torch.clamp(amax, min=AMAX_FLOOR).double() / E4M3_MAX).float()
     if ue8m0:
         scales = round_up_to_power_of_two(scales)
-    quotients = (groups.double() / scales.double().unsqueeze(-1)).float()
-    q = torch.clamp(quotients, -E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
-    return q.float().reshape(tokens, width), scales
+    q = torch.empty(tokens, width, dtype=torch.float32, device=values.device)
+    # A slice of rows at a time: the fp64 quotients of a whole MoE dispatch buffer at 32768
+    # tokens (266k rows of 7168) would take 15 GB.
+    for start in range(0, tokens, REFERENCE_ROWS):
+        rows = slice(start, start + REFERENCE_ROWS)
+        quotients = (groups[rows].double() / scales[rows].double().unsqueeze(-1)).float()
+        q[rows] = torch.clamp(quotients, -E4M3_MAX, E4M3_MAX).to(FP8_DTYPE).float().reshape(
+            -1, width)
+    return q, scales
 
 
 @torch.compiler.disable

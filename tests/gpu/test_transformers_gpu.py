@@ -144,6 +144,8 @@ def _steps(model, routing: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     (filled by the first model that runs them)."""
     import transformers
 
+    from testkit.tiny_hf_models import kv_cache_argument
+
     cache = transformers.DynamicCache(config=model.config)
     logits = []
     for i, (ids, positions) in enumerate((
@@ -151,8 +153,8 @@ def _steps(model, routing: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
              + torch.tensor([[0], [1000]], device="cuda")),
             (_batch(2, 1, 5), torch.tensor([[33], [1083]], device="cuda")))):
         with routing_pinned(model, routing[i]):
-            logits.append(model(ids, position_ids=positions, cache=cache,
-                                use_cache=True).logits)
+            logits.append(model(ids, position_ids=positions,
+                                **kv_cache_argument(model, cache), use_cache=True).logits)
     return tuple(logits)
 
 

@@ -22,6 +22,7 @@ from testkit.tiny_hf_models import (  # noqa: E402
     TOLERANCE,
     VOCAB,
     build,
+    kv_cache_argument,
     logits,
 )
 
@@ -266,9 +267,9 @@ def _prefill_then_decode(model, dtype):
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
         prefill = model(prompt, position_ids=torch.arange(5)[None] + torch.tensor([[0], [3]]),
-                        cache=cache, use_cache=True).logits
-        decode = model(step, position_ids=torch.tensor([[5], [12]]), cache=cache,
-                       use_cache=True).logits
+                        **kv_cache_argument(model, cache), use_cache=True).logits
+        decode = model(step, position_ids=torch.tensor([[5], [12]]),
+                       **kv_cache_argument(model, cache), use_cache=True).logits
     return prefill, decode
 
 
