@@ -138,6 +138,11 @@ class GroupQuantConfig:
     cache_hints: str = cache_hints.NORMAL
 
 
+# Decode's split (default_config): a warp per group, two bf16 (or one fp32) a load.
+DECODE_CONFIG = GroupQuantConfig(vector_bits=32, lanes_per_group=32, groups_per_thread=1,
+                                 warps_per_block=1)
+
+
 def _vector_elements(problem: GroupQuantProblem, config: GroupQuantConfig) -> int:
     return vector_elements(problem.dtype, config.vector_bits)
 
@@ -191,13 +196,19 @@ SPACE = Space(
 def default_config(problem: GroupQuantProblem, device) -> GroupQuantConfig:
     """The seed heuristic: 128-bit loads, each lane holding MIN_BYTES_PER_LANE of its group
     (two vectors: a group of 128 bf16 on 8 lanes), one group per thread; then the largest
-    block of 8 or 4 warps that still gives every SM a block, else one warp (decode)."""
+    block of 8 or 4 warps that still gives every SM a block. Where not even that many threads
+    are wanted (decode), a whole warp per group with 32-bit loads (DECODE_CONFIG): a call then
+    takes the latency of one thread's share, and four elements a lane quantise in half the
+    time of sixteen (tuned on an H100 at 1 and 8 tokens of DeepSeek-V3's widths, this split
+    took 1.97-1.99 us where the 128-bit split took 3.75)."""
     bits = 128
     vec = vector_elements(problem.dtype, bits)
     lanes = max(1, problem.group_size * DTYPE_BYTES[problem.dtype] // MIN_BYTES_PER_LANE)
     lanes = min(lanes, problem.group_size // vec)
     threads_needed = problem.num_tokens * (problem.width // problem.group_size) * lanes
-    warps = next((w for w in (8, 4) if threads_needed >= w * WARP * device.sm_count), 1)
+    warps = next((w for w in (8, 4) if threads_needed >= w * WARP * device.sm_count), None)
+    if warps is None:
+        return DECODE_CONFIG
     return GroupQuantConfig(bits, lanes, 1, warps)
 
 
