@@ -12,6 +12,7 @@ section per kind of measurement, and the targets missed from benchmarks/targets.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import sys
 from collections.abc import Callable
@@ -28,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = ROOT / "benchmarks" / "targets.md"
 OUT = ROOT / "BENCHMARKS.md"
-KINDS = ("bench", "tuned", "tune_walls", "tune_eta", "winner_repro", "shared_db", "db_overhead",
-         "warm_start", "host_overhead", "host_units", "hf_drop_in", "exhaustive", "replay")
+KINDS = ("bench", "tuned", "tune_run", "tune_walls", "tune_eta", "winner_repro", "shared_db",
+         "db_overhead", "warm_start", "host_overhead", "host_units", "hf_drop_in", "exhaustive",
+         "replay")
 # The buckets the tuned tables show, decode to prefill.
 SHOWN_BUCKETS = (1, 8, 64, 512, 4096, 32768)
 
@@ -113,11 +115,16 @@ SUMMARY_COLUMNS = ("kernel", "problem", "tokens", "status", "us", "pct_roof", "v
 
 
 def read_summary(path: Path) -> pd.DataFrame:
+    """The summary table of a `cutetune tune` run's output: from its header line to the time
+    line (a log with the run's progress, stderr, holds the same table after that)."""
     lines = path.read_text().splitlines()
-    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[1:]
-            if line.strip() and not line.startswith("time:")]
+    start = next((i for i, line in enumerate(lines) if line.startswith("kernel ")), None)
+    if start is None:
+        raise SystemExit(f"{path.name}: not a `cutetune tune` summary table")
+    body = itertools.takewhile(lambda line: not line.startswith("time:"), lines[start + 1:])
+    rows = [re.split(r"\s{2,}", line.strip()) for line in body if line.strip()]
     bad = [r for r in rows if len(r) != len(SUMMARY_COLUMNS)]
-    if bad or not lines or not lines[0].startswith("kernel"):
+    if bad:
         raise SystemExit(f"{path.name}: not a `cutetune tune` summary table")
     frame = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     frame["tokens"] = frame["tokens"].astype(int)
@@ -132,20 +139,36 @@ def tuned_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
              f"{', '.join(map(str, SHOWN_BUCKETS))}).\n"]
     for _, source in rows.iterrows():
         model = source["file"].removeprefix("shipped-").rsplit("-", 1)[0]
-        frame = read_summary(RESULTS / source["file"])
-        parts.append(f"### {model}\n\nSource: {provenance(source)}.\n")
-        head = ["kernel", "problem", *map(str, SHOWN_BUCKETS), "vs default"]
-        lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-        for (kernel, problem), group in frame.groupby(["kernel", "problem"], sort=False):
-            by_tokens = group.set_index("tokens")
-            cells = [f"{by_tokens.loc[b, 'us']} ({by_tokens.loc[b, 'pct_roof']}%)"
-                     if b in by_tokens.index else "-" for b in SHOWN_BUCKETS]
-            speedups = [float(v.rstrip("x")) for v in group["vs_default"] if v != "-"]
-            spread = (f"{min(speedups):.2f}-{max(speedups):.2f}x" if speedups
-                      else "- (stored by an earlier run)")
-            lines.append("| " + " | ".join([kernel, problem, *cells, spread]) + " |")
-        parts.append("\n".join(lines) + "\n")
+        lines = winners_table(RESULTS / source["file"])
+        parts.append(f"### {model}\n\nSource: {provenance(source)}.\n\n" + "\n".join(lines)
+                     + "\n")
     return "\n".join(parts)
+
+
+def winners_table(path: Path) -> list[str]:
+    """A tuning summary's winners, a row per problem: us per call (% roof) at SHOWN_BUCKETS,
+    and the spread of the speedups over the default."""
+    frame = read_summary(path)
+    buckets = [b for b in SHOWN_BUCKETS if b in set(frame["tokens"])]
+    head = ["kernel", "problem", *map(str, buckets), "vs default"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for (kernel, problem), group in frame.groupby(["kernel", "problem"], sort=False):
+        by_tokens = group.set_index("tokens")
+        cells = [f"{by_tokens.loc[b, 'us']} ({by_tokens.loc[b, 'pct_roof']}%)"
+                 if b in by_tokens.index else "-" for b in buckets]
+        speedups = [float(v.rstrip("x")) for v in group["vs_default"] if v != "-"]
+        spread = (f"{min(speedups):.2f}-{max(speedups):.2f}x" if speedups
+                  else "- (stored by an earlier run)")
+        lines.append("| " + " | ".join([kernel, problem, *cells, spread]) + " |")
+    return lines
+
+
+def tune_run_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
+    return sourced_section(
+        "## Tuned winners of kernels not shipped yet",
+        "Winners of `cutetune tune` runs on a GPU no shipped file serves yet (the kernels added "
+        "since the shipped files were tuned): us per call (% roof) at the buckets the run "
+        "tuned, and the spread of the speedups over the default.", rows, winners_table)
 
 
 def sourced_section(heading: str, intro: str, rows: pd.DataFrame,
@@ -414,7 +437,8 @@ def replay_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
 
 # Each section is written from its kind's rows of the index; it gets the whole index too (the
 # peers' section names the kernels the tuned files hold but no bench file does).
-SECTIONS = {"bench": bench_section, "tuned": tuned_section, "tune_walls": tune_walls_section,
+SECTIONS = {"bench": bench_section, "tuned": tuned_section, "tune_run": tune_run_section,
+            "tune_walls": tune_walls_section,
             "tune_eta": tune_eta_section, "warm_start": warm_start_section,
             "host_overhead": host_overhead_section,
             "host_units": host_units_section,
