@@ -222,9 +222,22 @@ def _checked_out(out: DispatchResult, x: torch.Tensor, top_k: int, local: int,
     if not isinstance(out, DispatchResult):
         raise TypeError(f"out must be a DispatchResult (moe_dispatch_buffers makes one), got "
                         f"{type(out).__name__}")
+    check_buffers(out, "dispatched", x.dtype, {}, x, top_k, local, pad)
+    return out
+
+
+def check_buffers(out, rows_name: str, rows_dtype: torch.dtype,
+                  others: dict[str, tuple[torch.dtype, tuple[int, ...] | None]],
+                  x: torch.Tensor, top_k: int, local: int, pad: int,
+                  strided: tuple[str, ...] = ()) -> None:
+    """A dispatch's output buffers in `out` against these inputs: the rows buffer `rows_name`
+    (rows_dtype, at least the capacity's rows of x's width, 16-byte aligned), the routing
+    buffers (counts, offsets, row_of, error) and `others` (name: (dtype, shape or None)),
+    each a tensor on x's device, contiguous unless named in `strided`. One clear error for
+    the first that does not fit."""
     tokens, hidden = x.shape
     capacity = dispatch_capacity(tokens, top_k, local, pad)
-    wanted = {"dispatched": (x.dtype, None), "counts": (torch.int32, (local,)),
+    wanted = {rows_name: (rows_dtype, None), **others, "counts": (torch.int32, (local,)),
               "offsets": (torch.int32, (local + 1,)), "row_of": (torch.int32, (tokens, top_k)),
               "error": (torch.int32, (1,))}
     for name, (dtype, shape) in wanted.items():
@@ -238,16 +251,15 @@ def _checked_out(out: DispatchResult, x: torch.Tensor, top_k: int, local: int,
         if shape is not None and tuple(t.shape) != shape:
             raise ValueError(f"out.{name} must have shape {shape} for these inputs, got "
                              f"{tuple(t.shape)}")
-        if not t.is_contiguous():
+        if name not in strided and not t.is_contiguous():
             raise ValueError(f"out.{name} must be contiguous, got strides {t.stride()}")
-    rows = tuple(out.dispatched.shape)
+    rows = tuple(getattr(out, rows_name).shape)
     if len(rows) != 2 or rows[1] != hidden or rows[0] < capacity:
-        raise ValueError(f"out.dispatched must be (rows, {hidden}) with rows >= {capacity} (the "
+        raise ValueError(f"out.{rows_name} must be (rows, {hidden}) with rows >= {capacity} (the "
                          f"capacity of {tokens} tokens x top_k {top_k} plus {local} experts' "
                          f"padding), got shape {rows}")
-    if out.dispatched.data_ptr() % 16:
-        raise ValueError("out.dispatched must start 16-byte aligned")
-    return out
+    if getattr(out, rows_name).data_ptr() % 16:
+        raise ValueError(f"out.{rows_name} must start 16-byte aligned")
 
 
 def _validated(result: DispatchResult, validate: bool, num_experts: int) -> DispatchResult:

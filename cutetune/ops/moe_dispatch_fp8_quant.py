@@ -156,31 +156,10 @@ def _checked_out(out: DispatchFP8Result, x: torch.Tensor, top_k: int, local: int
     if not isinstance(out, DispatchFP8Result):
         raise TypeError(f"out must be a DispatchFP8Result (moe_dispatch_fp8_quant_buffers makes "
                         f"one), got {type(out).__name__}")
-    tokens, hidden = x.shape
-    capacity = dispatch_capacity(tokens, top_k, local, pad)
-    wanted = {"q": (FP8_DTYPE, None), "scales": (torch.float32, None),
-              "counts": (torch.int32, (local,)), "offsets": (torch.int32, (local + 1,)),
-              "row_of": (torch.int32, (tokens, top_k)), "error": (torch.int32, (1,))}
-    for name, (dtype, shape) in wanted.items():
-        t = getattr(out, name)
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"out.{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype is not dtype:
-            raise TypeError(f"out.{name} has dtype {t.dtype}: it must be {dtype}")
-        if t.device != x.device:
-            raise ValueError(f"out.{name} is on {t.device} but x is on {x.device}")
-        if shape is not None and tuple(t.shape) != shape:
-            raise ValueError(f"out.{name} must have shape {shape} for these inputs, got "
-                             f"{tuple(t.shape)}")
-        if name != "scales" and not t.is_contiguous():
-            raise ValueError(f"out.{name} must be contiguous, got strides {t.stride()}")
+    dispatch_op.check_buffers(out, "q", FP8_DTYPE, {"scales": (torch.float32, None)}, x, top_k,
+                              local, pad, strided=("scales",))
+    hidden = x.shape[1]
     rows = tuple(out.q.shape)
-    if len(rows) != 2 or rows[1] != hidden or rows[0] < capacity:
-        raise ValueError(f"out.q must be (rows, {hidden}) with rows >= {capacity} (the "
-                         f"capacity of {tokens} tokens x top_k {top_k} plus {local} experts' "
-                         f"padding), got shape {rows}")
-    if out.q.data_ptr() % 16:
-        raise ValueError("out.q must start 16-byte aligned")
     groups = hidden // group_size
     if tuple(out.scales.shape) != (rows[0], groups):
         raise ValueError(f"out.scales must have shape {(rows[0], groups)} (out.q's rows, hidden "
