@@ -199,7 +199,12 @@ def winner_repro_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         "and where they differ, the largest gap between one run's winner and another's, "
         "measured in the same run (side by side where both were finalists), against that "
         "run's tie band. Each source is a folder of the runs' CSVs, compared here.", rows,
-        lambda folder: winner_repro_lines(compare_files(sorted(folder.glob("*-run*.csv")))))
+        compared_runs)
+
+
+def compared_runs(folder: Path) -> list[str]:
+    """The comparison of the runs' CSVs in `folder` (benchmarks.winner_repro)."""
+    return winner_repro_lines(compare_files(sorted(folder.glob("*-run*.csv"))))
 
 
 def shared_db_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
@@ -212,7 +217,7 @@ def shared_db_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         "run (side by side where both were finalists, else by search times; the PostgreSQL "
         "run's studies stay on its server, so its gaps are search times), against the tie band. "
         "Two fresh runs into SQLite differ as often (\"Winners of fresh runs\").", rows,
-        lambda folder: winner_repro_lines(compare_files(sorted(folder.glob("*-run*.csv")))))
+        compared_runs)
 
 
 def db_overhead_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
