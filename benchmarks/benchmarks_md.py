@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmarks.bench_tables import label, shared_fields, shared_line
 from benchmarks.bench_tables import table as bench_table
 from benchmarks.replay_tables import markdown_lines as replay_lines
 from benchmarks.winner_repro import compare_files
@@ -92,7 +93,7 @@ def bench_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     frame = pd.concat(frames).drop_duplicates(
         ["kernel", "problem", "tokens", "implementation"], keep="last")
     parts = ["## Kernels against the peers\n",
-             "Sources: " + "; ".join(provenance(r) for _, r in rows.iterrows()) + ".\n"]
+             "Sources:\n\n" + "".join(f"- {provenance(r)}\n" for _, r in rows.iterrows())]
     tuned = {kernel for f in index.loc[index["kind"] == "tuned", "file"]
              for kernel in read_summary(RESULTS / f)["kernel"]}
     unbenched = sorted(tuned - set(frame["kernel"]))
@@ -133,6 +134,10 @@ def tuned_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     for _, source in rows.iterrows():
         model = source["file"].removeprefix("shipped-").rsplit("-", 1)[0]
         frame = read_summary(RESULTS / source["file"])
+        # A summary spells a problem as "field=value field=value ...".
+        problems = {text: dict(item.split("=", 1) for item in text.split())
+                    for text in frame["problem"].unique()}
+        shared = shared_fields(list(problems.values()))
         parts.append(f"### {model}\n\nSource: {provenance(source)}.\n")
         head = ["kernel", "problem", *map(str, SHOWN_BUCKETS), "vs default"]
         lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
@@ -143,8 +148,9 @@ def tuned_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
             speedups = [float(v.rstrip("x")) for v in group["vs_default"] if v != "-"]
             spread = (f"{min(speedups):.2f}-{max(speedups):.2f}x" if speedups
                       else "- (stored by an earlier run)")
-            lines.append("| " + " | ".join([kernel, problem, *cells, spread]) + " |")
-        parts.append("\n".join(lines) + "\n")
+            lines.append("| " + " | ".join([kernel, label(problems[problem], shared), *cells,
+                                            spread]) + " |")
+        parts.append(shared_line(shared) + "\n".join(lines) + "\n")
     return "\n".join(parts)
 
 
