@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmarks.bench_tables import label, shared_fields, shared_line
 from benchmarks.bench_tables import table as bench_table
 from benchmarks.replay_tables import markdown_lines as replay_lines
 from benchmarks.winner_repro import compare_files
@@ -94,7 +95,7 @@ def bench_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
     frame = pd.concat(frames).drop_duplicates(
         ["kernel", "problem", "tokens", "implementation"], keep="last")
     parts = ["## Kernels against the peers\n",
-             "Sources: " + "; ".join(provenance(r) for _, r in rows.iterrows()) + ".\n"]
+             "Sources:\n\n" + "".join(f"- {provenance(r)}\n" for _, r in rows.iterrows())]
     tuned = {kernel for f in index.loc[index["kind"] == "tuned", "file"]
              for kernel in read_summary(RESULTS / f)["kernel"]}
     unbenched = sorted(tuned - set(frame["kernel"]))
@@ -149,6 +150,10 @@ def winners_table(path: Path) -> list[str]:
     """A tuning summary's winners, a row per problem: us per call (% roof) at SHOWN_BUCKETS,
     and the spread of the speedups over the default."""
     frame = read_summary(path)
+    # A summary spells a problem as "field=value field=value ...".
+    problems = {text: dict(item.split("=", 1) for item in text.split())
+                for text in frame["problem"].unique()}
+    shared = shared_fields(list(problems.values()))
     buckets = [b for b in SHOWN_BUCKETS if b in set(frame["tokens"])]
     head = ["kernel", "problem", *map(str, buckets), "vs default"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
@@ -159,8 +164,9 @@ def winners_table(path: Path) -> list[str]:
         speedups = [float(v.rstrip("x")) for v in group["vs_default"] if v != "-"]
         spread = (f"{min(speedups):.2f}-{max(speedups):.2f}x" if speedups
                   else "- (stored by an earlier run)")
-        lines.append("| " + " | ".join([kernel, problem, *cells, spread]) + " |")
-    return lines
+        lines.append("| " + " | ".join([kernel, label(problems[problem], shared), *cells,
+                                        spread]) + " |")
+    return shared_line(shared).splitlines() + lines
 
 
 def tune_run_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:

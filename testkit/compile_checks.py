@@ -4,6 +4,8 @@ listed, and the PTX of one point with its global accesses."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -16,17 +18,30 @@ from testkit.every_point import assert_every_point
 GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d+))?\.[bfsu](\d+)\b")
 
 
-def preset_params(kernel) -> list:
-    """A pytest param per problem the presets give `kernel` (in bf16), named after its preset;
-    presets the kernel does not apply to give none."""
-    params = []
-    for name, model in PRESETS.items():
-        try:
-            problems = kernel.problems_for_model(model, "bfloat16")
-        except NotApplicableError:
-            continue
-        params += [pytest.param(problem, id=name) for problem in problems]
-    return params
+def preset_params(kernel, suffix: Callable[[Any], str] | None = None) -> list:
+    """A pytest param per distinct static problem the presets give `kernel` (in bf16), named
+    after the first preset that gives it (then "-" and `suffix(problem)`, for a kernel a preset
+    gives several problems). A problem two presets share (llama-3.1-8b-fp4's are
+    llama-3.1-8b's) is one param, so it compiles once; presets the kernel does not apply to
+    give none."""
+    first: dict[str, tuple[str, Any]] = {}
+    for name in PRESETS:
+        for problem in _problems(kernel, name):
+            first.setdefault(problem.static_key(), (name, problem))
+    return [pytest.param(problem, id=name if suffix is None else f"{name}-{suffix(problem)}")
+            for name, problem in first.values()]
+
+
+def presets_of(kernel) -> set[str]:
+    """The names of the presets that give `kernel` a problem."""
+    return {name for name in PRESETS if _problems(kernel, name)}
+
+
+def _problems(kernel, preset: str) -> list:
+    try:
+        return kernel.problems_for_model(PRESETS[preset], "bfloat16")
+    except NotApplicableError:
+        return []
 
 
 def assert_points_compile(kernel, problem, configs) -> None:

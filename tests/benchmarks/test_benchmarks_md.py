@@ -79,9 +79,71 @@ BENCH_HEAD = ("gpu,kernel,problem,tokens,implementation,us,iqr_us,gbps,pct_of_co
               "empty_kernel_us,note\n")
 
 
-def bench_row(implementation: str, us: float) -> str:
-    return (f'H200,rmsnorm,"{{""hidden"": 7}}",4096,"{implementation}",{us},0.1,1000,50.0,4000,'
+def bench_row(implementation: str, us: float, kernel: str = "rmsnorm",
+              problem: str = '{"hidden": 7}', tokens: int = 4096) -> str:
+    quoted = problem.replace('"', '""')
+    return (f'H200,{kernel},"{quoted}",{tokens},"{implementation}",{us},0.1,1000,50.0,4000,'
             f'0.5,\n')
+
+
+def bench_problem_rows(kernel: str, problem: str, tokens: int) -> str:
+    """Ours, the copy and one peer for one problem at one token count."""
+    return "".join(bench_row(implementation, us, kernel, problem, tokens) for implementation, us
+                   in (("cutetune default", 10.0), ("torch eager", 20.0),
+                       ("copy, same bytes", 5.0)))
+
+
+def section_of(text: str, heading: str) -> str:
+    """The text of one section, from its heading to the next heading."""
+    start = text.index(heading + "\n")
+    end = text.find("\n#", start + len(heading))
+    return text[start:] if end == -1 else text[start:end]
+
+
+def test_a_bench_table_states_its_shared_fields_once_and_its_rows_the_varying_ones(
+        results_copy):
+    wide = '{"dtype": "bfloat16", "hidden": 4096, "eps": 1e-06, "fused_add": false}'
+    narrow = '{"dtype": "bfloat16", "hidden": 2048, "eps": 1e-06, "fused_add": true}'
+    add_listed_file(results_copy, "bench-two-problems.csv", "bench",
+                    BENCH_HEAD + bench_problem_rows("toy_norm", wide, 1)
+                    + bench_problem_rows("toy_norm", wide, 8)
+                    + bench_problem_rows("toy_norm", narrow, 1),
+                    "cutetune bench toy_norm --model M --out F")
+    section = section_of(generator.benchmarks_md(), "### toy_norm")
+    assert section.count("All rows: dtype bfloat16, eps 1e-06.") == 1
+    assert "| problem | tokens | cutetune default | torch eager | copy, same bytes |" in section
+    assert "| hidden=4096 fused_add=False | 1 | 10.00 | 20.00 | 5.00 |" in section
+    assert "| hidden=4096 fused_add=False | 8 | 10.00 | 20.00 | 5.00 |" in section
+    assert "| hidden=2048 fused_add=True | 1 | 10.00 | 20.00 | 5.00 |" in section
+    assert "dtype=" not in section and "eps=" not in section
+
+
+def test_a_bench_table_of_one_problem_has_no_problem_column(results_copy):
+    add_listed_file(results_copy, "bench-one-problem.csv", "bench",
+                    BENCH_HEAD + bench_problem_rows("toy_norm", '{"hidden": 64}', 1),
+                    "cutetune bench toy_norm --model M --out F")
+    section = section_of(generator.benchmarks_md(), "### toy_norm")
+    assert section.count("All rows: hidden 64.") == 1
+    assert "| tokens | cutetune default | torch eager | copy, same bytes |" in section
+    assert "| 1 | 10.00 | 20.00 | 5.00 |" in section
+    assert "problem" not in section and "hidden=" not in section
+
+
+def test_a_tuned_table_states_its_shared_fields_once():
+    section = section_of(generator.benchmarks_md(), "### qwen3-8b")
+    assert section.count("All rows: dtype bfloat16.") == 1
+    assert "| silu_and_mul | intermediate=12288 |" in section
+    assert ("| rmsnorm | out_dtype=bfloat16 hidden=4096 eps=1e-06 weight_bias=0.0 "
+            "fused_add=True |") in section
+    assert "dtype=bfloat16 " not in section.replace("out_dtype=bfloat16 ", "")
+
+
+def test_the_peers_sources_are_a_list_of_one_file_a_line():
+    section = section_of(generator.benchmarks_md(), "## Kernels against the peers")
+    index = generator.read_index()
+    files = index.loc[index["kind"] == "bench", "file"]
+    bullets = [line for line in section.splitlines() if line.startswith("- `")]
+    assert [line.split("`")[1] for line in bullets] == list(files)
 
 
 def test_a_newer_bench_file_gives_the_current_number_of_what_both_measured(results_copy):

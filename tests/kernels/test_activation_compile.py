@@ -28,7 +28,7 @@ from cutetune.kernels.activation import (
 from cutetune.kernels.cache_hints import CACHE_HINTS
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, preset_params, ptx_of
 from testkit.covering_points import covering_configs
 
 H200 = DEVICE_SPECS["H200"]
@@ -36,15 +36,6 @@ H200 = DEVICE_SPECS["H200"]
 
 def _kernel(problem: GatedProblem):
     return GELU_KERNEL if isinstance(problem, GeluAndMulProblem) else SILU_KERNEL
-
-
-def _preset_params(kernel) -> list:
-    """One param per distinct problem, named after the first preset that has it."""
-    seen: dict[GatedProblem, str] = {}
-    for name, model in PRESETS.items():
-        for problem in kernel.problems_for_model(model, "bfloat16"):  # all presets use SiLU
-            seen.setdefault(problem, f"{name}-I{problem.intermediate}")
-    return [pytest.param(problem, id=id_) for problem, id_ in seen.items()]
 
 
 SYNTHETIC = [
@@ -63,7 +54,7 @@ SYNTHETIC = [
                                    approximate="tanh"), id="gelu-tanh-float32-I1001"),
 ]
 
-SILU_PRESETS = _preset_params(SILU_KERNEL)
+SILU_PRESETS = preset_params(SILU_KERNEL, lambda problem: f"I{problem.intermediate}")
 
 
 def test_sweep_covers_every_preset():

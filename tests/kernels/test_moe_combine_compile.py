@@ -24,24 +24,13 @@ from cutetune.kernels.moe_combine import (
 from cutetune.kernels.moe_common import MoEProblem
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, preset_params, ptx_of
 from testkit.covering_points import covering_configs
 
 H200 = DEVICE_SPECS["H200"]
 
 
-def _preset_params() -> list:
-    """One param per distinct problem, named after the first preset that has it."""
-    seen: dict[MoEProblem, str] = {}
-    for name, model in PRESETS.items():
-        if not model.num_experts:
-            continue
-        for problem in KERNEL.problems_for_model(model, "bfloat16"):
-            seen.setdefault(problem, f"{name}-H{problem.hidden}-K{problem.top_k}")
-    return [pytest.param(problem, id=id_) for problem, id_ in seen.items()]
-
-
-PRESET_PROBLEMS = _preset_params()
+PRESET_PROBLEMS = preset_params(KERNEL, lambda problem: f"H{problem.hidden}-K{problem.top_k}")
 # fp16 with 1002 = 501 x 2: only 32-bit vectors divide it (and no split does); top-k 4.
 SYNTHETIC = [pytest.param(MoEProblem(num_tokens=1, dtype="float16", hidden=1002, experts=60,
                                      top_k=4, pad=16, expert_begin=0, expert_end=60),

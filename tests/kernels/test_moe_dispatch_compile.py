@@ -26,23 +26,26 @@ from cutetune.kernels.moe_dispatch import KERNEL
 from cutetune.kernels.moe_dispatch import common as mdc
 from cutetune.kernels.moe_dispatch.common import FormConfig
 from cutetune.spaces.buckets import BUCKETS
-from cutetune.spaces.models import PRESETS
-from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.compile_checks import (
+    GLOBAL_ACCESS,
+    assert_points_compile,
+    preset_params,
+    presets_of,
+    ptx_of,
+)
 from testkit.covering_points import covering_configs
 from testkit.moe_dispatch_points import point
 
 H200 = DEVICE_SPECS["H200"]
-PRESET_PARAMS = [pytest.param(problem, id=name)
-                 for name, model in PRESETS.items() if model.num_experts
-                 for problem in KERNEL.problems_for_model(model, "bfloat16")]
+PRESET_PARAMS = preset_params(KERNEL)
 SYNTHETIC = MoEProblem(num_tokens=4, dtype="float16", hidden=1004, experts=20, top_k=3, pad=1,
                        expert_begin=5, expert_end=17)
 
 
 def test_sweep_covers_every_moe_preset():
     # Guards the sweep against silently shrinking (e.g. a preset losing its experts).
-    assert {p.id for p in PRESET_PARAMS} == {"qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
-                                             "mixtral-8x7b"}
+    assert presets_of(KERNEL) == {"qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
+                                  "mixtral-8x7b"}
 
 
 def test_the_synthetic_problem_reaches_each_forms_batches_and_narrow_vectors():

@@ -27,22 +27,10 @@ from cutetune.kernels.rmsnorm import (
 )
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
-from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, preset_params, ptx_of
 from testkit.covering_points import covering_configs
 
 H200 = DEVICE_SPECS["H200"]
-
-
-def _preset_params() -> list:
-    params, seen = [], set()
-    for name, model in PRESETS.items():
-        for problem in KERNEL.problems_for_model(model, "bfloat16"):
-            if problem.static_key() in seen:
-                continue
-            seen.add(problem.static_key())
-            form = "fused" if problem.fused_add else "plain"
-            params.append(pytest.param(problem, id=f"{name}-{problem.hidden}-{form}"))
-    return params
 
 
 def _synthetic(dtype: str, hidden: int, out_dtype: str | None = None, fused_add: bool = False,
@@ -65,7 +53,8 @@ SYNTHETIC_PARAMS = [
     _synthetic("bfloat16", 16384, fused_add=True),
     _synthetic("float16", 2882),  # only 32-bit vectors divide it
 ]
-PRESET_PARAMS = _preset_params()
+PRESET_PARAMS = preset_params(
+    KERNEL, lambda problem: f"{problem.hidden}-{'fused' if problem.fused_add else 'plain'}")
 
 
 def test_sweep_covers_every_preset_problem():

@@ -21,10 +21,14 @@ from cutetune.tuner.study import OUTCOME_ATTR
 from testkit import fault_run
 from testkit.child_process import child_env
 from testkit.fault_kernel import FAKE_TRIAL_SECONDS, measured_log
-from testkit.fault_run import GRACE_ENV, GRACE_S, LONG_GRACE_S, run
+from testkit.fault_run import GRACE_ENV, GRACE_S, LEASE_ENV, LONG_GRACE_S, run
 
 BUDGET, BUCKETS = 6, [16, 32]
 KILL_AFTER_TRIALS = BUDGET + 2  # the first bucket finished, the second two trials in
+# The killed run's claim on its bucket in hand: the resumed run (another owner) takes the
+# bucket over once this lease has expired, so a short one (renewed every quarter) keeps the
+# test from waiting out production's minute.
+KILLED_LEASE_S = 2
 
 
 def stored_outcomes(db_path: Path) -> int:
@@ -68,7 +72,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     killed = subprocess.Popen(
         [sys.executable, "-m", "testkit.fault_run", url, str(cache), str(BUDGET),
          *map(str, BUCKETS)],
-        env=child_env(**{FAKE_TRIAL_SECONDS: "0.5"}))
+        env=child_env(**{FAKE_TRIAL_SECONDS: "0.5", LEASE_ENV: str(KILLED_LEASE_S)}))
     deadline = time.monotonic() + 180
     while stored_outcomes(db_path) < KILL_AFTER_TRIALS:
         assert killed.poll() is None, "the run ended before it could be killed"
@@ -111,7 +115,8 @@ def test_a_run_killed_in_a_trial_and_resumed_at_once_leaves_no_trial_running(tmp
     killed = subprocess.Popen(
         [sys.executable, "-m", "testkit.fault_run", url, str(cache), str(BUDGET),
          *map(str, BUCKETS)],
-        env=child_env(**{FAKE_TRIAL_SECONDS: "0.5", GRACE_ENV: str(LONG_GRACE_S)}))
+        env=child_env(**{FAKE_TRIAL_SECONDS: "0.5", GRACE_ENV: str(LONG_GRACE_S),
+                         LEASE_ENV: str(KILLED_LEASE_S)}))
     deadline = time.monotonic() + 180
     while stored_outcomes(db_path) < 2 or not running_with_a_point(db_path):
         assert killed.poll() is None, "the run ended before it could be killed"
