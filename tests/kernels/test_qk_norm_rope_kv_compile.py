@@ -1,6 +1,12 @@
-"""The CI compile checks of qk_norm_rope_kv: each cache (q's dtype, FP8 e4m3) compiles for sm_90a
-on the CPU, and its PTX shows the cache write: one slot load per head, the cache stores at the
-configured width beside qk_norm_rope's, and FP8's division by the scale and saturating cvt."""
+"""The CI compile checks of qk_norm_rope_kv: the covering points of its space (every pair of knob
+values, and the defaults served at every bucket) compile for sm_90a on the CPU for qwen3-8b's
+problems (a cache of q's dtype and an FP8 e4m3 one), and the PTX shows the
+cache write: one slot load per head, the cache stores at the configured width beside
+qk_norm_rope's, and FP8's division by the scale and saturating cvt. The norm and rotation's
+other code paths (partial rotary, GPT-J, scalings, dtypes) are qk_norm_rope's, compiled by its
+checks.
+
+The `sweep` marker compiles every valid point of every preset's problems."""
 
 import re
 from collections import Counter
@@ -11,10 +17,43 @@ from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.qk_norm_rope import QKNormRopeConfig
 from cutetune.kernels.qk_norm_rope_kv import FP8, KERNEL, QKNormRopeKVProblem
 from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, NEOX
-from testkit.compile_checks import GLOBAL_ACCESS, assert_points_compile, ptx_of
+from cutetune.spaces.buckets import BUCKETS
+from cutetune.spaces.models import PRESETS
+from testkit.compile_checks import (
+    GLOBAL_ACCESS,
+    assert_points_compile,
+    preset_params,
+    presets_of,
+    ptx_of,
+)
+from testkit.covering_points import covering_configs
 
 H200 = DEVICE_SPECS["H200"]
 BITS, HEADS_PER_WARP = 128, 4
+PRESET_PARAMS = preset_params(KERNEL)
+# The cache write's code paths are those of the cache's dtype and of the knobs; the presets'
+# head counts only size the grid, and their norm and rotation are qk_norm_rope's to compile.
+# One preset's problems (a cache of q's dtype and an FP8 one) take every path at CI's cost.
+COVERED = [p for p in PRESET_PARAMS if p.id.startswith("qwen3-8b")]
+
+
+def test_presets_cover_the_models_with_qk_norm_and_both_caches():
+    # Guards the compiles against silently shrinking (a preset losing its problems).
+    assert presets_of(KERNEL) == {name for name in PRESETS if name.startswith("qwen3")}
+    assert {p.values[0].kv_cache_dtype for p in COVERED} == {"bfloat16", FP8}
+
+
+@pytest.mark.parametrize("problem", COVERED)
+def test_covering_points_compile(problem):
+    assert_points_compile(KERNEL, problem, covering_configs(KERNEL, problem, H200, BUCKETS))
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("problem", PRESET_PARAMS)
+def test_every_valid_point_compiles(problem):
+    valid = KERNEL.space.enumerate(problem, H200).valid
+    assert valid, f"no valid point for {problem.describe()}"
+    assert_points_compile(KERNEL, problem, valid)
 
 
 @pytest.mark.parametrize("cache", ("bfloat16", FP8))
