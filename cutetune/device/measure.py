@@ -141,9 +141,28 @@ def time_interleaved(launch_sets: Sequence[Sequence[Callable[[], None]]],
     the GPU falls on all of them alike. At decode sizes the same point reads slower at one
     moment than at another on the H200, by more than candidates differ
     (docs/performance-notes.md, Measuring)."""
+    return [summarise(times) for times in _interleaved_per_call(launch_sets, rounds, repeats)]
+
+
+def time_interleaved_draws(draw: Callable[[], Sequence[Sequence[Callable[[], None]]]],
+                           draws: int, rounds: int = INTERLEAVED_ROUNDS,
+                           repeats: int = REPEATS) -> list[Measurement]:
+    """time_interleaved of the launch sets `draw()` makes, `draws` times (each draw on inputs
+    allocated afresh, at other addresses), each candidate's per-call times pooled over the
+    draws: its median and IQR then span what the placement of its inputs in memory moves, as
+    the inputs of another run would sit elsewhere (tuner/finals.py says why)."""
+    pooled: list[list[float]] | None = None
+    for _ in range(draws):
+        times = _interleaved_per_call(draw(), rounds, repeats)
+        pooled = times if pooled is None else [a + b for a, b in zip(pooled, times, strict=True)]
+    return [summarise(times) for times in pooled or []]
+
+
+def _interleaved_per_call(launch_sets: Sequence[Sequence[Callable[[], None]]], rounds: int,
+                          repeats: int) -> list[list[float]]:
     captured = [_capture(launches) for launches in launch_sets]
     per_call: list[list[float]] = [[] for _ in captured]
     for _ in range(rounds):
         for graph, times in zip(captured, per_call, strict=True):
             times += _per_call_us(graph, max(1, repeats // rounds))
-    return [summarise(times) for times in per_call]
+    return per_call

@@ -21,6 +21,13 @@ default, `cutetune tune --tie-band`):
   0.33%). 2% is also FlashInfer's autotuner's band for the same problem.
 The price is at most the band: a tied point never loses more than that to the fastest.
 
+The finalists' rounds run on FINAL_DRAWS draws of input sets (tuner/trials.py), each allocated
+afresh at other addresses, the times pooled: between fresh runs the ratio of the same two
+finalists moved by 2.1% at p90 and up to 8.9%, while one set of rounds saw under 1%, and a
+fresh run differs from the last in where its inputs sit (and so in their L2 sets and DRAM
+channels) as well as in time. Pooled, the fastest's IQR spans the placements the draws
+caught, and so does the band built from it.
+
 Which points are finalists is fixed as far as the search's times allow: the fastest few by
 (median, canonical JSON), so that equal times rank the same way in every run; the default; and
 the points the fixed order prefers among those within twice the band of the fastest by their

@@ -18,7 +18,7 @@ from cutetune.device.measure import (
     Measurement,
     input_sets_for,
     time_in_graph,
-    time_interleaved,
+    time_interleaved_draws,
     with_fresh_outputs,
 )
 from cutetune.device.specs import DeviceSpec
@@ -29,6 +29,8 @@ from cutetune.tuner.study import TrialFailure
 
 # The runners of one tuning process (one per bucket) share their compiles.
 _IN_PROCESS = CompiledPoints()
+# The finalists' re-measurement draws of input sets (tuner/finals.py).
+FINAL_DRAWS = 3
 
 
 class GpuTrialRunner:
@@ -112,9 +114,19 @@ class GpuTrialRunner:
     def remeasure(self, configs: Sequence[Any]) -> list[Measurement]:
         """The finalists timed side by side as `cutetune bench` times its candidates (every
         graph captured, then replayed in interleaved rounds), so that the tuner picks its
-        winner by the measurement the bench will report."""
+        winner by the measurement the bench will report; FINAL_DRAWS times, each on input
+        sets allocated afresh while every earlier draw's are still held (so each at other
+        addresses), their times pooled (tuner/finals.py says why)."""
+        compiled = [self.compiled(c) for c in configs]
+        held = []
+
+        def draw() -> list[list]:
+            held.append(self._input_sets)
+            self._input_sets = None
+            return [self._launches(c) for c in compiled]
+
         start = time.perf_counter()
-        measured = time_interleaved([self._launches(self.compiled(c)) for c in configs])
+        measured = time_interleaved_draws(draw, FINAL_DRAWS)
         self.timing_s += time.perf_counter() - start
         return measured
 

@@ -78,3 +78,30 @@ def test_time_interleaved_replays_every_graph_in_turn_each_round(monkeypatch):
     # Per call: graph time over its 2 calls; both sets saw 4 fast and 2 slow replays.
     assert first == second
     assert (first.median_us, first.repeats) == (2.0, 6)
+
+
+def test_time_interleaved_draws_pools_each_candidates_times_over_fresh_draws(monkeypatch):
+    # Each draw makes its own launch sets (inputs allocated afresh); a candidate's times from
+    # every draw go into one measurement, so a draw that placed it badly widens its IQR.
+    draws = []
+
+    def draw():
+        n = len(draws)
+        draws.append(n)
+        return [[lambda n=n: ("a", n)], [lambda n=n: ("b", n)]]
+
+    def capture(launches):
+        return measure._CapturedGraph(graph=SimpleNamespace(replay=launches[0]), calls=1)
+
+    def time_events(fn, repeats):
+        name, n = fn()
+        return [{"a": 2.0, "b": 3.0}[name] + (4.0 if n == 2 else 0.0)] * repeats
+
+    monkeypatch.setattr(measure, "_capture", capture)
+    monkeypatch.setattr(measure, "time_events", time_events)
+    first, second = measure.time_interleaved_draws(draw, 3, rounds=2, repeats=4)
+    assert draws == [0, 1, 2]
+    assert first.repeats == second.repeats == 12
+    # Two draws at 2.0 and one at 6.0 for a: median 2.0, the third draw in its IQR.
+    assert (first.median_us, second.median_us) == (2.0, 3.0)
+    assert first.iqr_us == second.iqr_us == 4.0

@@ -9,7 +9,7 @@ from cutetune.device.measure import INTERLEAVED_ROUNDS, REPEATS
 from cutetune.device.specs import device_spec_for
 from cutetune.kernels import qk_norm as qk
 from cutetune.spaces.models import load_model
-from cutetune.tuner.trials import GpuTrialRunner
+from cutetune.tuner.trials import FINAL_DRAWS, GpuTrialRunner
 
 # Compares times it measures: the GPU to itself (tests/gpu/conftest.py).
 pytestmark = [pytest.mark.gpu, pytest.mark.timing]
@@ -23,7 +23,7 @@ def test_remeasure_gives_each_finalist_its_own_time_in_order():
     runner = GpuTrialRunner(qk.KERNEL, problem, spec)
     alone = [runner.measure(c).median_us for c in (default, other)]
     first, second, again = runner.remeasure([default, other, default])
-    repeats = INTERLEAVED_ROUNDS * (REPEATS // INTERLEAVED_ROUNDS)
+    repeats = FINAL_DRAWS * INTERLEAVED_ROUNDS * (REPEATS // INTERLEAVED_ROUNDS)
     assert first.repeats == second.repeats == again.repeats == repeats
     assert abs(first.median_us - again.median_us) < 0.1 * alone[0]
     for measured, own in zip((first, second), alone, strict=True):
