@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional
 
+from cutetune.kernels.rope import SCALING_FIELDS, RopeProblem
+from cutetune.kernels.rope_frequencies import cos_sin_table
 from cutetune.ops.moe_combine import moe_combine
 from cutetune.ops.moe_dispatch import moe_dispatch
 from cutetune.ops.qk_norm import qk_norm
@@ -87,19 +89,82 @@ COS_SIN_CACHE = "cutetune_cos_sin_cache"
 MODELING_FUNCTIONS = ("apply_rotary_pos_emb", "eager_attention_forward", "ALL_ATTENTION_FUNCTIONS")
 
 
+# Rows of a cos/sin cache computed at a time: their float64 table is this times rotary_dim
+# times 8 bytes (16 MiB at rotary_dim 128), not the whole cache's.
+CACHE_BLOCK = 16384
+
+
+def cos_sin_cache(problem: RopeProblem, rows: int, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """The cos/sin cache of `problem`'s rotation for positions 0 to rows - 1, in `dtype` on
+    `device`: the float64 values the rope kernels' own inputs hold (cos_sin_table), rounded
+    once, which the kernels read or compute alike."""
+    cache = torch.empty(rows, problem.rotary_dim, dtype=dtype, device=device)
+    for start in range(0, rows, CACHE_BLOCK):
+        positions = torch.arange(start, min(rows, start + CACHE_BLOCK), device=device)
+        cache[start:start + len(positions)] = cos_sin_table(
+            positions, problem.rotary_dim, problem.theta, problem.llama3, problem.yarn,
+            problem.linear)
+    return cache
+
+
 @dataclass(frozen=True)
 class Rotation:
     """The rotary embedding of an attention layer as cutetune's rope and qk_norm_rope take it:
-    `theta` and the frequency scaling (`scaling`: the ops' keyword arguments), and the cos/sin
-    cache of them, the buffer named `cache` that the patch adds to transformers' rotary
-    module `rotary` (so that it follows the model across devices, held once for every layer
-    that rotates alike). Positions index its rows: they stay below its length, the config's
-    max_position_embeddings."""
+    rope's `problem` of it, and its cos/sin cache, the buffer named `cache` that the patch adds
+    to transformers' rotary module `rotary` (so that it follows the model across devices, held
+    once for every layer that rotates alike). Positions index its rows, which the kernels do
+    not bound-check: rows_for grows it before a call whose positions may pass them."""
 
     rotary: torch.nn.Module
     cache: str
-    theta: float
-    scaling: dict[str, object]
+    problem: RopeProblem
+
+    @property
+    def theta(self) -> float:
+        return self.problem.theta
+
+    @property
+    def scaling(self) -> dict[str, object]:
+        """The frequency scaling as the ops' keyword arguments."""
+        return {"scaling": self.problem.scaling, **{
+            name: getattr(self.problem, name) for name in SCALING_FIELDS[self.problem.scaling]}}
+
+    def rows_for(self, positions_below: int) -> torch.Tensor:
+        """The cos/sin cache, grown first where `positions_below` (a bound of the call's
+        positions, known on the host) passes its rows: to twice its rows or the bound, if
+        more, so that a generate grows it a few times, not once a step. Growing allocates,
+        so it happens eagerly: a CUDA graph captured with the cache large enough replays
+        without it; one whose capture would grow it is refused."""
+        cache = getattr(self.rotary, self.cache)
+        rows = cache.shape[0]
+        if positions_below <= rows:
+            return cache
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"positions up to {positions_below - 1} pass the {rows} rows of cutetune's "
+                f"cos/sin cache {self.cache} inside a CUDA graph capture, where it cannot "
+                "grow: run a step of that length eagerly before capturing")
+        cache = cos_sin_cache(self.problem, max(positions_below, 2 * rows), cache.dtype,
+                              cache.device)
+        setattr(self.rotary, self.cache, cache)  # a registered buffer: replaced as one
+        return cache
+
+
+def positions_bound(cache, layer_idx: int, query_length: int) -> int:
+    """A bound, known on the host, of the positions an attention call rotates: the KV cache's
+    length before the call plus the query's (the positions transformers and generate pass run
+    on from the cached length), the query's without a cache. A static cache counts its
+    tokens on the device, which reading would wait for: its capacity (its full-attention
+    layers' max_cache_len) bounds them instead. position_ids past this bound (a caller that
+    passes its own, beyond the cached length) must stay below the cache's rows, which are
+    the config's max_position_embeddings at least: the kernels do not check them."""
+    if cache is None:
+        return query_length
+    length = cache.get_seq_length(layer_idx)
+    if isinstance(length, torch.Tensor):
+        return max(getattr(layer, "max_cache_len", 0) for layer in cache.layers)
+    return length + query_length
 
 
 def _positions(position_ids: torch.Tensor | None, input_shape: torch.Size) -> torch.Tensor:
@@ -118,10 +183,12 @@ def _token_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def qk_norm_then_rotary(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor,
-                        hidden_shape: tuple, position_embeddings, position_ids, *, eps: float,
-                        weight_bias: float, apply_rotary_pos_emb: Callable):
+                        hidden_shape: tuple, position_embeddings, position_ids,
+                        positions_below: int, *, eps: float, weight_bias: float,
+                        apply_rotary_pos_emb: Callable):
     """q and k normalised per head in one launch, in place, then rotated by transformers'
-    `apply_rotary_pos_emb` with its cos and sin: for a rotation rope cannot compute."""
+    `apply_rotary_pos_emb` with its cos and sin (no cos/sin cache of cutetune's, so no bound
+    of the positions to heed): for a rotation rope cannot compute."""
     qk_norm(_token_heads(q, attn.head_dim), _token_heads(k, attn.head_dim), attn.q_norm.weight,
             attn.k_norm.weight, eps=eps, weight_bias=weight_bias)
     cos, sin = position_embeddings
@@ -130,22 +197,24 @@ def qk_norm_then_rotary(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor,
 
 
 def qk_norm_rope_in_place(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor,
-                          hidden_shape: tuple, position_embeddings, position_ids, *,
-                          rotation: Rotation, eps: float, weight_bias: float):
+                          hidden_shape: tuple, position_embeddings, position_ids,
+                          positions_below: int, *, rotation: Rotation, eps: float,
+                          weight_bias: float):
     """q and k normalised per head and rotated by their positions in one launch, in place."""
     qk_norm_rope(_positions(position_ids, hidden_shape[:-2]), _token_heads(q, attn.head_dim),
                  _token_heads(k, attn.head_dim), attn.q_norm.weight, attn.k_norm.weight,
-                 getattr(rotation.rotary, rotation.cache), rotation.theta, eps, weight_bias,
-                 True, **rotation.scaling)
+                 rotation.rows_for(positions_below), rotation.theta, eps, weight_bias, True,
+                 **rotation.scaling)
     return q.view(hidden_shape).transpose(1, 2), k.view(hidden_shape).transpose(1, 2)
 
 
 def rope_in_place(attn: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, hidden_shape: tuple,
-                  position_embeddings, position_ids, *, rotation: Rotation):
+                  position_embeddings, position_ids, positions_below: int, *,
+                  rotation: Rotation):
     """q and k rotated by their positions in one launch, in place (Llama: no q/k norm)."""
     rope(_positions(position_ids, hidden_shape[:-2]), _token_heads(q, attn.head_dim),
-         _token_heads(k, attn.head_dim), getattr(rotation.rotary, rotation.cache),
-         rotation.theta, True, **rotation.scaling)
+         _token_heads(k, attn.head_dim), rotation.rows_for(positions_below), rotation.theta,
+         True, **rotation.scaling)
     return q.view(hidden_shape).transpose(1, 2), k.view(hidden_shape).transpose(1, 2)
 
 
@@ -162,13 +231,15 @@ def attention_forward(
     (transformers' registry of the other implementations) come from the model's own modeling
     module. The KV cache arrives as `cache` from transformers 5.24 on, as `past_key_values`
     before; position_ids stays among the keyword arguments the implementation receives, as
-    in transformers' forward."""
+    in transformers' forward. The bound of the positions (positions_bound) is taken before
+    the cache takes this call's keys."""
     cache = cache if cache is not None else past_key_values
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, attn.head_dim)
     query_states, key_states = rotate(attn, attn.q_proj(hidden_states),
                                       attn.k_proj(hidden_states), hidden_shape,
-                                      position_embeddings, kwargs.get("position_ids"))
+                                      position_embeddings, kwargs.get("position_ids"),
+                                      positions_bound(cache, attn.layer_idx, input_shape[-1]))
     value_states = attn.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
     if cache is not None:
         key_states, value_states = cache.update(key_states, value_states, attn.layer_idx,

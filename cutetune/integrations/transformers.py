@@ -14,13 +14,18 @@ GEMM whose output is [gate | up]) and Qwen3-MoE's token shuffle (moe_dispatch an
 around grouped GEMMs on the experts' stacked weights).
 
 The rotation's positions are the position_ids transformers passes each attention; its theta
-and frequency scaling are read from the config's rope_parameters (Gemma 3's per kind of layer)
-and checked, once, against the frequencies transformers' rotary module holds. A kind of layer
-whose rotation the ops do not state (a scaling they do not compute, such as Gemma 3's linear
-one; frequencies rounded by casting the model after loading) keeps transformers' rotation,
-after the q/k norm in one launch where the family has one, and the report says why. The
-rotating ops index a cos/sin cache of config.max_position_embeddings rows, which the patch adds
-to the rotary module: positions stay below it.
+and frequency scaling (plain, Llama 3's, YaRN's or linear: Gemma 3's full-attention layers')
+are read from the config's rope_parameters (Gemma 3's per kind of layer) and checked, once,
+against the frequencies transformers' rotary module holds. A kind of layer whose rotation the
+ops do not state (a scaling they do not compute, such as longrope; YaRN in the fused
+qk_norm_rope; frequencies rounded by casting the model after loading) keeps transformers'
+rotation, after the q/k norm in one launch where the family has one, and the report says why.
+The rotating ops index a cos/sin cache, which the patch adds to the rotary module with
+config.max_position_embeddings rows and grows (doubling, eagerly: never inside a CUDA graph
+capture) before a call whose positions may pass them, by a bound known on the host: the KV
+cache's length plus the query's (a static cache's capacity). position_ids a caller passes
+beyond that bound must stay below the cache's rows: the kernels do not check them, and
+checking on the device would wait for it.
 
 A module is replaced only where the op's own input checks accept its shape and dtype (a
 zero-token call at patch time: no kernel is looked up or launched for it); the others are left
@@ -52,7 +57,7 @@ from cutetune.kernels.moe_common import DEFAULT_PAD
 from cutetune.kernels.qk_norm_rope import SCALINGS as QK_NORM_ROPE_SCALINGS
 from cutetune.kernels.registry import NotApplicableError
 from cutetune.kernels.rope import RopeProblem
-from cutetune.kernels.rope_frequencies import cos_sin_table, inverse_frequencies
+from cutetune.kernels.rope_frequencies import inverse_frequencies
 from cutetune.ops.activation import gelu_and_mul, silu_and_mul
 from cutetune.ops.moe_combine import moe_combine
 from cutetune.ops.moe_dispatch import moe_dispatch
@@ -374,8 +379,10 @@ class _Planner:
                 attn.k_norm.weight, self._cache_stand_in(d, attn), rotation.theta, eps,
                 self.weight_bias, True, **rotation.scaling))
         if not unrotated:
+            scaled = ("" if rotation.problem.scaling == rope_kernel.DEFAULT
+                      else f", {rotation.problem.scaling} scaling")
             self._entry(name, "qk_norm_rope", "", "q_norm, k_norm and RoPE "
-                        f"(theta {rotation.theta:g}) in one launch, in place")
+                        f"(theta {rotation.theta:g}{scaled}) in one launch, in place")
             return functools.partial(fw.qk_norm_rope_in_place, rotation=rotation,
                                      **weights), rotation
         reason = _refusal(lambda: qk_norm(q, k, attn.q_norm.weight, attn.k_norm.weight,
@@ -455,7 +462,7 @@ class _Planner:
         if problem.mrope != rope_kernel.MROPE_NONE:
             return None, "its multimodal RoPE rotates by three position streams"
         want = inverse_frequencies(problem.rotary_dim, problem.theta, problem.llama3,
-                                   problem.yarn)
+                                   problem.yarn, problem.linear)
         if inv_freq.dtype != torch.float32:
             # transformers builds them in fp32; a model cast after loading (model.to(dtype))
             # casts them too, and rotates by the rounded frequencies, which theta does not give.
@@ -469,15 +476,12 @@ class _Planner:
         if not math.isclose(float(scale), problem.attention_factor, rel_tol=1e-6):
             return None, (f"{type(self.rotary).__name__} scales cos and sin by {scale}, not "
                           f"{problem.attention_factor}")
-        scaling = {"scaling": problem.scaling, **{
-            name: getattr(problem, name) for name in rope_kernel.SCALING_FIELDS[problem.scaling]}}
         rows = getattr(attn.config, "max_position_embeddings", None)
         if not isinstance(rows, int) or rows < 1:
             return None, ("its config states no max_position_embeddings, the positions of the "
                           "cos/sin cache")
         rotation = fw.Rotation(self.rotary,
-                               fw.COS_SIN_CACHE + ("" if kind is None else f"_{kind}"),
-                               problem.theta, scaling)
+                               fw.COS_SIN_CACHE + ("" if kind is None else f"_{kind}"), problem)
         self.unheld_caches[rotation.cache] = (problem, rows)
         return rotation, ""
 
@@ -489,7 +493,7 @@ class _Planner:
         problem, rows = unheld
         device = next(self.rotary.buffers()).device
         self.installs.append(_Install(self.rotary, None, buffers=(
-            (rotation.cache, cos_sin_cache(problem, rows, self.dtype, device)),)))
+            (rotation.cache, fw.cos_sin_cache(problem, rows, self.dtype, device)),)))
 
     def _activation(self, intermediate: int, like: torch.nn.Module):
         """(op name, op, '') for the model's activation, or (name, None, reason)."""
@@ -552,24 +556,6 @@ class _Planner:
         if self._entry(name, "rmsnorm", reason):
             self.installs.append(_Install(norm, functools.partial(
                 fw.rmsnorm_forward, norm, eps=eps, weight_bias=self.weight_bias)))
-
-
-# Rows of a cos/sin cache computed at a time: their float64 table is this times rotary_dim
-# times 8 bytes (16 MiB at rotary_dim 128), not the whole cache's.
-CACHE_BLOCK = 16384
-
-
-def cos_sin_cache(problem: RopeProblem, rows: int, dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor:
-    """The cos/sin cache of `problem`'s rotation for positions 0 to rows - 1, in `dtype` on
-    `device`: the float64 values the rope kernels' own inputs hold (cos_sin_table), rounded
-    once, which the kernels read or compute alike."""
-    cache = torch.empty(rows, problem.rotary_dim, dtype=dtype, device=device)
-    for start in range(0, rows, CACHE_BLOCK):
-        positions = torch.arange(start, min(rows, start + CACHE_BLOCK), device=device)
-        cache[start:start + len(positions)] = cos_sin_table(
-            positions, problem.rotary_dim, problem.theta, problem.llama3, problem.yarn)
-    return cache
 
 
 def _experts_refusal(experts: torch.nn.Module, count: int, hidden: int,

@@ -61,7 +61,7 @@ from cutetune.spaces.space import Constraint, Param, Space
 
 # The frequency scalings the device code computes. rope's may grow (a new scaling lands in
 # rope first): a problem of one this kernel does not compute is refused, not rotated wrongly.
-SCALINGS = (rope.DEFAULT, rope.LLAMA3)
+SCALINGS = (rope.DEFAULT, rope.LLAMA3, rope.LINEAR)
 # rope's problem fields of what this kernel does not compute (YaRN's parameters, mrope's
 # streams): a problem holds their defaults, so its op keys none of them.
 UNSERVED_ROPE_FIELDS = ("beta_fast", "beta_slow", "truncate", "attention_factor", "mrope",

@@ -3,7 +3,8 @@
 For each token t at position p = positions[t] and each rotated pair (x1, x2) of a head with
 pair index i < rotary_dim / 2:
 
-    angle = p * theta ** (-2 i / rotary_dim)      (Llama 3, YaRN: the frequency scaled first)
+    angle = p * theta ** (-2 i / rotary_dim)      (Llama 3, YaRN, linear: the frequency scaled
+                                                   first)
     (x1, x2) <- (x1 cos(angle) - x2 sin(angle),  x2 cos(angle) + x1 sin(angle))
                                                   (YaRN: cos and sin times its attention_factor)
 
@@ -20,7 +21,8 @@ or are computed in the kernel from the position, theta and the frequency scaling
 stretches the low frequencies by `scaling_factor`, the high ones not, and blends between them by
 how many turns a pair makes over the original context; YaRN blends them by the pair's index
 along a ramp between two correction dimensions, and scales cos and sin by its attention factor,
-which a YaRN cache's rows hold already, as vLLM's do): the config's `cos_sin` chooses, so
+which a YaRN cache's rows hold already, as vLLM's do; linear scaling, Gemma 3's full-attention
+layers', divides every frequency by `scaling_factor`): the config's `cos_sin` chooses, so
 the tuner picks whichever is faster for the shape; both compute the same rotation. The token
 count and strides are dynamic; everything else is compile-time.
 
@@ -66,7 +68,7 @@ from cutetune.kernels.rope_frequencies import (
     yarn_attention_factor,
     yarn_ramp,
 )
-from cutetune.spaces.models import ModelShape
+from cutetune.spaces.models import LayerRope, ModelShape
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
 
@@ -81,13 +83,15 @@ COMPUTED = "computed"
 DEFAULT = "default"
 LLAMA3 = "llama3"
 YARN = "yarn"
-SCALINGS = (DEFAULT, LLAMA3, YARN)
+LINEAR = "linear"
+SCALINGS = (DEFAULT, LLAMA3, YARN, LINEAR)
 # The scaling fields of RopeProblem each scaling reads; the others stay at their defaults.
 SCALING_FIELDS = {
     DEFAULT: (),
     LLAMA3: ("scaling_factor", "low_freq_factor", "high_freq_factor", "original_max_position"),
     YARN: ("scaling_factor", "original_max_position", "beta_fast", "beta_slow", "truncate",
            "attention_factor"),
+    LINEAR: ("scaling_factor",),
 }
 SCALED_FIELDS = frozenset(name for names in SCALING_FIELDS.values() for name in names)
 # The longest context the inputs of tests and tuning reach: positions are drawn up to it, where
@@ -129,7 +133,8 @@ class RopeProblem(Problem):
     # frequency, those that turn fewer than beta_slow times are divided by scaling_factor, those
     # between blended along a ramp of pair indices (its ends rounded outwards where `truncate`);
     # cos and sin are multiplied by attention_factor, resolved as transformers resolves it
-    # (yarn_attention_factor where the config states none).
+    # (yarn_attention_factor where the config states none). Linear scaling's: every
+    # frequency divided by scaling_factor.
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     truncate: bool = True
@@ -189,6 +194,8 @@ class RopeProblem(Problem):
             raise ValueError(f"yarn scaling needs scaling_factor >= 1, original_max_position >= "
                              f"1, 0 < beta_slow <= beta_fast and attention_factor > 0, got "
                              f"{stated}")
+        if self.scaling == LINEAR and not 0 < self.scaling_factor < math.inf:
+            raise ValueError(f"linear scaling needs a finite scaling_factor > 0, got {stated}")
         self._check_mrope()
 
     def _check_mrope(self) -> None:
@@ -237,6 +244,20 @@ class RopeProblem(Problem):
         low, high = yarn_ramp(self.rotary_dim, self.theta, self.beta_fast, self.beta_slow,
                               self.original_max_position, self.truncate)
         return (self.scaling_factor, low, high, self.attention_factor)
+
+    @property
+    def linear(self) -> float | None:
+        """scaling_factor under linear scaling (every frequency divided by it), else None."""
+        return self.scaling_factor if self.scaling == LINEAR else None
+
+    @property
+    def frequency_scaling(self) -> tuple[str, tuple]:
+        """The scaling as the device code computes it, one compile-time value: (scaling, its
+        numbers), the numbers those of .llama3, .yarn, (scaling_factor,) under linear
+        scaling, () under none."""
+        if self.scaling == LINEAR:
+            return self.scaling, (self.scaling_factor,)
+        return self.scaling, self.llama3 or self.yarn or ()
 
     @property
     def mrope_sections(self) -> tuple[str, int, int, int] | None:
@@ -436,7 +457,7 @@ def problem_cos_sin(positions: torch.Tensor, problem: RopeProblem) -> torch.Tens
     positions (positions is (3, tokens))."""
     if problem.mrope_sections is None:
         return cos_sin_table(positions, problem.rotary_dim, problem.theta, problem.llama3,
-                             problem.yarn)
+                             problem.yarn, problem.linear)
     tables = [cos_sin_table(stream, problem.rotary_dim, problem.theta) for stream in positions]
     pairs = problem.rotary_dim // 2
     streams = torch.tensor([mrope_stream(i, problem.mrope_sections) for i in range(pairs)],
@@ -470,7 +491,7 @@ def make_inputs(problem: RopeProblem, device, generator: torch.Generator) -> Ten
                        dtype=cache_dtype)
     every = positions.flatten()  # every stream's positions: their rows are the ones read
     cache[every] = cos_sin_table(every, problem.rotary_dim, problem.theta, problem.llama3,
-                                 problem.yarn).to(cache_dtype)
+                                 problem.yarn, problem.linear).to(cache_dtype)
     return {
         "positions": positions,
         "q": qkv[:, : problem.q_heads],
@@ -480,49 +501,51 @@ def make_inputs(problem: RopeProblem, device, generator: torch.Generator) -> Ten
 
 
 def problems_for_model(model: ModelShape, dtype: str) -> list[RopeProblem]:
-    """One problem per theta the model's attention layers rotate with, NeoX style (the
+    """One problem per rotation the model's kinds of attention layer rotate with (Gemma 3: its
+    sliding-window layers' theta, its full-attention layers' theta scaled), NeoX style (the
     families cutetune reads all rotate halves), int64 positions and the cache in the model's
     dtype, as vLLM holds them."""
     if model.head_dim is None or model.num_q_heads is None:
         raise NotApplicableError(f"model {model.name} attends through low-rank projections "
                                  "(MLA), whose rotary part rope does not serve yet")
-    if not model.rope_thetas:
+    if not model.ropes:
         raise NotApplicableError(f"model {model.name}'s config states no rope_theta")
     return [RopeProblem(num_tokens=1, dtype=dtype, head_dim=model.head_dim,
                         rotary_dim=model.rotary_dim, q_heads=model.num_q_heads,
                         kv_heads=model.num_kv_heads, style=NEOX, positions_dtype="int64",
-                        cache_dtype=dtype, theta=theta, **_scaling_fields(model))
-            for theta in model.rope_thetas]
+                        cache_dtype=dtype, theta=layer.theta, **_scaling_fields(model, layer))
+            for layer in model.ropes]
 
 
 # What transformers requires a config's scaling to state (rope_parameters, by its names).
 STATED_PARAMETERS = {
     LLAMA3: ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     YARN: ("factor", "original_max_position_embeddings"),
+    LINEAR: ("factor",),
 }
 
 
-def _scaling_fields(model: ModelShape) -> dict:
-    """The problem's scaling fields of the model's rope_scaling, with transformers' defaults
+def _scaling_fields(model: ModelShape, layer: LayerRope) -> dict:
+    """The problem's scaling fields of a kind of layer's rotation, with transformers' defaults
     for what it leaves out; NotApplicableError for a scaling rope does not compute yet, or one
     that leaves out what transformers requires of it."""
-    if model.rope_scaling is None:
+    if layer.scaling is None:
         return {}
-    numbers = dict(model.rope_scaling_parameters)
-    if model.rope_scaling == "mrope":
+    numbers = dict(layer.scaling_parameters)
+    if layer.scaling == "mrope":
         t, h, w = model.mrope_section
         return dict(mrope=MROPE_INTERLEAVED if numbers.get("mrope_interleaved") else
                     MROPE_SECTIONS, mrope_t=t, mrope_h=h, mrope_w=w)
-    missing = [key for key in STATED_PARAMETERS.get(model.rope_scaling, ()) if key not in numbers]
+    missing = [key for key in STATED_PARAMETERS.get(layer.scaling, ()) if key not in numbers]
     if missing:
-        raise NotApplicableError(f"model {model.name}'s {model.rope_scaling} scaling states no "
+        raise NotApplicableError(f"model {model.name}'s {layer.scaling} scaling states no "
                                  f"{' or '.join(missing)}")
-    if model.rope_scaling == LLAMA3:
+    if layer.scaling == LLAMA3:
         return dict(scaling=LLAMA3, scaling_factor=numbers["factor"],
                     low_freq_factor=numbers["low_freq_factor"],
                     high_freq_factor=numbers["high_freq_factor"],
                     original_max_position=int(numbers["original_max_position_embeddings"]))
-    if model.rope_scaling == YARN:
+    if layer.scaling == YARN:
         factor = numbers["factor"]
         attention = numbers.get("attention_factor")
         # transformers reads a beta of 0 as unstated, like a missing one.
@@ -534,8 +557,10 @@ def _scaling_fields(model: ModelShape) -> dict:
                     attention_factor=attention if attention is not None else
                     yarn_attention_factor(factor, numbers.get("mscale"),
                                           numbers.get("mscale_all_dim")))
+    if layer.scaling == LINEAR:
+        return dict(scaling=LINEAR, scaling_factor=numbers["factor"])
     raise NotApplicableError(f"model {model.name} scales its frequencies "
-                             f"({model.rope_scaling}), which rope does not compute yet")
+                             f"({layer.scaling}), which rope does not compute yet")
 
 
 def _liger_rope(problem: RopeProblem):

@@ -1,8 +1,8 @@
 """The frequency math of rotary position embedding, as transformers and vLLM compute it: each
-pair's inverse frequency (theta's, scaled as Llama 3 or YaRN scale it), the float64 cos and sin
-of positions in vLLM's cache layout, YaRN's ramp and attention factor, and which position
-stream each pair of multimodal RoPE rotates by. The rope kernel's problem, reference and inputs
-(rope.py) and the kernels built on it use them."""
+pair's inverse frequency (theta's, scaled as Llama 3, YaRN or linear scaling scale it), the
+float64 cos and sin of positions in vLLM's cache layout, YaRN's ramp and attention factor, and
+which position stream each pair of multimodal RoPE rotates by. The rope kernel's problem,
+reference and inputs (rope.py) and the kernels built on it use them."""
 
 from __future__ import annotations
 
@@ -67,14 +67,19 @@ def mrope_stream(pair: int, sections: tuple[str, int, int, int]) -> int:
 def inverse_frequencies(rotary_dim: int, theta: float,
                         llama3: tuple[float, float, float, int] | None = None,
                         yarn: tuple[float, float, float, float] | None = None,
+                        linear: float | None = None,
                         device: torch.device | str = "cpu") -> torch.Tensor:
     """theta ** (-2 i / rotary_dim) for each pair i, in float64 on `device`, scaled as Llama 3
     scales them where `llama3` (RopeProblem.llama3) is given: transformers'
     _compute_llama3_parameters; as YaRN does where `yarn` (RopeProblem.yarn) is: its
-    _compute_yarn_parameters. Built on the device, never copied there, so that a CUDA graph can
-    capture it (the bench times the reference in one)."""
+    _compute_yarn_parameters; divided by `linear` (RopeProblem.linear, Gemma 3's
+    full-attention layers' factor) where it is given: its
+    _compute_linear_scaling_rope_parameters. Built on the device, never copied there, so
+    that a CUDA graph can capture it (the bench times the reference in one)."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim
     inverse = theta ** -exponents
+    if linear is not None:
+        return inverse / linear
     if yarn is not None:
         factor, low, high, _ = yarn
         # Interpolated (divided by the factor) by the pair's weight on the ramp, extrapolated
@@ -94,11 +99,12 @@ def inverse_frequencies(rotary_dim: int, theta: float,
 
 def cos_sin_table(positions: torch.Tensor, rotary_dim: int, theta: float,
                   llama3: tuple[float, float, float, int] | None = None,
-                  yarn: tuple[float, float, float, float] | None = None) -> torch.Tensor:
+                  yarn: tuple[float, float, float, float] | None = None,
+                  linear: float | None = None) -> torch.Tensor:
     """(len(positions), rotary_dim) float64: cos of each pair's angle, then sin, the layout of
     vLLM's cos_sin_cache, both times YaRN's attention factor under `yarn` (as vLLM's YaRN cache
     holds them). In float64: an fp32 angle at position 2^17 is off by up to 0.008 rad."""
     angles = positions.to(torch.float64)[:, None] * inverse_frequencies(
-        rotary_dim, theta, llama3, yarn, positions.device)[None, :]
+        rotary_dim, theta, llama3, yarn, linear, positions.device)[None, :]
     table = torch.cat((angles.cos(), angles.sin()), dim=-1)
     return table if yarn is None else table * yarn[3]

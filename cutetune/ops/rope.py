@@ -126,6 +126,7 @@ def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     low_freq_factor, high_freq_factor and original_max_position, its config's rope_scaling;
     "yarn": YaRN's by scaling_factor, original_max_position, beta_fast, beta_slow and
     truncate, with cos and sin multiplied by attention_factor, as vLLM's YaRN cache holds them;
+    "linear": every frequency divided by scaling_factor (Gemma 3's full-attention layers);
     attention_factor None: transformers' default, 0.1 ln(scaling_factor) + 1 under yarn, else
     1); its width is rotary_dim. The kernel reads it or computes cos and sin from rope_theta and
     the scaling, whichever was tuned faster, so the two must agree. q and k may be views into

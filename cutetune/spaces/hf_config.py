@@ -21,6 +21,18 @@ class UnknownModelError(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class LayerRope:
+    """The rotary embedding of a kind of attention layer as config.json states it: its theta,
+    the frequency scaling's type (rope_type; "mrope" for multimodal RoPE), None for plain
+    theta, and the scaling's numbers by name (factor, low_freq_factor,
+    original_max_position_embeddings, ...; YaRN's truncate as 1.0 or 0.0)."""
+
+    theta: float
+    scaling: str | None = None
+    scaling_parameters: tuple[tuple[str, float], ...] = ()
+
+
 # gpt-oss's MLP clamps gate and up at `swiglu_limit`, takes gate * sigmoid(1.702 gate) times
 # (up + 1), with gate and up interleaved: not SiLU, though its config names hidden_act "silu".
 CLAMPED_SWIGLU = "swiglu_oai"
@@ -159,7 +171,10 @@ FAMILIES: tuple[Family, ...] = (
     # normalises q and k per head, Gemma 2 does not.
     Family(("gemma2",), _GEMMA, norm_weight_bias=1.0, activation_field="hidden_activation",
            scaled_embedding=True),
-    Family(("gemma3_text", "gemma3"), {**_GEMMA, "vocab_size": 262208}, norm_weight_bias=1.0,
+    # Gemma 3's sliding-window layers rotate with rope_local_base_freq, its others with
+    # rope_theta (scaled linearly from 4B up: their configs state the scaling, not the thetas).
+    Family(("gemma3_text", "gemma3"), {**_GEMMA, "vocab_size": 262208, "rope_theta": 1e6,
+                                       "rope_local_base_freq": 1e4}, norm_weight_bias=1.0,
            qk_norm="per_head", activation_field="hidden_activation", scaled_embedding=True),
 )
 
@@ -249,34 +264,44 @@ def _read(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
 
 def _rope(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
     """The rotary embedding's fields as config.json states them, in the form transformers 4
-    writes (rope_theta, rope_scaling, partial_rotary_factor at the top) or 5 writes (all in
+    writes (rope_theta, rope_scaling, partial_rotary_factor at the top; Gemma 3's
+    sliding-window layers rotate with rope_local_base_freq, unscaled) or 5 writes (all in
     rope_parameters, or one set of them per kind of attention layer where the kinds rotate
-    differently: Gemma 3's {"sliding_attention": ..., "full_attention": ...}); Gemma 3's
-    sliding-window layers rotate with rope_local_base_freq in the first form. A model whose
-    kinds of layer rotate differently states one scaling, that of the kind that scales."""
+    differently: Gemma 3's {"sliding_attention": ..., "full_attention": ...}). One LayerRope
+    per distinct rotation, by theta."""
     nested = cfg.value("rope_parameters")
     if nested is not None and not isinstance(nested, dict):
         raise cfg._bad("rope_parameters", "an object")
-    per_kind = (list(nested.values()) if nested and all(isinstance(p, dict)
-                                                        for p in nested.values())
-                else [nested or {}])
-    ropes = [_Fields(p, where, {}, {}) for p in per_kind]
-
-    def stated(rope: _Fields, key: str) -> float | None:
-        return rope.positive_float(key) or cfg.positive_float(key)
-
-    thetas = tuple(dict.fromkeys(t for t in (*(stated(rope, "rope_theta") for rope in ropes),
-                                             cfg.positive_float("rope_local_base_freq")) if t))
-    factor = stated(ropes[0], "partial_rotary_factor") or family.partial_rotary_factor
-    scaling = cfg.value("rope_scaling") or next(
-        (p for p in per_kind if "mrope_section" in p
-         or p.get("rope_type", p.get("type")) not in (None, "default")), per_kind[0])
-    if not isinstance(scaling, dict):
+    top = cfg.value("rope_scaling")
+    if top is not None and not isinstance(top, dict):
         raise cfg._bad("rope_scaling", "an object or null")
+    per_kind = bool(nested) and all(isinstance(p, dict) for p in nested.values())
+    kinds = list(nested.values()) if per_kind else [nested or {}]
+
+    def stated(parameters: dict, key: str) -> float | None:
+        return _Fields(parameters, where, {}, {}).positive_float(key) or cfg.positive_float(key)
+
+    # (theta, what scales it) of each kind; the top-level rope_scaling is the scaling of a
+    # model of one kind (or of the rope_theta layers beside rope_local_base_freq ones).
+    rotations = [(stated(p, "rope_theta"), p if per_kind else top or p) for p in kinds]
+    if nested is None and (local := cfg.positive_float("rope_local_base_freq")):
+        rotations.append((local, {}))
+    ropes = {_layer_rope(cfg, theta, scaling) for theta, scaling in rotations if theta}
+    factor = stated(kinds[0], "partial_rotary_factor") or family.partial_rotary_factor
+    return dict(ropes=tuple(sorted(ropes, key=lambda r: (r.theta, r.scaling or "",
+                                                                r.scaling_parameters))),
+                partial_rotary_factor=factor,
+                mrope_section=next((section for _, scaling in rotations
+                                    if (section := _mrope_section(cfg, scaling))), ()))
+
+
+def _layer_rope(cfg: _Fields, theta: float, scaling: dict) -> LayerRope:
+    """The rotation of theta and the rope parameters `scaling` (rope_type and its numbers)."""
     # Qwen3-VL's multimodal RoPE names the default type beside its mrope_section.
     kind = "mrope" if "mrope_section" in scaling else scaling.get("rope_type",
                                                                   scaling.get("type"))
-    scaled = kind not in (None, "default")
+    if kind in (None, "default"):
+        return LayerRope(theta)
     # YaRN's truncate, a bool, reads as 1.0 or 0.0 beside the numbers.
     numbers = {key: float(value) for key, value in scaling.items()
                if isinstance(value, int | float)
@@ -288,10 +313,7 @@ def _rope(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
         # max_position_embeddings (one beside them is not read: the families' config classes
         # declare none, and set it after they standardise the parameters).
         numbers["original_max_position_embeddings"] = float(context)
-    return dict(rope_thetas=thetas, partial_rotary_factor=factor,
-                rope_scaling=str(kind) if scaled else None,
-                rope_scaling_parameters=tuple(sorted(numbers.items())) if scaled else (),
-                mrope_section=_mrope_section(cfg, scaling))
+    return LayerRope(theta, str(kind), tuple(sorted(numbers.items())))
 
 
 def _mrope_section(cfg: _Fields, scaling: dict) -> tuple[int, ...]:

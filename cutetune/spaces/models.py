@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cutetune.spaces.hf_config import UnknownModelError, shape_fields
+from cutetune.spaces.hf_config import LayerRope, UnknownModelError, shape_fields
 from cutetune.spaces.hf_quant import ActivationQuant, activation_quant, kv_cache_dtype
 
 
@@ -42,15 +42,13 @@ class ModelShape:
     # The MLP's activation as Hugging Face names it (hidden_act): "silu", "gelu",
     # "gelu_pytorch_tanh", ...
     hidden_act: str = "silu"
-    # Rotary position embedding as config.json states it: the theta of each kind of attention
-    # layer (Gemma 3's sliding-window layers have their own), empty where the config states
-    # none (the families' defaults are not read); the share of a head it rotates; the frequency
-    # scaling's type (rope_type), None for plain theta, and its numbers by name (factor,
-    # low_freq_factor, original_max_position_embeddings, ...; YaRN's truncate as 1.0 or 0.0).
-    rope_thetas: tuple[float, ...] = ()
+    # Rotary position embedding as config.json states it: the rotation of each kind of
+    # attention layer, one per distinct rotation (Gemma 3's sliding-window layers rotate by
+    # their own theta, unscaled; its full-attention layers from 4B up scale theta's frequencies
+    # linearly), empty where neither the config nor its Family's defaults state a theta; and
+    # the share of a head it rotates.
+    ropes: tuple[LayerRope, ...] = ()
     partial_rotary_factor: float = 1.0
-    rope_scaling: str | None = None
-    rope_scaling_parameters: tuple[tuple[str, float], ...] = ()
     # Multimodal RoPE's pairs per position stream (temporal, height, width: mrope_section),
     # () without; whether they interleave is mrope_interleaved among the parameters.
     mrope_section: tuple[int, ...] = ()

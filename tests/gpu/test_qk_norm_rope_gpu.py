@@ -27,6 +27,8 @@ TOKENS = 37
 # Llama 3.1's scaling.
 LLAMA3 = dict(scaling=rope.LLAMA3, scaling_factor=8.0, low_freq_factor=1.0,
               high_freq_factor=4.0, original_max_position=8192)
+# Gemma 3 4B to 27B's full-attention layers: every frequency divided by 8.
+LINEAR = dict(scaling=rope.LINEAR, scaling_factor=8.0)
 
 
 def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=rope.NEOX,
@@ -41,7 +43,9 @@ def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=rope.NEOX,
 
 # Every code path: Qwen3's and Qwen3-MoE's heads, Qwen3-Next's quarter rotary and zero-centred
 # weights, Gemma 3's head dim 256, each style, int32 and int64 positions, a cache of q's dtype
-# and of fp32, each dtype, Llama 3's scaling; covering_points adds both cos/sin sources.
+# and of fp32, each dtype, Llama 3's and linear scalings (Gemma 3 27B's full-attention layers:
+# 32 q heads of 128, 16 kv heads, zero-centred weights); covering_points adds both cos/sin
+# sources.
 PATHS = [
     pytest.param(_problem(), id="qwen3-bf16-neox-int64"),
     pytest.param(_problem(head_dim=256, rotary_dim=64, cache="float32", q_heads=16,
@@ -55,6 +59,8 @@ PATHS = [
     pytest.param(_problem(dtype="float32", rotary_dim=32, positions="int32"),
                  id="fp32-neox-narrow-int32"),
     pytest.param(_problem(theta=5e5, scaling=LLAMA3), id="bf16-neox-llama3"),
+    pytest.param(_problem(q_heads=32, kv_heads=16, weight_bias=1.0, scaling=LINEAR),
+                 id="gemma-3-27b-linear"),
 ]
 
 
@@ -77,7 +83,7 @@ def test_token_count_is_dynamic(tokens):
 
 
 def _inputs(tokens=5, q_heads=4, kv_heads=2, d=128, rotary_dim=128, dtype=torch.bfloat16,
-            positions_dtype=torch.int64, theta=1e6, llama3=None):
+            positions_dtype=torch.int64, theta=1e6, llama3=None, linear=None):
     """positions, q and k as views of a fused qkv buffer, the weights, and the cos_sin_cache of
     every position up to 8192 (float64 angles, rounded once to q's dtype)."""
     g = torch.Generator("cuda").manual_seed(0)
@@ -86,7 +92,7 @@ def _inputs(tokens=5, q_heads=4, kv_heads=2, d=128, rotary_dim=128, dtype=torch.
                               dtype=positions_dtype)
     weights = (1 + 0.5 * torch.randn(2, d, device="cuda", generator=g)).to(dtype)
     cache = rope.cos_sin_table(torch.arange(8192, device="cuda"), rotary_dim, theta,
-                               llama3).to(dtype)
+                               llama3, linear=linear).to(dtype)
     return (positions, qkv[:, :q_heads], qkv[:, q_heads:q_heads + kv_heads], weights[0],
             weights[1], cache)
 
@@ -96,7 +102,7 @@ def _tensors(positions, q, k, q_weight, k_weight, cache) -> dict:
             "k_weight": k_weight, "cos_sin_cache": cache}
 
 
-@pytest.mark.parametrize("scaling", [None, LLAMA3], ids=["theta", "llama3"])
+@pytest.mark.parametrize("scaling", [None, LLAMA3, LINEAR], ids=["theta", "llama3", "linear"])
 @pytest.mark.parametrize(("is_neox", "rotary_dim", "weight_bias"),
                          [(True, 128, 0.0), (True, 64, 1.0), (False, 64, 0.0)])
 def test_public_op_matches_reference_and_the_unfused_ops(is_neox, rotary_dim, weight_bias,
@@ -107,7 +113,7 @@ def test_public_op_matches_reference_and_the_unfused_ops(is_neox, rotary_dim, we
                        positions="int32", q_heads=4, tokens=5, weight_bias=weight_bias,
                        scaling=scaling)
     inputs = _inputs(rotary_dim=rotary_dim, positions_dtype=torch.int32,
-                     llama3=problem.llama3)
+                     llama3=problem.llama3, linear=problem.linear)
     positions, q, k, q_weight, k_weight, cache = inputs
     qkv = q._base
     v_before = qkv[:, 6:].clone()

@@ -33,6 +33,8 @@ YARN = dict(scaling=rope.YARN, scaling_factor=4.0, original_max_position=32768,
             attention_factor=rope.yarn_attention_factor(4.0))
 GPT_OSS_YARN = dict(scaling=rope.YARN, scaling_factor=32.0, original_max_position=4096,
                     truncate=False, attention_factor=rope.yarn_attention_factor(32.0))
+# Gemma 3 4B to 27B's full-attention layers: every frequency divided by 8.
+LINEAR = dict(scaling=rope.LINEAR, scaling_factor=8.0)
 # Qwen3-VL's multimodal RoPE (interleaved) and Qwen2-VL's (runs of pairs per stream).
 MROPE_INTERLEAVED = dict(mrope=rope.MROPE_INTERLEAVED, mrope_t=24, mrope_h=20, mrope_w=20)
 MROPE_SECTIONS = dict(mrope=rope.MROPE_SECTIONS, mrope_t=16, mrope_h=24, mrope_w=24)
@@ -48,7 +50,8 @@ def _problem(dtype="bfloat16", head_dim=128, rotary_dim=128, style=rope.NEOX,
 
 
 # Every code path: each style, full and partial rotary, int32 and int64 positions, a cache of
-# q's dtype and of fp32, each dtype and head dim, Llama 3's and YaRN's scalings; covering_points
+# q's dtype and of fp32, each dtype and head dim, Llama 3's, YaRN's and linear scalings;
+# covering_points
 # adds both cos/sin sources.
 PATHS = [
     pytest.param(_problem(), id="bf16-neox-full-int64"),
@@ -70,6 +73,9 @@ PATHS = [
     pytest.param(_problem(dtype="float32", head_dim=64, rotary_dim=32, style=rope.GPTJ,
                           theta=1.5e5, cache="float32", scaling=GPT_OSS_YARN),
                  id="fp32-gptj-partial-yarn-untruncated"),
+    pytest.param(_problem(q_heads=32, kv_heads=16, scaling=LINEAR), id="bf16-neox-linear"),
+    pytest.param(_problem(dtype="float32", rotary_dim=64, style=rope.GPTJ, positions="int32",
+                          cache="float32", scaling=LINEAR), id="fp32-gptj-partial-int32-linear"),
     pytest.param(_problem(theta=5e6, scaling=MROPE_INTERLEAVED), id="bf16-neox-mrope-interleaved"),
     pytest.param(_problem(style=rope.GPTJ, positions="int32", scaling=MROPE_SECTIONS),
                  id="bf16-gptj-int32-mrope-sections"),
@@ -94,7 +100,8 @@ def test_token_count_is_dynamic(tokens):
     verify(rope.KERNEL, problem.with_tokens(tokens), default, torch.device("cuda"), seed=tokens)
 
 
-@pytest.mark.parametrize("scaling", [None, LLAMA3, YARN], ids=["theta", "llama3", "yarn"])
+@pytest.mark.parametrize("scaling", [None, LLAMA3, YARN, LINEAR],
+                         ids=["theta", "llama3", "yarn", "linear"])
 @pytest.mark.parametrize("cos_sin", [rope.CACHE, rope.COMPUTED])
 @pytest.mark.parametrize("style", [rope.NEOX, rope.GPTJ])
 def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin, scaling):
@@ -107,7 +114,7 @@ def test_positions_up_to_the_maximum_context_in_fp32(style, cos_sin, scaling):
     positions = max_position - 1 - torch.arange(64, device="cuda") * 4099
     cache = torch.full((max_position, 128), float("nan"), device="cuda")
     cache[positions] = rope.cos_sin_table(positions, 128, 5e5, problem.llama3,
-                                          problem.yarn).float()
+                                          problem.yarn, problem.linear).float()
     tensors = {"positions": positions, "q": qkv[:, :6], "k": qkv[:, 6:8],
                "cos_sin_cache": cache}
     expected = rope.reference(tensors, problem)
@@ -121,7 +128,7 @@ def _inputs(tokens=5, q_heads=4, kv_heads=2, d=128, rotary_dim=128, dtype=torch.
             positions_dtype=torch.int64, theta=1e6, **scaled):
     """positions, q and k as views of a fused qkv buffer, the cos_sin_cache of every position
     up to 8192 (float64 angles, rounded once to q's dtype, in which vLLM holds its cache),
-    scaled as `scaled` (cos_sin_table's llama3 and yarn) says."""
+    scaled as `scaled` (cos_sin_table's llama3, yarn and linear) says."""
     g = torch.Generator("cuda").manual_seed(0)
     qkv = torch.randn(tokens, q_heads + 2 * kv_heads, d, device="cuda", generator=g).to(dtype)
     positions = torch.randint(0, 8192, (tokens,), device="cuda", generator=g,
@@ -131,7 +138,8 @@ def _inputs(tokens=5, q_heads=4, kv_heads=2, d=128, rotary_dim=128, dtype=torch.
     return positions, qkv[:, :q_heads], qkv[:, q_heads:q_heads + kv_heads], cache
 
 
-@pytest.mark.parametrize("scaling", [None, LLAMA3, YARN], ids=["theta", "llama3", "yarn"])
+@pytest.mark.parametrize("scaling", [None, LLAMA3, YARN, LINEAR],
+                         ids=["theta", "llama3", "yarn", "linear"])
 @pytest.mark.parametrize("rotary_dim", [128, 64])
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_public_op_matches_reference(is_neox, rotary_dim, scaling):
@@ -140,7 +148,8 @@ def test_public_op_matches_reference(is_neox, rotary_dim, scaling):
     problem = _problem(rotary_dim=rotary_dim, style=rope.NEOX if is_neox else rope.GPTJ,
                        positions="int32", q_heads=4, tokens=5, scaling=scaling)
     positions, q, k, cache = _inputs(rotary_dim=rotary_dim, positions_dtype=torch.int32,
-                                     llama3=problem.llama3, yarn=problem.yarn)
+                                     llama3=problem.llama3, yarn=problem.yarn,
+                                     linear=problem.linear)
     qkv = q._base
     v_before = qkv[:, 6:].clone()
     tensors = {"positions": positions, "q": q, "k": k, "cos_sin_cache": cache}

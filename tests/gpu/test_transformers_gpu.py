@@ -84,8 +84,7 @@ def test_the_patched_standin_runs_warmed_up_kernels_eagerly_and_in_a_cuda_graph(
 
 
 # Rope parameters other than the families' defaults: Llama 3's scaling (the benchmark's
-# Llama-3.2-3B's), and Gemma 3 4B to 27B's, whose full-attention layers scale linearly (which
-# qk_norm_rope does not compute: those layers keep transformers' rotation).
+# Llama-3.2-3B's), and Gemma 3 4B to 27B's, whose full-attention layers scale linearly.
 LLAMA3 = dict(rope_type="llama3", factor=32.0, rope_theta=500000.0, low_freq_factor=1.0,
               high_freq_factor=4.0, original_max_position_embeddings=8192)
 GEMMA3_LINEAR = {"sliding_attention": dict(rope_type="default", rope_theta=10000.0),
@@ -97,14 +96,14 @@ CASES = {
     "qwen3": ("qwen3", None, ["qk_norm_rope", "qk_norm_rope"]),
     "qwen3_moe": ("qwen3_moe", None, ["qk_norm_rope", "qk_norm_rope"]),
     "gemma3": ("gemma3", None, ["qk_norm_rope", "qk_norm_rope"]),
-    "gemma3-linear": ("gemma3", GEMMA3_LINEAR, ["qk_norm_rope", "qk_norm"]),
+    "gemma3-linear": ("gemma3", GEMMA3_LINEAR, ["qk_norm_rope", "qk_norm_rope"]),
 }
 
 
-def _tiny(family: str, rope_parameters: dict | None = None):
+def _tiny(family: str, rope_parameters: dict | None = None, **overrides):
     """transformers' model of the family, tiny, built in bf16 on the GPU as from_pretrained
-    builds it (the rotary module's frequencies fp32). Gemma 3: a sliding-window layer, then a
-    full-attention one."""
+    builds it (the rotary module's frequencies fp32), of the config fields `overrides` too.
+    Gemma 3: a sliding-window layer, then a full-attention one."""
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed here; the stand-in test covers "
                                "Qwen3-MoE without it")
@@ -112,7 +111,7 @@ def _tiny(family: str, rope_parameters: dict | None = None):
         pytest.skip(f"transformers {transformers.__version__} is installed here; the forwards "
                     f"follow {TRANSFORMERS_VERSIONS}, and the stand-in test covers Qwen3-MoE")
     fields = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=128, **overrides)
     if rope_parameters is not None:
         fields["rope_parameters"] = rope_parameters
     if family == "llama":
@@ -181,7 +180,7 @@ def _graph_replay(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 @pytest.mark.parametrize("case", CASES)
 def test_tiny_transformers_models_patched_on_the_gpu(case, fresh_dispatcher):
     """Every family's attention rotates with the fused op on the GPU (Gemma 3's linearly
-    scaled layers with transformers' rope, after the fused q/k norm): a prefill, a decode step
+    scaled layers too): a prefill, a decode step
     at positions past it (one sequence 1000 positions on) and a CUDA graph's replay of a
     batch-8 decode step stay within bf16 tolerance of the unpatched model's logits."""
     family, rope_parameters, attention_ops = CASES[case]
@@ -201,9 +200,49 @@ def test_tiny_transformers_models_patched_on_the_gpu(case, fresh_dispatcher):
             torch.testing.assert_close(got, want, **BF16)
         captured, eager = _graph_replay(model, _batch(8, 1, 6))
         torch.testing.assert_close(captured, eager, **BF16)
+    # The warmup serves every problem the forwards call: Gemma 3's two kinds of layer each
+    # their own rotation's (spaces/hf_config.py reads one per kind).
     tables = cutetune.current_dispatcher().tables()
-    # A model whose one kind of layer scales as rope does not compute states that scaling for
-    # the model (spaces/hf_config.py): the warmup serves no rope problem of it, and the fused
-    # op's problem of the other kind is a miss, built at its first call.
-    unwarmed = {type(table.problem).__name__ for table in tables if not table.warmed_up}
-    assert unwarmed == ({"QKNormRopeProblem"} if rope_parameters is GEMMA3_LINEAR else set())
+    assert all(table.warmed_up for table in tables), cutetune.current_dispatcher().report()
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma3-linear"])
+def test_the_cos_sin_cache_grows_eagerly_then_a_cuda_graph_replays_past_the_context(
+        case, fresh_dispatcher):
+    """A model of max_position_embeddings 64 decodes past it: the prefill of 60 tokens and 10
+    decode steps (each step's token given, so that the two models' steps stay alike) match
+    the unpatched model's logits, the cos/sin caches grown (to 128 rows: twice theirs) before
+    the kernels read past their rows; then a forward of 200 tokens grows them again (to 256),
+    eagerly, on the capture stream's warm-up call, and its CUDA graph, captured without
+    growing, replays what the eager forward computes, which is the unpatched model's."""
+    family, rope_parameters, _ = CASES[case]
+    model = _tiny(family, rope_parameters, max_position_embeddings=64)
+    import transformers
+
+    from testkit.tiny_hf_models import kv_cache_argument
+
+    ids = _batch(2, 70, 9)
+
+    def steps() -> list[torch.Tensor]:
+        cache = transformers.DynamicCache(config=model.config)
+        chunks = [ids[:, :60], *ids[:, 60:].split(1, dim=1)]
+        return [model(chunk, **kv_cache_argument(model, cache), use_cache=True).logits
+                for chunk in chunks]
+
+    def rows() -> set[int]:
+        return {buffer.shape[0] for name, buffer in model.model.rotary_emb.named_buffers()
+                if name.startswith("cutetune_cos_sin_cache")}
+
+    with torch.no_grad():
+        expected = steps()
+        # _graph_replay's eager forward runs on these tokens (its seed 7).
+        expected_long = model(_batch(2, 200, 7), use_cache=False).logits
+        patch(model)
+        assert rows() == {64}
+        for got, want in zip(steps(), expected, strict=True):
+            torch.testing.assert_close(got, want, **BF16)
+        assert rows() == {128}
+        captured, eager = _graph_replay(model, _batch(2, 200, 6))
+        assert rows() == {256}
+        torch.testing.assert_close(captured, eager, **BF16)
+        torch.testing.assert_close(eager, expected_long, **BF16)

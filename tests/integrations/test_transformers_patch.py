@@ -308,12 +308,12 @@ GEMMA3_LINEAR = {"sliding_attention": dict(rope_type="default", rope_theta=10000
 CONTEXT = 4096
 
 
-def _rotary_tables(model) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """transformers' cos and sin of positions 0 to CONTEXT - 1, per cos/sin cache the patch
+def _rotary_tables(model, rows: int = CONTEXT) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """transformers' cos and sin of positions 0 to rows - 1, per cos/sin cache the patch
     would add (keyed by its name): the rotary module's forward."""
     rotary = model.model.rotary_emb
     x = torch.zeros(1, dtype=model.dtype)
-    positions = torch.arange(CONTEXT)[None]
+    positions = torch.arange(rows)[None]
     kinds = getattr(rotary, "layer_types", None)
     if kinds is None:
         return {hf_forwards.COS_SIN_CACHE: rotary(x, positions)}
@@ -334,16 +334,20 @@ def test_the_cos_sin_cache_holds_transformers_cos_and_sin(family, rope):
     model = build(family, torch.float32, **overrides)
     tables = _rotary_tables(model)
     patch(model)
+    _assert_caches_hold(model, tables, CONTEXT, atol=1e-3)
+
+
+def _assert_caches_hold(model, tables: dict, rows: int, atol: float) -> None:
+    """Every cos/sin cache the patch added holds `rows` rows, the cos and sin of `tables`
+    (_rotary_tables') for each kind of layer."""
     caches = {name: buffer for name, buffer in model.model.rotary_emb.named_buffers()
               if name.startswith(hf_forwards.COS_SIN_CACHE)}
-    fused = {name: table for name, table in tables.items()
-             if not (rope is GEMMA3_LINEAR and name.endswith("full_attention"))}
-    assert set(caches) == set(fused)
-    for name, (cos, sin) in fused.items():
+    assert set(caches) == set(tables)
+    for name, (cos, sin) in tables.items():
         half = cos.shape[-1] // 2
-        assert caches[name].shape == (CONTEXT, 2 * half)
+        assert caches[name].shape == (rows, 2 * half)
         torch.testing.assert_close(caches[name], torch.cat((cos[0, :, :half], sin[0, :, :half]),
-                                                           dim=-1), rtol=0, atol=1e-3)
+                                                           dim=-1), rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("rope", [LLAMA3, YARN], ids=["llama3", "yarn"])
@@ -362,30 +366,112 @@ def test_llamas_scaled_rotary_embeddings_are_served_by_rope(rope):
                                rtol=1e-3, atol=1e-3)
 
 
-def test_a_scaling_the_fused_op_does_not_compute_keeps_transformers_rope_for_those_layers():
-    """Gemma 3 4B to 27B scale the full-attention layers' frequencies linearly: those layers
-    normalise q and k in one launch and rotate them with transformers' apply_rotary_pos_emb,
-    the sliding-window layers take the fused op; the report says which and why."""
-    model = build("gemma3", torch.bfloat16, rope_parameters=GEMMA3_LINEAR)
+def test_gemma3s_linearly_scaled_layers_are_served_by_qk_norm_rope():
+    """Gemma 3 4B to 27B scale the full-attention layers' frequencies linearly: both kinds of
+    layer normalise and rotate q and k in one launch, each kind by its own rotation, at
+    positions far into the context, where the scaled frequencies differ from theta's."""
+    model = build("gemma3", torch.float32, rope_parameters=GEMMA3_LINEAR,
+                  max_position_embeddings=CONTEXT)
+    ids = torch.randint(0, VOCAB, (2, TOKENS), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(TOKENS)[None] + torch.tensor([[1000], [3000]])
+    expected = logits(model, ids, position_ids=positions)
+    report = patch(model)
+    attentions = {e.module: (e.op, e.replaced, e.note) for e in report.entries
+                  if e.module.endswith("self_attn")}
+    assert attentions == {
+        "model.layers.0.self_attn": ("qk_norm_rope", True, "q_norm, k_norm and RoPE (theta "
+                                     "10000) in one launch, in place"),
+        "model.layers.1.self_attn": ("qk_norm_rope", True, "q_norm, k_norm and RoPE (theta "
+                                     "1e+06, linear scaling) in one launch, in place")}
+    # transformers' fp32 angles at position 3000 are a few 1e-4 radians off the exact ones.
+    torch.testing.assert_close(logits(model, ids, position_ids=positions), expected,
+                               rtol=1e-3, atol=1e-3)
+
+
+def test_a_scaling_the_fused_op_does_not_compute_keeps_transformers_rope():
+    """qk_norm_rope computes no YaRN: Qwen3 with YaRN normalises q and k in one launch and
+    rotates them with transformers' apply_rotary_pos_emb; the report says why."""
+    model = build("qwen3", torch.bfloat16, rope_parameters=YARN)
     expected = _prefill_then_decode(model, torch.bfloat16)
     report = patch(model)
-    attentions = {e.module: e for e in report.entries if e.module.endswith("self_attn")}
-    sliding, full = attentions["model.layers.0.self_attn"], attentions["model.layers.1.self_attn"]
-    assert (sliding.op, sliding.replaced) == ("qk_norm_rope", True)
-    assert (full.op, full.replaced) == ("qk_norm", True)
-    assert full.note == ("q_norm and k_norm in one launch; RoPE by transformers: model "
-                         "gemma3_text scales its frequencies (linear), which rope does not "
-                         "compute yet")
-    assert "RoPE by transformers: model gemma3_text scales" in str(report)
+    notes = {(e.op, e.replaced, e.note) for e in report.entries if e.module.endswith("self_attn")}
+    assert notes == {("qk_norm", True, "q_norm and k_norm in one launch; RoPE by transformers: "
+                      "the yarn scaling is not one qk_norm_rope computes (default, llama3, "
+                      "linear)")}
     for got, want in zip(_prefill_then_decode(model, torch.bfloat16), expected, strict=True):
         torch.testing.assert_close(got, want, **TOLERANCE[torch.bfloat16])
 
     # Llama has no q/k norm to keep: its attention is left alone, with the reason.
-    llama = build("llama", torch.bfloat16, rope_parameters=dict(rope_type="linear", factor=2.0,
+    llama = build("llama", torch.bfloat16, rope_parameters=dict(rope_type="dynamic", factor=2.0,
                                                                  rope_theta=10000.0))
     left = {e.module: e.note for e in patch(llama).left_alone}
     assert left == {f"model.layers.{i}.self_attn": "model llama scales its frequencies "
-                    "(linear), which rope does not compute yet" for i in (0, 1)}
+                    "(dynamic), which rope does not compute yet" for i in (0, 1)}
+
+
+# A context the tests below decode past: its cos/sin caches start at these rows.
+SHORT_CONTEXT = 64
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize(("family", "rope"), [
+    ("llama", None), ("llama", LLAMA3), ("qwen3", None), ("gemma3", GEMMA3_LINEAR)],
+    ids=["llama", "llama-llama3", "qwen3", "gemma3-linear"])
+def test_decoding_past_max_position_embeddings_matches(family, rope, cache):
+    """A generate of 10 tokens after a prompt of 60 runs past max_position_embeddings (64),
+    where transformers' rotary module keeps computing: the cos/sin caches grow before the
+    first step whose positions may pass their rows (to 128: twice theirs), so every step's
+    logits are transformers'. The bound is the KV cache's length plus the query's, or, for a
+    static cache (which counts on the device), its capacity. (On the CPU the ops compute from
+    the positions, not the cache: the grown caches' rows are checked against transformers'
+    cos and sin.)"""
+    overrides = {"max_position_embeddings": SHORT_CONTEXT}
+    if rope is not None:
+        overrides["rope_parameters"] = rope
+    model = build(family, torch.float32, **overrides)
+    prompt = torch.randint(1, VOCAB, (2, 60), generator=torch.Generator().manual_seed(4))
+    settings = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, output_logits=True,
+                    return_dict_in_generate=True, cache_implementation=cache)
+    with torch.no_grad():
+        expected = model.generate(prompt, **settings)
+        tables = _rotary_tables(model, 2 * SHORT_CONTEXT)
+        patch(model)
+        _assert_caches_hold(model, {name: (cos[:, :SHORT_CONTEXT], sin[:, :SHORT_CONTEXT])
+                                    for name, (cos, sin) in tables.items()},
+                            SHORT_CONTEXT, atol=1e-5)
+        got = model.generate(prompt, **settings)
+    assert torch.equal(got.sequences, expected.sequences)
+    for got_logits, want in zip(got.logits, expected.logits, strict=True):
+        torch.testing.assert_close(got_logits, want, **TOLERANCE[torch.float32])
+    _assert_caches_hold(model, tables, 2 * SHORT_CONTEXT, atol=1e-5)
+
+
+def test_the_cos_sin_cache_grows_only_past_its_rows_and_never_in_a_capture(monkeypatch):
+    model = build("llama", torch.float32, max_position_embeddings=SHORT_CONTEXT)
+    patch(model)
+    rotation = _installed_rotation(model)
+    held = rotation.rows_for(SHORT_CONTEXT)
+    assert held is getattr(model.model.rotary_emb, hf_forwards.COS_SIN_CACHE)
+    # Past its rows by far: to the bound itself, its rows as cos_sin_table gives them.
+    grown = rotation.rows_for(1000)
+    assert grown.shape == (1000, 64) and torch.equal(grown[:SHORT_CONTEXT], held)
+    assert getattr(model.model.rotary_emb, hf_forwards.COS_SIN_CACHE) is grown
+    assert rotation.rows_for(1000) is grown
+    # Inside a CUDA graph capture it cannot allocate: refused, naming the remedy.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert rotation.rows_for(1000) is grown
+    with pytest.raises(RuntimeError, match="positions up to 1000 pass the 1000 rows of "
+                                           "cutetune's cos/sin cache .* inside a CUDA graph "
+                                           "capture, where it cannot grow: run a step of that "
+                                           "length eagerly before capturing"):
+        rotation.rows_for(1001)
+
+
+def _installed_rotation(model) -> hf_forwards.Rotation:
+    """The Rotation the patch bound into a patched Llama's first attention's forward."""
+    forward = model.model.layers[0].self_attn.forward
+    return forward.keywords["rotate"].keywords["rotation"]
 
 
 def test_a_model_cast_after_loading_keeps_transformers_rope():

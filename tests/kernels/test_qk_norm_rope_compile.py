@@ -2,7 +2,8 @@
 values, and the defaults served at every bucket) compile for sm_90a on the CPU, for every public
 preset the kernel applies to (bf16) and for synthetic problems that take every other code path:
 Qwen3-Next's partial rotary and zero-centred weights, Gemma 3's head dim 256, GPT-J style,
-int32 positions, an fp32 cache, fp16 and fp32, head dim 64, the llama3 frequency scaling; and
+int32 positions, an fp32 cache, fp16 and fp32, head dim 64, the llama3 frequency scaling and
+the linear one (Gemma 3 4B to 27B's full-attention layers); and
 the PTX of a few points shows the accesses the config asks for.
 
 The `sweep` marker compiles every valid point.
@@ -19,7 +20,7 @@ from cutetune.kernels.qk_norm_rope import (
     QKNormRopeConfig,
     QKNormRopeProblem,
 )
-from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, LLAMA3, NEOX
+from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, LINEAR, LLAMA3, NEOX
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
 from testkit.compile_checks import (
@@ -52,6 +53,8 @@ SYNTHETIC = [
                  id="fp32-d64-gptj"),
     pytest.param(_problem(scaling=LLAMA3, scaling_factor=8.0, low_freq_factor=1.0,
                           high_freq_factor=4.0, original_max_position=8192), id="llama3"),
+    pytest.param(_problem(weight_bias=1.0, scaling=LINEAR, scaling_factor=8.0),
+                 id="gemma-3-linear"),
 ]
 PRESET_PARAMS = preset_params(KERNEL)
 

@@ -16,7 +16,7 @@ import pytest
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels.qk_norm_rope import QKNormRopeConfig
 from cutetune.kernels.qk_norm_rope_kv import FP8, KERNEL, QKNormRopeKVProblem
-from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, NEOX
+from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, LINEAR, NEOX
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import PRESETS
 from testkit.compile_checks import (
@@ -92,3 +92,14 @@ def test_narrow_vectors_of_a_partial_gptj_computed_fp16_head_compile_into_fp8():
         style=GPTJ, positions_dtype="int32", cache_dtype="float16", theta=1e4, eps=1e-6,
         weight_bias=1.0, kv_cache_dtype=FP8, block_size=32)
     assert_points_compile(KERNEL, problem, [QKNormRopeConfig(COMPUTED, 32, 1, 2)])
+
+
+def test_gemma_3s_linearly_scaled_layers_compile_computed_into_the_cache():
+    # Gemma 3 27B's full-attention layers: theta 1e6 scaled linearly by 8, zero-centred
+    # weights, cos and sin computed.
+    problem = QKNormRopeKVProblem(
+        num_tokens=1, dtype="bfloat16", head_dim=128, rotary_dim=128, q_heads=32, kv_heads=16,
+        style=NEOX, positions_dtype="int64", cache_dtype="bfloat16", theta=1e6, eps=1e-6,
+        weight_bias=1.0, scaling=LINEAR, scaling_factor=8.0, kv_cache_dtype="bfloat16",
+        block_size=16)
+    assert_points_compile(KERNEL, problem, [QKNormRopeConfig(COMPUTED, 128, 4, 4)])

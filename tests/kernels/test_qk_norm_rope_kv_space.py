@@ -3,6 +3,7 @@ qk_norm_rope's, and the paged KV cache write."""
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +25,9 @@ from cutetune.kernels.qk_norm_rope_kv import (
 )
 from cutetune.kernels.registry import NotApplicableError, VerificationError, get_kernel
 from cutetune.kernels.rope import CACHE, NEOX
-from cutetune.spaces.models import PRESETS
+from cutetune.spaces.models import PRESETS, load_model
+
+HF_CONFIGS = Path(__file__).parents[1] / "data" / "hf_configs"
 
 H200 = DEVICE_SPECS["H200"]
 
@@ -148,6 +151,15 @@ def test_model_problems_are_qk_norm_rope_s_with_each_cache():
     assert [(p.kv_cache_dtype, p.block_size) for p in problems] == [("bfloat16", 16), (FP8, 16)]
     assert all(p.fused == fused for p in problems)
     assert default_config(problems[1], H200).cos_sin == CACHE
+
+
+def test_gemma_3_27b_has_each_rotation_with_each_cache():
+    # Its sliding-window layers' theta 1e4 and its full-attention layers' 1e6 scaled linearly.
+    model = load_model(str(HF_CONFIGS / "gemma-3-27b-it.json"))
+    fused = qk_norm_rope.problems_for_model(model, "bfloat16")
+    assert [(p.theta, p.scaling) for p in fused] == [(1e4, "default"), (1e6, "linear")]
+    assert [(p.fused, p.kv_cache_dtype) for p in problems_for_model(model, "bfloat16")] == [
+        (f, cache) for f in fused for cache in ("bfloat16", FP8)]
 
 
 @pytest.mark.parametrize("stated, caches", [("float8_e4m3fn", [FP8]), ("bfloat16", ["bfloat16"])])

@@ -23,7 +23,7 @@ from cutetune.kernels.qk_norm_rope import (
     reference,
 )
 from cutetune.kernels.registry import NotApplicableError, get_kernel
-from cutetune.kernels.rope import CACHE, COMPUTED, GPTJ, LLAMA3, NEOX
+from cutetune.kernels.rope import CACHE, COMPUTED, DEFAULT, GPTJ, LINEAR, LLAMA3, NEOX
 from cutetune.spaces.models import PRESETS, load_model
 from cutetune.spaces.space import EmptySpaceError
 
@@ -93,7 +93,7 @@ def test_qwen3_presets_normalise_then_rotate(name):
     model = PRESETS[name]
     (p,) = problems_for_model(model, "bfloat16")
     assert p == problem(q_heads=model.num_q_heads, kv_heads=model.num_kv_heads,
-                        theta=model.rope_thetas[0], eps=model.rms_norm_eps)
+                        theta=model.ropes[0].theta, eps=model.rms_norm_eps)
 
 
 def test_qwen3_next_rotates_a_quarter_of_a_zero_centred_norm():
@@ -106,9 +106,20 @@ def test_qwen3_next_rotates_a_quarter_of_a_zero_centred_norm():
 
 def test_gemma_3_has_a_problem_per_theta():
     problems = problems_for_model(load_model(str(HF_CONFIGS / "gemma-3-1b-it.json")), "float16")
-    assert sorted(p.theta for p in problems) == [1e4, 1e6]
+    assert [(p.theta, p.scaling) for p in problems] == [(1e4, DEFAULT), (1e6, DEFAULT)]
     assert {(p.head_dim, p.rotary_dim, p.weight_bias, p.cache_dtype) for p in problems} == {
         (256, 256, 1.0, "float16")}
+
+
+def test_gemma_3_27b_has_its_sliding_and_its_linearly_scaled_rotation():
+    """Gemma 3 4B to 27B: the sliding-window layers rotate by rope_local_base_freq unscaled,
+    the full-attention ones by rope_theta scaled linearly (the configs state neither theta:
+    the config class's defaults)."""
+    problems = problems_for_model(load_model(str(HF_CONFIGS / "gemma-3-27b-it.json")),
+                                  "bfloat16")
+    assert [(p.theta, p.scaling, p.scaling_factor, p.head_dim, p.q_heads, p.kv_heads)
+            for p in problems] == [(1e4, DEFAULT, 1.0, 128, 32, 16),
+                                   (1e6, LINEAR, 8.0, 128, 32, 16)]
 
 
 @pytest.mark.parametrize(("model", "message"), [
@@ -118,7 +129,6 @@ def test_gemma_3_has_a_problem_per_theta():
     # QK-norm, but a rotation only rope computes yet.
     (str(HF_CONFIGS / "Qwen3-VL-235B-A22B-Instruct.json"),
      "rotates with mrope \\(interleaved\\), which qk_norm_rope does not compute yet"),
-    (str(HF_CONFIGS / "gemma-3-27b-it.json"), "states no rope_theta"),
 ])
 def test_not_applicable_where_either_kernel_is_not(model, message):
     with pytest.raises(NotApplicableError, match=message):

@@ -3,8 +3,8 @@ the defaults served at every bucket) compile for sm_90a on the CPU, for every pu
 kernel applies to (bf16) and for synthetic problems that take every other code path: GPT-J
 style, partial rotary, int32 positions, an fp32 cache, fp16 and fp32, head dims 64 and 256; and
 the PTX of a few points shows the accesses and the arithmetic the config asks for. The Llama
-3.1 presets compile the llama3 frequency scaling; synthetic problems the yarn one and both
-layouts of multimodal RoPE.
+3.1 presets compile the llama3 frequency scaling; synthetic problems the yarn and linear ones
+and both layouts of multimodal RoPE.
 
 The `sweep` marker compiles every valid point.
 """
@@ -22,6 +22,7 @@ from cutetune.kernels.rope import (
     DEFAULT,
     GPTJ,
     KERNEL,
+    LINEAR,
     MROPE_INTERLEAVED,
     MROPE_SECTIONS,
     NEOX,
@@ -59,6 +60,10 @@ GPT_OSS_YARN = dict(scaling=YARN, scaling_factor=32.0, original_max_position=409
                     truncate=False, attention_factor=yarn_attention_factor(32.0))
 
 
+# Gemma 3 4B to 27B's full-attention layers' linear scaling.
+GEMMA3_LINEAR = dict(scaling=LINEAR, scaling_factor=8.0)
+
+
 SYNTHETIC = [
     pytest.param(_problem(style=GPTJ), id="gptj"),
     pytest.param(_problem(rotary_dim=64, positions="int32"), id="neox-partial-int32"),
@@ -69,6 +74,11 @@ SYNTHETIC = [
     pytest.param(_problem(theta=1e6, **QWEN3_YARN), id="neox-yarn"),
     pytest.param(_problem(dtype="float32", head_dim=64, rotary_dim=32, style=GPTJ, theta=1.5e5,
                           **GPT_OSS_YARN), id="fp32-gptj-partial-yarn-untruncated"),
+    # Gemma 3 27B's full-attention layers (its shape: 32 q heads of 128, 16 kv heads).
+    pytest.param(dataclasses.replace(_problem(theta=1e6, kv_heads=16, **GEMMA3_LINEAR),
+                                     q_heads=32), id="gemma-3-linear"),
+    pytest.param(_problem(dtype="float16", style=GPTJ, rotary_dim=64, positions="int32",
+                          **GEMMA3_LINEAR), id="fp16-gptj-partial-int32-linear"),
     # Qwen3-VL's interleaved mrope; Qwen2-VL's runs of pairs per stream, on GPT-J pairs.
     pytest.param(_problem(theta=5e6, mrope=MROPE_INTERLEAVED, mrope_t=24, mrope_h=20,
                           mrope_w=20), id="neox-mrope-interleaved"),
@@ -176,6 +186,21 @@ def test_ptx_of_a_scaling_blends_in_fp64(scaled, products, tmp_path, monkeypatch
     # (computed once, before the q/k branch); YaRN multiplies its cos and sin by the attention
     # factor in fp32.
     assert counts[0] == Counter(selects=2 * 8, products=products)
+
+
+def test_ptx_of_the_linear_scaling_is_a_product_per_pair(tmp_path, monkeypatch):
+    """Linear scaling multiplies each pair's fp64 frequency by the factor's reciprocal: one
+    fp64 product per pair more than theta's frequencies, no blend (no select)."""
+    config = RopeConfig(COMPUTED, 128, 1, 4)
+    scaled = _problem(theta=1e6, kv_heads=8, **GEMMA3_LINEAR)
+    counts = []
+    for problem, name in ((scaled, "scaled"), (_unscaled(scaled), "plain")):
+        (tmp_path / name).mkdir()
+        ptx = ptx_of(KERNEL, problem, config, H200, tmp_path / name, monkeypatch)
+        counts.append(Counter(selects=len(re.findall(r"\bselp\.f64\b", ptx)),
+                              products=len(re.findall(r"\bmul(\.rn)?\.f64\b", ptx))))
+    counts[0].subtract(counts[1])
+    assert counts[0] == Counter(selects=0, products=8)  # the chunk's 8 pairs
 
 
 @pytest.mark.parametrize("cos_sin", (CACHE, COMPUTED))

@@ -18,6 +18,7 @@ from cutetune.kernels.rope import (
     COMPUTED,
     GPTJ,
     KERNEL,
+    LINEAR,
     LLAMA3,
     NEOX,
     SPACE,
@@ -47,6 +48,10 @@ YARN_FIELDS = dict(scaling=YARN, scaling_factor=4.0, original_max_position=32768
                    attention_factor=0.1 * math.log(4.0) + 1)
 
 
+# Gemma 3 4B to 27B's full-attention layers.
+LINEAR_FIELDS = dict(scaling=LINEAR, scaling_factor=8.0)
+
+
 def problem(**overrides) -> RopeProblem:
     values = dict(num_tokens=1, dtype="bfloat16", head_dim=128, rotary_dim=128, q_heads=32,
                   kv_heads=8, style=NEOX, positions_dtype="int64", cache_dtype="bfloat16",
@@ -73,7 +78,8 @@ def test_registered_under_its_name():
     ("theta", 1.0, "theta must be a finite number above 1"),
     ("theta", math.inf, "theta must be a finite number above 1"),
     ("num_tokens", 0, "num_tokens must be a positive integer"),
-    ("scaling", "longrope", "scaling 'longrope' not supported: use default or llama3 or yarn"),
+    ("scaling", "longrope", "scaling 'longrope' not supported: use default or llama3 or yarn "
+                            "or linear"),
     ("scaling_factor", 8.0, "the default scaling takes no factors, got scaling_factor=8.0"),
     ("beta_fast", 16.0, "the default scaling takes no factors, got beta_fast=16.0"),
     ("truncate", 0, "truncate must be True or False, got 0"),
@@ -108,6 +114,52 @@ def test_yarn_scaling_validation(overrides, message):
         problem(**dict(YARN_FIELDS, **overrides))
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    (dict(scaling_factor=0.0), "linear scaling needs a finite scaling_factor > 0, got "
+                               "scaling_factor=0.0"),
+    (dict(scaling_factor=-2.0), "linear scaling needs a finite scaling_factor > 0"),
+    (dict(scaling_factor=math.inf), "linear scaling needs a finite scaling_factor > 0"),
+    (dict(original_max_position=8192), "the linear scaling takes no factors, got "
+                                       "original_max_position=8192"),
+])
+def test_linear_scaling_validation(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        problem(**dict(LINEAR_FIELDS, **overrides))
+
+
+def test_linear_scaling_divides_every_frequency():
+    p = problem(**LINEAR_FIELDS)
+    assert (p.linear, p.llama3, p.yarn) == (8.0, None, None)
+    assert p.frequency_scaling == (LINEAR, (8.0,))
+    assert problem().frequency_scaling == ("default", ()) and problem().linear is None
+    plain = inverse_frequencies(128, 1e6)
+    torch.testing.assert_close(inverse_frequencies(128, 1e6, linear=p.linear), plain / 8,
+                               rtol=1e-15, atol=0)
+    # Position p of the scaled table is position p / 8 of theta's (dividing by 8 is exact).
+    positions = torch.tensor([0, 3, 1000, 2**17 - 1])
+    assert torch.equal(cos_sin_table(positions, 128, 1e6, linear=8.0),
+                       cos_sin_table(positions.double() / 8, 128, 1e6))
+
+
+def test_linear_frequencies_are_transformers_own():
+    """Gemma 3 27B's full-attention layers: the problem's frequencies are transformers'
+    _compute_linear_scaling_rope_parameters' of the same config."""
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    raw = json.loads((HF_CONFIGS / "gemma-3-27b-it.json").read_text())
+    sliding, full = problems_for_model(model_from_hf_config(raw, name="m"), "bfloat16")
+    assert (sliding.scaling, full.scaling, full.linear) == ("default", LINEAR, 8.0)
+    config = CONFIG_MAPPING["gemma3"](**raw).get_text_config()
+    theirs, attention_factor = rope_utils.ROPE_INIT_FUNCTIONS["linear"](
+        config, "cpu", layer_type="full_attention")
+    ours = inverse_frequencies(full.rotary_dim, full.theta, linear=full.linear)
+    assert attention_factor == 1.0
+    # transformers computes in fp32.
+    torch.testing.assert_close(ours.float(), theirs, rtol=2e-6, atol=0)
+    assert (ours < inverse_frequencies(full.rotary_dim, full.theta)).all()
+
+
 def test_llama3_takes_no_yarn_fields():
     with pytest.raises(ValueError, match="the llama3 scaling takes no factors, got "
                                          "truncate=False"):
@@ -132,7 +184,7 @@ def test_problems_of_plain_theta_presets(name):
     model = PRESETS[name]
     (p,) = problems_for_model(model, "bfloat16")
     assert p == problem(q_heads=model.num_q_heads, kv_heads=model.num_kv_heads,
-                        theta=model.rope_thetas[0])
+                        theta=model.ropes[0].theta)
 
 
 def test_partial_rotary_model_rotates_its_share():
@@ -258,9 +310,11 @@ def test_not_applicable_until_its_variant_lands(model, message):
 
 
 def test_not_applicable_without_a_stated_theta():
-    bare = load_model(str(HF_CONFIGS / "gemma-3-27b-it.json"))
-    assert bare.rope_thetas == ()
-    with pytest.raises(NotApplicableError):
+    # Qwen3's config class has a default theta, which cutetune does not read (its Family
+    # states none).
+    bare = model_from_hf_config({"model_type": "qwen3"}, name="bare")
+    assert bare.ropes == ()
+    with pytest.raises(NotApplicableError, match="model bare's config states no rope_theta"):
         problems_for_model(bare, "bfloat16")
 
 

@@ -64,10 +64,21 @@ def test_llama3_scaling_reaches_the_rotation():
     assert not torch.allclose(inputs[1].float(), plain[1].float(), atol=1e-1)
 
 
+def test_linear_scaling_reaches_the_rotation():
+    # Every frequency divided by 8: position 8 p rotates as the unscaled position p does.
+    inputs = _inputs(cache_dtype=torch.float32)
+    plain = [t.clone() for t in inputs]
+    cutetune.qk_norm_rope(inputs[0] * 8, *inputs[1:], 1e6, 1e-6, 0.0, True, "linear", 8.0)
+    cutetune.qk_norm_rope(*plain, 1e6)
+    assert torch.equal(inputs[1], plain[1]) and torch.equal(inputs[2], plain[2])
+
+
 @pytest.mark.parametrize(("scalars", "message"), [
     (dict(scaling="yarn", scaling_factor=4.0, original_max_position=32768),
      "scaling 'yarn' not supported by qk_norm_rope"),
     (dict(scaling_factor=8.0), "the default scaling takes no factors"),
+    (dict(scaling="linear", scaling_factor=-1.0), "linear scaling needs a finite "
+                                                  "scaling_factor > 0"),
     (dict(eps=0.0), "eps must be positive, got 0.0"),
     (dict(weight_bias=0.5), "weight_bias must be 0 or 1"),
 ])

@@ -63,6 +63,16 @@ def test_llama3_scaling_rotates_by_its_scaled_frequencies():
     torch.testing.assert_close(k.float(), expected["k"], rtol=1.6e-2, atol=1e-2)
 
 
+def test_linear_scaling_rotates_position_8p_as_theta_rotates_p():
+    """Gemma 3's full-attention layers divide every frequency by 8: a token at position 8 p
+    rotates as the unscaled rotation turns position p (dividing by 8 is exact)."""
+    positions, q, k, cache = _inputs(cache_dtype=torch.float32)
+    plain_q, plain_k = q.clone(), k.clone()
+    cutetune.rope(positions * 8, q, k, cache, 1e6, True, "linear", 8.0)
+    cutetune.rope(positions, plain_q, plain_k, cache, 1e6, True)
+    assert torch.equal(q, plain_q) and torch.equal(k, plain_k)
+
+
 # A short original context and a low theta, so that positions below 4096 turn the pairs the
 # ramp blends far enough for bf16 to tell the betas and truncate apart.
 YARN = dict(scaling="yarn", scaling_factor=4.0, original_max_position=512, beta_fast=16.0,
@@ -101,6 +111,10 @@ def test_yarn_scaling_rotates_by_its_frequencies_and_attention_factor(attention_
     (dict(YARN, low_freq_factor=2.0), "the yarn scaling takes no factors, got "
                                       "low_freq_factor=2.0"),
     (dict(YARN, truncate="no"), "truncate must be True or False, got 'no'"),
+    (dict(scaling="linear", scaling_factor=0.0), "linear scaling needs a finite "
+                                                 "scaling_factor > 0, got scaling_factor=0.0"),
+    (dict(scaling="linear", scaling_factor=8.0, beta_fast=16.0), "the linear scaling takes no "
+                                                                "factors, got beta_fast=16.0"),
 ])
 def test_bad_scaling_is_refused(scaling, message):
     with pytest.raises(ValueError, match=re.escape(message)):

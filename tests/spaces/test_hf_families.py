@@ -159,11 +159,17 @@ def test_heads_match_the_attention_projections(path):
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.model_types[0])
 def test_family_defaults_are_the_config_class_defaults(family):
     """Each default cutetune takes for a missing field is the config class's (None where the
-    class derives it)."""
+    class derives it). The thetas transformers 5 holds in rope_parameters, per kind of layer:
+    Gemma 3's sliding-window layers rotate by rope_local_base_freq, the others by
+    rope_theta."""
     config = CONFIG_MAPPING[family.model_types[0]]()
+    rope = config.rope_parameters
+    thetas = {"rope_theta": rope.get("full_attention", rope).get("rope_theta"),
+              "rope_local_base_freq": rope.get("sliding_attention", {}).get("rope_theta")}
     for key, default in family.defaults.items():
         if default is not None:
-            assert getattr(config, key) == default, key
+            got = thetas[key] if key in thetas else getattr(config, key)
+            assert got == default, key
 
 
 def test_every_committed_model_type_has_a_family():

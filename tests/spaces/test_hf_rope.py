@@ -10,7 +10,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 
-from cutetune.spaces.hf_config import FAMILY_OF_TYPE  # noqa: E402
+from cutetune.spaces.hf_config import FAMILY_OF_TYPE, LayerRope  # noqa: E402
 from cutetune.spaces.models import PRESETS_DIR, model_from_hf_config  # noqa: E402
 
 CONFIG_FILES = (sorted(PRESETS_DIR.glob("*.json"))
@@ -42,6 +42,12 @@ def _rope_parameters(raw: dict) -> list[dict]:
     return list(parameters.values()) if "rope_type" not in parameters else [parameters]
 
 
+def _rotation(parameters: dict) -> tuple[float, str | None]:
+    """(theta, the scaling's type as cutetune names it) of a kind's rope parameters."""
+    kind = "mrope" if "mrope_section" in parameters else parameters["rope_type"]
+    return float(parameters["rope_theta"]), None if kind == "default" else kind
+
+
 @pytest.mark.parametrize("raw", [
     *[pytest.param(json.loads(path.read_text()), id=path.stem) for path in CONFIG_FILES],
     pytest.param(QWEN3_YARN, id="qwen3-8b-yarn"),
@@ -61,17 +67,17 @@ def test_rope_reading_matches_transformers(raw):
     layers = _rope_parameters(raw)
     factors = {p.get("partial_rotary_factor", 1.0) for p in layers}
     assert factors == {ours.partial_rotary_factor}
-    if not ours.rope_thetas:
+    if not ours.ropes:
         # A config that states no theta takes its class's rope (gpt-oss's is YaRN): not read
-        # yet, so rope's problems_for_model refuses such a model.
+        # yet where its Family states no default, so rope's problems_for_model refuses such a
+        # model.
         return
-    assert set(ours.rope_thetas) == {float(p["rope_theta"]) for p in layers}
-    kinds = {p["rope_type"] for p in layers} - {"default"}
-    if any("mrope_section" in p for p in layers):
-        kinds.add("mrope")
-    assert kinds == ({ours.rope_scaling} if ours.rope_scaling else set())
-    for key, value in ours.rope_scaling_parameters:
-        assert value in {float(p[key]) for p in layers if key in p}, key
+    # Each kind of layer's rotation, and each of its numbers, is one of ours.
+    theirs = {_rotation(p): p for p in layers}
+    assert {(rope.theta, rope.scaling) for rope in ours.ropes} == set(theirs)
+    for rope in ours.ropes:
+        for key, value in rope.scaling_parameters:
+            assert value == float(theirs[rope.theta, rope.scaling][key]), key
 
 
 @pytest.mark.parametrize(("name", "rotary_dim"), [("GLM-4.5", 64),
@@ -84,10 +90,13 @@ def test_rotary_dim_is_the_rotated_share_of_a_head(name, rotary_dim):
 
 @pytest.mark.parametrize("raw", [GEMMA3, GEMMA3_LINEAR], ids=["1b", "linear"])
 def test_gemma3_reads_alike_in_both_forms(raw):
-    """transformers 5 writes Gemma 3's rope parameters per kind of attention layer: both thetas
-    and the full-attention layers' scaling are read from that form as from the first."""
+    """transformers 5 writes Gemma 3's rope parameters per kind of attention layer: both
+    kinds' rotations, the full-attention layers' scaling only theirs, are read from that form
+    as from the first."""
     first = model_from_hf_config(raw, name="m")
     per_kind = model_from_hf_config(_as_transformers_5_writes(raw), name="m")
-    assert set(first.rope_thetas) == set(per_kind.rope_thetas) == {1e6, 1e4}
-    assert (per_kind.rope_scaling, per_kind.rope_scaling_parameters) == (
-        first.rope_scaling, first.rope_scaling_parameters)
+    assert first.ropes == per_kind.ropes
+    sliding, full = first.ropes
+    assert sliding == LayerRope(1e4)
+    assert full == (LayerRope(1e6, "linear", (("factor", 8.0),)) if raw is GEMMA3_LINEAR
+                    else LayerRope(1e6))

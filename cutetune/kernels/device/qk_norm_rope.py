@@ -39,7 +39,7 @@ def normed_rotated(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
                    PAIRS: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int],
                    ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                    FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                   LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                   LOG2_THETA: cutlass.Constexpr[float], SCALING: cutlass.Constexpr,
                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float],
                    tied: list):
     """Head `row` (token-major over mX's (tokens, heads)) normalised, then rotated, by its
@@ -80,7 +80,7 @@ def normed_rotated(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
         else:
             # One position stream, no YaRN: the problem refuses both (qk_norm_rope.SCALINGS).
             c, s = rope_device.computed_cos_sin([position], chunk, PAIRS, ROTARY_DIM, LOG2_THETA,
-                                                LLAMA3, None, None)
+                                                SCALING, None)
         cos.append(c)
         sin.append(s)
         if cutlass.const_expr(FROM_CACHE):
@@ -107,12 +107,12 @@ def norm_rope_head(mX: cute.Tensor, mW: cute.Tensor, mPositions: cute.Tensor,
                    PAIRS: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int],
                    ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                    FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                   LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                   LOG2_THETA: cutlass.Constexpr[float], SCALING: cutlass.Constexpr,
                    EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
     """Normalise and rotate head `row` in place (normed_rotated, then its store)."""
     token, y = normed_rotated(mX, mW, mPositions, mCache, row, lane, VEC, PAIRS,
                               THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
-                              LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS, [])
+                              LOG2_THETA, SCALING, EPS, WEIGHT_BIAS, [])
     heads = cute.size(mX, mode=[1])
     if row < cute.size(mX, mode=[0]) * heads:
         store_row(mX[token, row % heads, None], y, lane, VEC, THREADS_PER_HEAD)
@@ -136,7 +136,7 @@ def _qk_norm_rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tens
                          HEADS_PER_BLOCK: cutlass.Constexpr[int],
                          ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                          FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                         LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                         LOG2_THETA: cutlass.Constexpr[float], SCALING: cutlass.Constexpr,
                          EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float]):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
@@ -145,11 +145,11 @@ def _qk_norm_rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tens
     if bidx < q_blocks:
         norm_rope_head(mQ, mQW, mPositions, mCache, bidx * HEADS_PER_BLOCK + slot, lane, VEC,
                        PAIRS, THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
-                       LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
+                       LOG2_THETA, SCALING, EPS, WEIGHT_BIAS)
     else:
         norm_rope_head(mK, mKW, mPositions, mCache, (bidx - q_blocks) * HEADS_PER_BLOCK + slot,
                        lane, VEC, PAIRS, THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE,
-                       ROTARY_DIM, LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
+                       ROTARY_DIM, LOG2_THETA, SCALING, EPS, WEIGHT_BIAS)
 
 
 @cute.jit
@@ -160,7 +160,7 @@ def _qk_norm_rope_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tens
                          WARPS: cutlass.Constexpr[int], ROTATED: cutlass.Constexpr[int],
                          IS_NEOX: cutlass.Constexpr[bool], FROM_CACHE: cutlass.Constexpr[bool],
                          ROTARY_DIM: cutlass.Constexpr[int], LOG2_THETA: cutlass.Constexpr[float],
-                         LLAMA3: cutlass.Constexpr, EPS: cutlass.Constexpr[float],
+                         SCALING: cutlass.Constexpr, EPS: cutlass.Constexpr[float],
                          WEIGHT_BIAS: cutlass.Constexpr[float]):
     heads_per_block = WARPS * WARP // THREADS_PER_HEAD
     tokens = cute.size(mQ, mode=[0])
@@ -168,7 +168,7 @@ def _qk_norm_rope_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tens
     k_blocks = (tokens * cute.size(mK, mode=[1]) + heads_per_block - 1) // heads_per_block
     _qk_norm_rope_kernel(mPositions, mQ, mK, mQW, mKW, mCache, q_blocks, VEC, PAIRS,
                          THREADS_PER_HEAD, heads_per_block, ROTATED, IS_NEOX, FROM_CACHE,
-                         ROTARY_DIM, LOG2_THETA, LLAMA3, EPS,
+                         ROTARY_DIM, LOG2_THETA, SCALING, EPS,
                          WEIGHT_BIAS).launch(grid=(q_blocks + k_blocks, 1, 1),
                                              block=(WARPS * WARP, 1, 1), stream=stream)
 
@@ -198,6 +198,6 @@ def compile_kernel(problem: QKNormRopeProblem, config: QKNormRopeConfig, options
          weight_tensor(), weight_tensor(), cache),
         (vec, pairs, _threads_per_head(config), config.warps_per_block,
          int(_rotated_vectors(problem, config)), problem.style == NEOX,
-         config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta), problem.llama3,
-         float(problem.eps), float(problem.weight_bias)),
+         config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta),
+         problem.frequency_scaling, float(problem.eps), float(problem.weight_bias)),
         options)

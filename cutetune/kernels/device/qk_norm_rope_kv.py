@@ -40,7 +40,7 @@ def _cached_head(mK: cute.Tensor, mV: cute.Tensor, mKW: cute.Tensor, mPositions:
                  PAIRS: cutlass.Constexpr[int], THREADS_PER_HEAD: cutlass.Constexpr[int],
                  ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                 LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                 LOG2_THETA: cutlass.Constexpr[float], SCALING: cutlass.Constexpr,
                  EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float],
                  BLOCK_SIZE: cutlass.Constexpr[int], FP8_CACHE: cutlass.Constexpr[bool]):
     """k's head `row` normalised and rotated in place, then, unless its token's slot is -1,
@@ -67,7 +67,7 @@ def _cached_head(mK: cute.Tensor, mV: cute.Tensor, mKW: cute.Tensor, mPositions:
         tied = tied + [(k_scale,), (v_scale,)]
     _, y = fused.normed_rotated(mK, mKW, mPositions, mCache, row, lane, VEC, PAIRS,
                                 THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
-                                LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS, tied)
+                                LOG2_THETA, SCALING, EPS, WEIGHT_BIAS, tied)
     if row < rows:
         fused.store_row(mK[token, head, None], y, lane, VEC, THREADS_PER_HEAD)
         if slot >= 0:
@@ -100,7 +100,7 @@ def _qk_norm_rope_kv_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.T
                             ROTATED: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                             FROM_CACHE: cutlass.Constexpr[bool],
                             ROTARY_DIM: cutlass.Constexpr[int],
-                            LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                            LOG2_THETA: cutlass.Constexpr[float], SCALING: cutlass.Constexpr,
                             EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float],
                             BLOCK_SIZE: cutlass.Constexpr[int],
                             FP8_CACHE: cutlass.Constexpr[bool]):
@@ -111,12 +111,12 @@ def _qk_norm_rope_kv_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.T
     if bidx < q_blocks:
         fused.norm_rope_head(mQ, mQW, mPositions, mCache, bidx * HEADS_PER_BLOCK + in_block,
                              lane, VEC, PAIRS, THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE,
-                             ROTARY_DIM, LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS)
+                             ROTARY_DIM, LOG2_THETA, SCALING, EPS, WEIGHT_BIAS)
     else:
         _cached_head(mK, mV, mKW, mPositions, mCache, mSlots, mKeyCache, mValueCache, mKScale,
                      mVScale, (bidx - q_blocks) * HEADS_PER_BLOCK + in_block, lane, VEC, PAIRS,
                      THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM, LOG2_THETA,
-                     LLAMA3, EPS, WEIGHT_BIAS, BLOCK_SIZE, FP8_CACHE)
+                     SCALING, EPS, WEIGHT_BIAS, BLOCK_SIZE, FP8_CACHE)
 
 
 @cute.jit
@@ -131,7 +131,7 @@ def _qk_norm_rope_kv_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.T
                             IS_NEOX: cutlass.Constexpr[bool],
                             FROM_CACHE: cutlass.Constexpr[bool],
                             ROTARY_DIM: cutlass.Constexpr[int],
-                            LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
+                            LOG2_THETA: cutlass.Constexpr[float], SCALING: cutlass.Constexpr,
                             EPS: cutlass.Constexpr[float], WEIGHT_BIAS: cutlass.Constexpr[float],
                             BLOCK_SIZE: cutlass.Constexpr[int],
                             FP8_CACHE: cutlass.Constexpr[bool]):
@@ -142,7 +142,7 @@ def _qk_norm_rope_kv_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.T
     _qk_norm_rope_kv_kernel(mPositions, mQ, mK, mV, mQW, mKW, mCache, mSlots, mKeyCache,
                             mValueCache, mKScale, mVScale, q_blocks, VEC, PAIRS,
                             THREADS_PER_HEAD, heads_per_block, ROTATED, IS_NEOX, FROM_CACHE,
-                            ROTARY_DIM, LOG2_THETA, LLAMA3, EPS, WEIGHT_BIAS, BLOCK_SIZE,
+                            ROTARY_DIM, LOG2_THETA, SCALING, EPS, WEIGHT_BIAS, BLOCK_SIZE,
                             FP8_CACHE).launch(grid=(q_blocks + k_blocks, 1, 1),
                                               block=(WARPS * WARP, 1, 1), stream=stream)
 
@@ -184,6 +184,7 @@ def compile_kernel(problem: QKNormRopeKVProblem, config: QKNormRopeConfig, optio
          kv_cache(), kv_cache(), scale(), scale()),
         (vec, pairs, _threads_per_head(config), config.warps_per_block,
          int(_rotated_vectors(problem, config)), problem.style == NEOX,
-         config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta), problem.llama3,
+         config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta),
+         problem.frequency_scaling,
          float(problem.eps), float(problem.weight_bias), problem.block_size, problem.fp8),
         options)

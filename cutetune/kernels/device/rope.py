@@ -15,9 +15,12 @@ from cutetune.kernels.device.compiling import compile_launcher, fake_compact, fa
 from cutetune.kernels.device.dtypes import CUTLASS_DTYPES
 from cutetune.kernels.rope import (
     CACHE,
+    LINEAR,
+    LLAMA3,
     MROPE_SECTIONS,
     NEOX,
     STREAMS,
+    YARN,
     RopeConfig,
     RopeProblem,
     _chunks,
@@ -71,47 +74,51 @@ def _mrope_cached_cos_sin(mCache: cute.Tensor, positions: list, chunk: Int32, PA
     return cos, sin
 
 
-def _llama3_scaled(inverse, LLAMA3: tuple):
+def _llama3_scaled(inverse, NUMBERS: tuple):
     """Llama 3's scaling of a pair's fp64 frequency: kept where the pair turns more than
     high_freq_factor times over the original context, divided by the factor where it turns
     fewer than low_freq_factor times, blended by where it lies between (the blend's weight
     clamped to [0, 1] is transformers' three cases in one)."""
-    factor, low, high, context = LLAMA3
+    factor, low, high, context = NUMBERS
     turns = inverse * (context / TWO_PI)
     weight = cutlass.max(cutlass.min((turns - low) * (1.0 / (high - low)), Float64(1.0)),
                          Float64(0.0))
     return inverse * (weight + (1.0 - weight) * (1.0 / factor))
 
 
-def _yarn_scaled(inverse, pair, YARN: tuple):
+def _yarn_scaled(inverse, pair, NUMBERS: tuple):
     """YaRN's scaling of a pair's fp64 frequency: divided by the factor with the weight of the
     pair's place on the ramp from low to high (clamped to [0, 1]), kept with the rest."""
-    factor, low, high, _ = YARN
+    factor, low, high, _ = NUMBERS
     ramp = cutlass.max(cutlass.min((Float64(pair) - low) * (1.0 / (high - low)), Float64(1.0)),
                        Float64(0.0))
     return inverse * (1.0 - ramp + ramp * (1.0 / factor))
 
 
 def computed_cos_sin(positions: list, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
-                      LOG2_THETA: float, LLAMA3, YARN, MROPE):
+                      LOG2_THETA: float, SCALING: tuple, MROPE):
     """The chunk's cos and sin, PAIRS fp32 scalars of each, computed from the position: pair
     i's frequency theta^(-2i/ROTARY_DIM) and its angle in fp64, so the angle is exact far below
     fp32's resolution (an fp32 angle at position 2^17 is off by up to 0.008 rad); the angle
     reduced to [-pi, pi] in fp64, then sine and cosine in fp32 without fast-math
-    approximations. LLAMA3, YARN: RopeProblem.llama3 and .yarn (None: theta's frequencies as
-    they are); YaRN's attention factor multiplies cos and sin in fp32. `positions`: the
+    approximations. SCALING: RopeProblem.frequency_scaling, (scaling, its numbers), which
+    scales the frequencies (linear scaling: times the factor's reciprocal, in fp64); YaRN's
+    attention factor multiplies cos and sin in fp32. `positions`: the
     token's one position, or under mrope (MROPE: RopeProblem.mrope_sections) its three, each
     pair's angle taken from its stream's."""
+    kind, numbers = SCALING
     step = -2.0 * LOG2_THETA / ROTARY_DIM
     first = cute.math.exp2(Float64(chunk * PAIRS) * step, fastmath=False)
     angles_of = [Float64(position) for position in positions]
     cos, sin = [], []
     for j in range(PAIRS):
         inverse = first * (2.0 ** (step * j))
-        if LLAMA3 is not None:
-            inverse = _llama3_scaled(inverse, LLAMA3)
-        if YARN is not None:
-            inverse = _yarn_scaled(inverse, chunk * PAIRS + j, YARN)
+        if kind == LLAMA3:
+            inverse = _llama3_scaled(inverse, numbers)
+        elif kind == YARN:
+            inverse = _yarn_scaled(inverse, chunk * PAIRS + j, numbers)
+        elif kind == LINEAR:
+            inverse = inverse * (1.0 / numbers[0])
         angle_of = angles_of[0]
         if MROPE is not None:
             angle_of = _of_pair_stream(angles_of, chunk * PAIRS + j, MROPE, Float64)
@@ -120,8 +127,8 @@ def computed_cos_sin(positions: list, chunk: Int32, PAIRS: int, ROTARY_DIM: int,
         reduced = Float32(angle - turns * TWO_PI)
         cos.append(cute.math.cos(reduced, fastmath=False))
         sin.append(cute.math.sin(reduced, fastmath=False))
-        if YARN is not None:
-            cos[j], sin[j] = cos[j] * YARN[3], sin[j] * YARN[3]
+        if kind == YARN:
+            cos[j], sin[j] = cos[j] * numbers[3], sin[j] * numbers[3]
     return cos, sin
 
 
@@ -184,8 +191,8 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                  HEADS_PER_THREAD: cutlass.Constexpr[int], Q_GROUPS: cutlass.Constexpr[int],
                  THREADS_PER_TOKEN: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                 LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
-                 YARN: cutlass.Constexpr, MROPE: cutlass.Constexpr):
+                 LOG2_THETA: cutlass.Constexpr[float], SCALING: cutlass.Constexpr,
+                 MROPE: cutlass.Constexpr):
     tidx, _, _ = cute.arch.thread_idx()
     bidx, _, _ = cute.arch.block_idx()
     bdim, _, _ = cute.arch.block_dim()
@@ -206,8 +213,8 @@ def _rope_kernel(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
         elif cutlass.const_expr(FROM_CACHE):
             cos, sin = _mrope_cached_cos_sin(mCache, positions, chunk, PAIRS, MROPE)
         else:
-            cos, sin = computed_cos_sin(positions, chunk, PAIRS, ROTARY_DIM, LOG2_THETA, LLAMA3,
-                                        YARN, MROPE)
+            cos, sin = computed_cos_sin(positions, chunk, PAIRS, ROTARY_DIM, LOG2_THETA,
+                                        SCALING, MROPE)
         # Groups [0, Q_GROUPS) rotate q heads, the rest k heads: a group never spans both.
         if group < Q_GROUPS:
             _rotate_heads(mQ, token, group, chunk, cos, sin, VEC, PAIRS, HALF_VECTORS,
@@ -225,13 +232,13 @@ def _rope_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                  Q_GROUPS: cutlass.Constexpr[int], THREADS_PER_TOKEN: cutlass.Constexpr[int],
                  WARPS: cutlass.Constexpr[int], IS_NEOX: cutlass.Constexpr[bool],
                  FROM_CACHE: cutlass.Constexpr[bool], ROTARY_DIM: cutlass.Constexpr[int],
-                 LOG2_THETA: cutlass.Constexpr[float], LLAMA3: cutlass.Constexpr,
-                 YARN: cutlass.Constexpr, MROPE: cutlass.Constexpr):
+                 LOG2_THETA: cutlass.Constexpr[float], SCALING: cutlass.Constexpr,
+                 MROPE: cutlass.Constexpr):
     threads = WARPS * WARP
     needed = cutlass.Int64(cute.size(mQ, mode=[0])) * THREADS_PER_TOKEN
     _rope_kernel(mPositions, mQ, mK, mCache, VEC, PAIRS, CHUNKS, HALF_VECTORS, HEADS_PER_THREAD,
                  Q_GROUPS, THREADS_PER_TOKEN, IS_NEOX, FROM_CACHE, ROTARY_DIM, LOG2_THETA,
-                 LLAMA3, YARN, MROPE).launch(grid=(Int32((needed + threads - 1) // threads), 1, 1),
+                 SCALING, MROPE).launch(grid=(Int32((needed + threads - 1) // threads), 1, 1),
                                       block=(threads, 1, 1), stream=stream)
 
 
@@ -259,5 +266,5 @@ def compile_kernel(problem: RopeProblem, config: RopeConfig, options: str = ""):
          config.heads_per_thread, _q_head_groups(problem, config),
          _threads_per_token(problem, config), config.warps_per_block, problem.style == NEOX,
          config.cos_sin == CACHE, problem.rotary_dim, math.log2(problem.theta),
-         problem.llama3, problem.yarn, problem.mrope_sections),
+         problem.frequency_scaling, problem.mrope_sections),
         options)
