@@ -32,7 +32,7 @@ TINY_EXTRA = {"qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_interm
               "gemma3": dict(sliding_window=4, query_pre_attn_scalar=64)}
 # The op each held-out model's attention rotates with, in one layer.
 ATTENTION_OPS = {"llama": "rope", "qwen3": "qk_norm_rope", "qwen3_moe": "qk_norm_rope",
-                 "gemma3": "qk_norm"}
+                 "gemma3": "qk_norm_rope"}
 SETTINGS = bench.Settings(layers=2, vocab=128, batches=(1, 3), prefill=12, repeats=2, rounds=1)
 
 
@@ -63,7 +63,7 @@ def test_the_model_is_transformers_own_class_cut_to_the_benchmarks_size_and_full
     for the rotary module's frequencies, which patch checks (transformers' own initialisation
     of them): the held-out dims, the benchmark's layers and vocabulary, nothing the patch
     leaves alone, and the attention rotating with cutetune's op (Gemma 3's one layer is a
-    full-attention one, whose linear scaling keeps transformers' rotation)."""
+    full-attention one, its linear scaling rotated by qk_norm_rope too)."""
     held = bench.HELD_OUT[family]
     model = bench.build_model(held, 1, 4096, "meta", "grouped_mm")
     assert type(model).__name__ == CLASSES[family]
