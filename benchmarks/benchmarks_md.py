@@ -104,8 +104,10 @@ def bench_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
                      "times are in the next section.\n")
     for kernel, kernel_rows in frame.groupby("kernel", sort=True):
         ceilings = ", ".join(f"{c:.0f}" for c in sorted(kernel_rows["copy_gbps"].unique()))
-        parts.append(f"### {kernel}\n\nus per call (copy ceiling {ceilings} GB/s).\n\n"
-                     + bench_table(kernel_rows) + "\n")
+        # The sources come from more than one GPU: each table names its own.
+        gpus = ", ".join(sorted(kernel_rows["gpu"].unique()))
+        parts.append(f"### {kernel}\n\nus per call on the {gpus} (copy ceiling {ceilings} "
+                     "GB/s).\n\n" + bench_table(kernel_rows) + "\n")
     return "\n".join(parts)
 
 
