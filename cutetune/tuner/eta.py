@@ -45,6 +45,7 @@ from cutetune.device.measure import (
     WARMUP_REPLAYS,
     input_sets_for,
 )
+from cutetune.tuner.finals import FINAL_DRAWS
 from cutetune.tuner.tune import BucketPlan, bucket_key
 
 if TYPE_CHECKING:
@@ -68,8 +69,8 @@ GRAPH_FIXED_US = 3000.0  # a graph captured and instantiated, each repeat synchr
 PRIOR_TRIALS = 4
 PRIOR_COMPILES = 4
 REFRESH_S = 1.0  # the estimate is played forward again at most this often
-# A bucket's finalists and its default, re-measured side by side (tuner/study.py), priced as
-# this many timings.
+# A bucket's finalists and its default, re-measured side by side (tuner/study.py) on
+# FINAL_DRAWS draws of inputs, priced as this many timings per draw.
 REMEASURED = 4
 
 
@@ -124,7 +125,7 @@ def bucket_work(planned: BucketPlan, trials: int, warm: Sequence[Future] = (),
     return BucketWork(bucket_key(planned), planned.kernel.name, trials,
                       trial_busy_s(predicted_us, sets, bytes_moved,
                                    planned.ceilings.copy_gbps),
-                      (min(trials, REMEASURED) if trials > 1 else 0)
+                      (min(trials, REMEASURED) * FINAL_DRAWS if trials > 1 else 0)
                       * timing_s(predicted_us, sets), tuple(warm), tuple(others))
 
 

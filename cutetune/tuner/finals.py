@@ -54,6 +54,7 @@ TIE_BAND_FLOOR = DEFAULT_TIE_BAND_PERCENT / 100
 FASTEST = 3  # the fastest few of the search
 PREFERRED = 3  # at most this many more: the order's first among the near-fastest
 ADMISSION = 2.0  # near-fastest: within ADMISSION x the band, by search-time medians
+FINAL_DRAWS = 3  # the finalists' rounds, each on input sets allocated afresh (tuner/trials.py)
 
 
 @dataclass(frozen=True)

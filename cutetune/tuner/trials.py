@@ -25,12 +25,11 @@ from cutetune.device.specs import DeviceSpec
 from cutetune.device.verify import verify
 from cutetune.kernels.registry import KernelDef, VerificationError
 from cutetune.spaces.problem import Problem
+from cutetune.tuner.finals import FINAL_DRAWS
 from cutetune.tuner.study import TrialFailure
 
 # The runners of one tuning process (one per bucket) share their compiles.
 _IN_PROCESS = CompiledPoints()
-# The finalists' re-measurement draws of input sets (tuner/finals.py).
-FINAL_DRAWS = 3
 
 
 class GpuTrialRunner:

@@ -9,7 +9,8 @@ from cutetune.device.measure import INTERLEAVED_ROUNDS, REPEATS
 from cutetune.device.specs import device_spec_for
 from cutetune.kernels import qk_norm as qk
 from cutetune.spaces.models import load_model
-from cutetune.tuner.trials import FINAL_DRAWS, GpuTrialRunner
+from cutetune.tuner.finals import FINAL_DRAWS
+from cutetune.tuner.trials import GpuTrialRunner
 
 # Compares times it measures: the GPU to itself (tests/gpu/conftest.py).
 pytestmark = [pytest.mark.gpu, pytest.mark.timing]
