@@ -167,3 +167,22 @@ def test_the_hf_extra_pins_the_tested_range_and_the_test_extra_uses_it():
     # CI installs .[test]: through the hf extra it gets the newest release of the range.
     assert "cutetune[hf]" in extras["test"]
     assert not any(r.startswith("transformers") for r in extras["test"])
+
+
+def test_the_tests_pass_the_kv_cache_by_the_name_the_release_takes():
+    """transformers 5.24 renamed the forward's `past_key_values` to `cache`; a model of an
+    earlier release (5.17 on the GPU machine) takes the other name into its kwargs unused and
+    runs without the cache, so the tests name it as the model's forward does."""
+    from testkit.tiny_hf_models import kv_cache_argument
+
+    class Before(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kwargs):
+            return past_key_values
+
+    class After(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, **kwargs):
+            return cache
+
+    cache = object()
+    for model in (Before(), After()):
+        assert model(**kv_cache_argument(model, cache)) is cache
