@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional
 
 from cutetune.kernels.rope import SCALING_FIELDS, RopeProblem
-from cutetune.kernels.rope_frequencies import cos_sin_table
+from cutetune.kernels.rope_frequencies import problem_cos_sin
 from cutetune.ops.moe_combine import moe_combine
 from cutetune.ops.moe_dispatch import moe_dispatch
 from cutetune.ops.qk_norm import qk_norm
@@ -97,14 +97,12 @@ CACHE_BLOCK = 16384
 def cos_sin_cache(problem: RopeProblem, rows: int, dtype: torch.dtype,
                   device: torch.device) -> torch.Tensor:
     """The cos/sin cache of `problem`'s rotation for positions 0 to rows - 1, in `dtype` on
-    `device`: the float64 values the rope kernels' own inputs hold (cos_sin_table), rounded
+    `device`: the float64 values the rope kernels' own inputs hold (problem_cos_sin), rounded
     once, which the kernels read or compute alike."""
     cache = torch.empty(rows, problem.rotary_dim, dtype=dtype, device=device)
     for start in range(0, rows, CACHE_BLOCK):
         positions = torch.arange(start, min(rows, start + CACHE_BLOCK), device=device)
-        cache[start:start + len(positions)] = cos_sin_table(
-            positions, problem.rotary_dim, problem.theta, problem.llama3, problem.yarn,
-            problem.linear)
+        cache[start:start + len(positions)] = problem_cos_sin(positions, problem)
     return cache
 
 

@@ -57,14 +57,18 @@ from cutetune.kernels.registry import (
     Tensors,
     register,
 )
+from cutetune.kernels.rope_frequencies import GPTJ as GPTJ  # the styles: rope's names too
 from cutetune.kernels.rope_frequencies import (
     MROPE_INTERLEAVED,
     MROPE_NONE,
     MROPE_SECTIONS,
     MROPES,
+    NEOX,
     STREAMS,
+    STYLES,
     cos_sin_table,
-    mrope_stream,
+    problem_cos_sin,
+    rotated,
     yarn_attention_factor,
     yarn_ramp,
 )
@@ -72,9 +76,6 @@ from cutetune.spaces.models import LayerRope, ModelShape
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import Constraint, Param, Space
 
-NEOX = "neox"
-GPTJ = "gptj"
-STYLES = (NEOX, GPTJ)
 POSITION_DTYPES: dict[str, torch.dtype] = {"int32": torch.int32, "int64": torch.int64}
 POSITION_BYTES = {"int32": 4, "int64": 8}
 CACHE = "cache"
@@ -431,38 +432,6 @@ def launch(compiled, tensors: Tensors) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Reference, inputs, model problems
-
-
-def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
-    """x (tokens, heads, head_dim) with its first 2 * cos.shape[-1] elements rotated by cos and
-    sin (tokens, pairs), in float64."""
-    pairs = cos.shape[-1]
-    x = x.to(torch.float64)
-    out = x.clone()
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    if style == NEOX:
-        x1, x2 = x[..., :pairs], x[..., pairs:2 * pairs]
-        out[..., :pairs] = x1 * cos - x2 * sin
-        out[..., pairs:2 * pairs] = x2 * cos + x1 * sin
-    else:
-        x1, x2 = x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2]
-        out[..., 0:2 * pairs:2] = x1 * cos - x2 * sin
-        out[..., 1:2 * pairs:2] = x2 * cos + x1 * sin
-    return out
-
-
-def problem_cos_sin(positions: torch.Tensor, problem: RopeProblem) -> torch.Tensor:
-    """The (tokens, rotary_dim) float64 cos and sin of `positions` as `problem` rotates by them:
-    cos_sin_table's, or under mrope each pair's column from the table of its stream's
-    positions (positions is (3, tokens))."""
-    if problem.mrope_sections is None:
-        return cos_sin_table(positions, problem.rotary_dim, problem.theta, problem.llama3,
-                             problem.yarn, problem.linear)
-    tables = [cos_sin_table(stream, problem.rotary_dim, problem.theta) for stream in positions]
-    pairs = problem.rotary_dim // 2
-    streams = torch.tensor([mrope_stream(i, problem.mrope_sections) for i in range(pairs)],
-                           device=positions.device).repeat(2)  # cos's columns, then sin's
-    return torch.stack(tables).gather(0, streams.expand(1, positions.shape[1], -1))[0]
 
 
 def reference(tensors: Tensors, problem: RopeProblem) -> dict[str, torch.Tensor]:

@@ -1,14 +1,25 @@
-"""The frequency math of rotary position embedding, as transformers and vLLM compute it: each
-pair's inverse frequency (theta's, scaled as Llama 3, YaRN or linear scaling scale it), the
-float64 cos and sin of positions in vLLM's cache layout, YaRN's ramp and attention factor, and
-which position stream each pair of multimodal RoPE rotates by. The rope kernel's problem,
-reference and inputs (rope.py) and the kernels built on it use them."""
+"""The math of rotary position embedding, as transformers and vLLM compute it: each pair's
+inverse frequency (theta's, scaled as Llama 3, YaRN or linear scaling scale it), the float64
+cos and sin of positions in vLLM's cache layout (of a rope problem's rotation:
+problem_cos_sin), YaRN's ramp and attention factor, which position stream each pair of
+multimodal RoPE rotates by, and the float64 rotation of the NeoX and GPT-J pairs (rotated).
+The rope kernel's problem, reference and inputs (rope.py), the kernels built on it and the
+drop-in's cos/sin caches use them."""
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from cutetune.kernels.rope import RopeProblem
+
+# How a head's rotated elements pair: NeoX rotates halves, GPT-J interleaved pairs.
+NEOX = "neox"
+GPTJ = "gptj"
+STYLES = (NEOX, GPTJ)
 
 # Multimodal RoPE, by how its sections lay the three position streams over the pairs.
 MROPE_NONE = "none"
@@ -108,3 +119,35 @@ def cos_sin_table(positions: torch.Tensor, rotary_dim: int, theta: float,
         rotary_dim, theta, llama3, yarn, linear, positions.device)[None, :]
     table = torch.cat((angles.cos(), angles.sin()), dim=-1)
     return table if yarn is None else table * yarn[3]
+
+
+def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
+    """x (tokens, heads, head_dim) with its first 2 * cos.shape[-1] elements rotated by cos and
+    sin (tokens, pairs), in float64."""
+    pairs = cos.shape[-1]
+    x = x.to(torch.float64)
+    out = x.clone()
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if style == NEOX:
+        x1, x2 = x[..., :pairs], x[..., pairs:2 * pairs]
+        out[..., :pairs] = x1 * cos - x2 * sin
+        out[..., pairs:2 * pairs] = x2 * cos + x1 * sin
+    else:
+        x1, x2 = x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2]
+        out[..., 0:2 * pairs:2] = x1 * cos - x2 * sin
+        out[..., 1:2 * pairs:2] = x2 * cos + x1 * sin
+    return out
+
+
+def problem_cos_sin(positions: torch.Tensor, problem: RopeProblem) -> torch.Tensor:
+    """The (tokens, rotary_dim) float64 cos and sin of `positions` as `problem` rotates by them:
+    cos_sin_table's, or under mrope each pair's column from the table of its stream's
+    positions (positions is (3, tokens))."""
+    if problem.mrope_sections is None:
+        return cos_sin_table(positions, problem.rotary_dim, problem.theta, problem.llama3,
+                             problem.yarn, problem.linear)
+    tables = [cos_sin_table(stream, problem.rotary_dim, problem.theta) for stream in positions]
+    pairs = problem.rotary_dim // 2
+    streams = torch.tensor([mrope_stream(i, problem.mrope_sections) for i in range(pairs)],
+                           device=positions.device).repeat(2)  # cos's columns, then sin's
+    return torch.stack(tables).gather(0, streams.expand(1, positions.shape[1], -1))[0]

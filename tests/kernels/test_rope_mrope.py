@@ -22,11 +22,10 @@ from cutetune.kernels.rope import (
     NEOX,
     YARN,
     RopeProblem,
-    mrope_stream,
-    problem_cos_sin,
     problems_for_model,
     reference,
 )
+from cutetune.kernels.rope_frequencies import mrope_stream, problem_cos_sin
 from cutetune.spaces.models import load_model
 
 HF_CONFIGS = Path(__file__).parents[1] / "data" / "hf_configs"
