@@ -199,8 +199,8 @@ def default_config(problem: GroupQuantProblem, device) -> GroupQuantConfig:
     block of 8 or 4 warps that still gives every SM a block. Where not even that many threads
     are wanted (decode), a whole warp per group with 32-bit loads (DECODE_CONFIG): a call then
     takes the latency of one thread's share, and four elements a lane quantise in half the
-    time of sixteen (tuned on an H100 at 1 and 8 tokens of DeepSeek-V3's widths, this split
-    took 1.97-1.99 us where the 128-bit split took 3.75)."""
+    time of sixteen (tuned on an H100 at one token of each DeepSeek-V3 width, this split took
+    1.97-1.99 us where the 128-bit split took 3.75)."""
     bits = 128
     vec = vector_elements(problem.dtype, bits)
     lanes = max(1, problem.group_size * DTYPE_BYTES[problem.dtype] // MIN_BYTES_PER_LANE)
