@@ -15,7 +15,9 @@ mrope) gives each token three positions, temporal, height and width (positions i
 and rotates each pair by one of them (mrope_stream), the rest as above.
 
 q is (tokens, q_heads, head_dim) and k (tokens, kv_heads, head_dim), views into a fused qkv
-projection as engines hold them. cos and sin come either from cos_sin_cache
+projection as engines hold them, or strided views of wider heads: MLA's (DeepSeek-V3) q_pe, the
+last rope dims of each q head, and k_pe, one head every q head shares; the token and head
+strides are runtime values, so one compile serves both. cos and sin come either from cos_sin_cache
 (max_position, rotary_dim), cos in its first half and sin in its second (vLLM's convention),
 or are computed in the kernel from the position, theta and the frequency scaling (Llama 3's
 stretches the low frequencies by `scaling_factor`, the high ones not, and blends between them by
@@ -442,7 +444,9 @@ def reference(tensors: Tensors, problem: RopeProblem) -> dict[str, torch.Tensor]
 
 
 def make_inputs(problem: RopeProblem, device, generator: torch.Generator) -> Tensors:
-    """q and k as views into one fused qkv projection output, positions drawn up to
+    """q and k as views into one fused qkv projection output (MLA's problems too, whose q_pe
+    and k_pe are strided views of wider rows in a model: a head moves the same bytes either
+    way), positions drawn up to
     MAX_POSITION (so the precision of the angle at long context is tested; three streams of
     them under mrope, drawn apart, so a pair rotated by the wrong stream fails), and a
     cos_sin_cache of MAX_POSITION rows whose rows at those positions hold cos and sin computed
@@ -471,17 +475,22 @@ def make_inputs(problem: RopeProblem, device, generator: torch.Generator) -> Ten
 
 def problems_for_model(model: ModelShape, dtype: str) -> list[RopeProblem]:
     """One problem per rotation the model's kinds of attention layer rotate with (Gemma 3: its
-    sliding-window layers' theta, its full-attention layers' theta scaled), NeoX style (the
-    families cutetune reads all rotate halves), int64 positions and the cache in the model's
-    dtype, as vLLM holds them."""
-    if model.head_dim is None or model.num_q_heads is None:
-        raise NotApplicableError(f"model {model.name} attends through low-rank projections "
-                                 "(MLA), whose rotary part rope does not serve yet")
+    sliding-window layers' theta, its full-attention layers' theta scaled), int64 positions and
+    the cache in the model's dtype, as vLLM holds them. The families cutetune reads rotate
+    NeoX pairs of whole heads, but MLA (DeepSeek-V3, Kimi-K2, GLM-4.7-Flash): it rotates the
+    last rope_head_dim elements of each q head and one k head that every head shares (q_pe and
+    k_pe, strided views of q and of the kv_a projection), in interleaved pairs where the model
+    says (rope_interleave), as vLLM rotates them."""
     if not model.ropes:
         raise NotApplicableError(f"model {model.name}'s config states no rope_theta")
-    return [RopeProblem(num_tokens=1, dtype=dtype, head_dim=model.head_dim,
-                        rotary_dim=model.rotary_dim, q_heads=model.num_q_heads,
-                        kv_heads=model.num_kv_heads, style=NEOX, positions_dtype="int64",
+    mla = model.mla
+    if mla is not None:
+        heads = dict(head_dim=mla.rope_head_dim, rotary_dim=mla.rope_head_dim,
+                     q_heads=mla.q_heads, kv_heads=1, style=GPTJ if mla.interleaved else NEOX)
+    else:
+        heads = dict(head_dim=model.head_dim, rotary_dim=model.rotary_dim,
+                     q_heads=model.num_q_heads, kv_heads=model.num_kv_heads, style=NEOX)
+    return [RopeProblem(num_tokens=1, dtype=dtype, **heads, positions_dtype="int64",
                         cache_dtype=dtype, theta=layer.theta, **_scaling_fields(model, layer))
             for layer in model.ropes]
 

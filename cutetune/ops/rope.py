@@ -88,14 +88,18 @@ def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if not positions.is_contiguous():
         raise ValueError(f"positions must be contiguous, got strides {positions.stride()}")
     q_stride, k_stride = q.stride(), k.stride()
-    if q_stride[1:] != (d, 1) or k_stride[1:] != (d, 1):
-        raise ValueError(f"the heads of q and k must be contiguous (strides (*, {d}, 1)), got "
-                         f"{q_stride} and {k_stride}")
-    token_stride_bytes = (q_stride[0] | k_stride[0]) * DTYPE_BYTES[DTYPE_NAMES[dtype]]
-    if (q.data_ptr() | k.data_ptr() | cos_sin_cache.data_ptr() | token_stride_bytes) % 16:
-        raise ValueError("q, k and cos_sin_cache must start 16-byte aligned, and the token "
-                         f"strides of q and k ({q_stride[0]}, {k_stride[0]} elements) must be "
-                         "multiples of 16 bytes")
+    # A head's elements are contiguous; heads may be apart (MLA's q_pe: the last rope dims of
+    # wider heads), but not overlap, which an in-place rotation would race on.
+    for name, t, stride in (("q", q, q_stride), ("k", k, k_stride)):
+        if stride[2] != 1 or (t.shape[1] > 1 and stride[1] < d):
+            raise ValueError(f"{name}'s heads must each be contiguous and apart (strides (*, "
+                             f"at least {d}, 1)), got {stride}")
+    stride_bytes = ((q_stride[0] | k_stride[0] | q_stride[1] | k_stride[1])
+                    * DTYPE_BYTES[DTYPE_NAMES[dtype]])
+    if (q.data_ptr() | k.data_ptr() | cos_sin_cache.data_ptr() | stride_bytes) % 16:
+        raise ValueError("q, k and cos_sin_cache must start 16-byte aligned, and the token and "
+                         f"head strides of q and k ({q_stride[:2]}, {k_stride[:2]} elements) "
+                         "must be multiples of 16 bytes")
     if isinstance(rope_theta, bool) or not (isinstance(rope_theta, int | float)
                                             and 1 < rope_theta < math.inf):
         raise ValueError(f"rope_theta must be a finite number above 1, got {rope_theta!r}")
@@ -130,9 +134,11 @@ def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     attention_factor None: transformers' default, 0.1 ln(scaling_factor) + 1 under yarn, else
     1); its width is rotary_dim. The kernel reads it or computes cos and sin from rope_theta and
     the scaling, whichever was tuned faster, so the two must agree. q and k may be views into
-    a fused qkv tensor. On CPU tensors the op computes with the kernel's reference (exact
-    angles) instead. Under torch.compile the call is the custom op cutetune::rope (no graph
-    break)."""
+    a fused qkv tensor, or strided views of wider heads: MLA's q_pe (q[..., nope:], its heads
+    qk_nope_head_dim + qk_rope_head_dim apart) and k_pe (one head, the tail of the kv_a
+    projection), with is_neox False where the model rotates interleaved pairs. On CPU tensors
+    the op computes with the kernel's reference (exact angles) instead. Under torch.compile
+    the call is the custom op cutetune::rope (no graph break)."""
     mrope, (mrope_t, mrope_h, mrope_w) = _mrope_fields(mrope_section, mrope_interleaved)
     _ROPE((positions, q, k, cos_sin_cache, rope_theta, is_neox, scaling, scaling_factor,
            low_freq_factor, high_freq_factor, original_max_position, beta_fast, beta_slow,

@@ -33,6 +33,21 @@ class LayerRope:
     scaling_parameters: tuple[tuple[str, float], ...] = ()
 
 
+@dataclass(frozen=True)
+class MlaShape:
+    """MLA attention's heads (DeepSeek-V3, Kimi-K2, GLM-4.7-Flash): each of q_heads query heads
+    is nope_head_dim elements that do not rotate, then rope_head_dim that do; k's rotated part
+    is one head of rope_head_dim that every head shares (the tail of the kv_a projection);
+    values are value_head_dim wide. Rotated pairs are interleaved (GPT-J style) where
+    `interleaved` (transformers' rope_interleave), else halves."""
+
+    q_heads: int
+    nope_head_dim: int
+    rope_head_dim: int
+    value_head_dim: int
+    interleaved: bool
+
+
 # gpt-oss's MLP clamps gate and up at `swiglu_limit`, takes gate * sigmoid(1.702 gate) times
 # (up + 1), with gate and up interleaved: not SiLU, though its config names hidden_act "silu".
 CLAMPED_SWIGLU = "swiglu_oai"
@@ -147,7 +162,8 @@ FAMILIES: tuple[Family, ...] = (
             "num_key_value_heads": None, "head_dim": None, "intermediate_size": 18432,
             "moe_intermediate_size": 2048, "n_routed_experts": 256, "num_experts_per_tok": 8,
             "first_k_dense_replace": 3, "n_shared_experts": 1, "q_lora_rank": 1536,
-            "kv_lora_rank": 512, "vocab_size": 129280},
+            "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "rope_interleave": True, "vocab_size": 129280},
            aliases={"num_local_experts": "n_routed_experts"}, mlp="first_k_dense",
            experts_field="n_routed_experts", shared_experts="count", mla_norm_eps=1e-6),
     Family(("glm4_moe",),
@@ -164,7 +180,9 @@ FAMILIES: tuple[Family, ...] = (
             "num_key_value_heads": 20, "head_dim": None, "rms_norm_eps": 1e-5,
             "intermediate_size": 10240, "moe_intermediate_size": 1536, "n_routed_experts": 64,
             "num_experts_per_tok": 4, "n_shared_experts": 1, "q_lora_rank": 768,
-            "kv_lora_rank": 512, "mlp_layer_types": None, "vocab_size": 154880},
+            "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64,
+            "v_head_dim": 256, "rope_interleave": True, "mlp_layer_types": None,
+            "vocab_size": 154880},
            aliases={"num_local_experts": "n_routed_experts"}, mlp="layer_types",
            experts_field="n_routed_experts", shared_experts="count", mla_norm_eps=1e-6),
     # Gemma's norms scale by (1 + w); its MLP's activation is hidden_activation. Gemma 3
@@ -255,11 +273,27 @@ def _read(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
         extra_norm_widths=tuple(width for key in ("q_lora_rank", "kv_lora_rank")
                                 if mla and (width := cfg.positive_int(key))),
         extra_norm_eps=family.mla_norm_eps,
+        mla=_mla(cfg, q_heads) if mla else None,
         hidden_act=_activation(family, cfg),
         vocab_size=cfg.positive_int("vocab_size"),
         embedding_scale=hidden**0.5 if family.scaled_embedding else 1.0,
         **_rope(family, cfg, where),
     )
+
+
+def _mla(cfg: _Fields, q_heads: int) -> MlaShape:
+    """An MLA model's heads as its config class reads them (a missing dim takes its
+    default)."""
+    dims = {key: cfg.positive_int(key) for key in ("qk_nope_head_dim", "qk_rope_head_dim",
+                                                   "v_head_dim")}
+    for key, dim in dims.items():
+        if dim is None:
+            raise cfg._bad(key, "a positive integer")
+    if dims["qk_rope_head_dim"] % 2:
+        raise cfg._bad("qk_rope_head_dim", "an even number (rotated in pairs)")
+    return MlaShape(q_heads=q_heads, nope_head_dim=dims["qk_nope_head_dim"],
+                    rope_head_dim=dims["qk_rope_head_dim"], value_head_dim=dims["v_head_dim"],
+                    interleaved=cfg.flag("rope_interleave"))
 
 
 def _rope(family: Family, cfg: _Fields, where: str) -> dict[str, Any]:
@@ -367,8 +401,9 @@ def _activation(family: Family, cfg: _Fields) -> str:
 
 
 # Fields whose null transformers keeps as "none" rather than as its default (a DeepSeek-V2-Lite
-# q projection is not low-rank); any other null reads as the field missing.
-NULL_MEANS_NONE = frozenset({"q_lora_rank"})
+# q projection is not low-rank; a null rope_interleave rotates halves); any other null reads
+# as the field missing.
+NULL_MEANS_NONE = frozenset({"q_lora_rank", "rope_interleave"})
 
 
 class _Fields:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cutetune.spaces.hf_config import LayerRope, UnknownModelError, shape_fields
+from cutetune.spaces.hf_config import LayerRope, MlaShape, UnknownModelError, shape_fields
 from cutetune.spaces.hf_quant import ActivationQuant, activation_quant, kv_cache_dtype
 
 
@@ -39,6 +39,9 @@ class ModelShape:
     # the model's (transformers builds those norms with their class's default).
     extra_norm_widths: tuple[int, ...] = ()
     extra_norm_eps: float | None = None
+    # MLA attention's heads (num_q_heads, num_kv_heads and head_dim are None for it: no head
+    # holds q and k whole), None for other attention.
+    mla: MlaShape | None = None
     # The MLP's activation as Hugging Face names it (hidden_act): "silu", "gelu",
     # "gelu_pytorch_tanh", ...
     hidden_act: str = "silu"

@@ -183,6 +183,43 @@ def test_public_op_mrope_matches_reference(fields, interleaved):
                       mrope_interleaved=interleaved)
 
 
+# DeepSeek-V3's YaRN (mscale and mscale_all_dim 1: attention factor 1).
+DEEPSEEK_YARN = dict(scaling=rope.YARN, scaling_factor=40.0, original_max_position=4096,
+                     attention_factor=1.0)
+
+
+@pytest.mark.parametrize("scaling", [None, DEEPSEEK_YARN], ids=["theta", "deepseek-yarn"])
+def test_mlas_strided_q_pe_and_k_pe_after_a_contiguous_call_of_the_same_key(scaling):
+    """MLA's layout (DeepSeek-V3's dims, 16 heads): q_pe the last 64 of each 192-wide q head,
+    k_pe the last 64 of each token's 576-wide kv_a row, GPT-J pairs. A contiguous call of the
+    same problem first makes the route serve the key: the strided call is served by the same
+    compiled kernel, its head stride a runtime value, and leaves the dims beside untouched."""
+    import cutetune
+
+    problem = _problem(head_dim=64, rotary_dim=64, style=rope.GPTJ, q_heads=16, kv_heads=1,
+                       tokens=TOKENS, theta=1e4, scaling=scaling)
+    g = torch.Generator("cuda").manual_seed(5)
+    positions = torch.randint(0, 1 << 17, (TOKENS,), device="cuda", generator=g)
+    cache = rope.cos_sin_table(torch.arange(1 << 17, device="cuda"), 64, 1e4,
+                               yarn=problem.yarn).to(torch.bfloat16)
+    dense = torch.randn(TOKENS, 17, 64, device="cuda", generator=g).to(torch.bfloat16)
+    cutetune.rope(positions, dense[:, :16], dense[:, 16:], cache, 1e4, False, **(scaling or {}))
+    q_full = torch.randn(TOKENS, 16, 192, device="cuda", generator=g).to(torch.bfloat16)
+    kv_a = torch.randn(TOKENS, 576, device="cuda", generator=g).to(torch.bfloat16)
+    q_pe, k_pe = q_full[..., 128:], kv_a[:, 512:].unsqueeze(1)
+    tensors = {"positions": positions, "q": q_pe, "k": k_pe, "cos_sin_cache": cache}
+    expected = rope.reference(tensors, problem)
+    nope, latent = q_full[..., :128].clone(), kv_a[:, :512].clone()
+    cutetune.rope(positions, q_pe, k_pe, cache, 1e4, False, **(scaling or {}))
+    torch.cuda.synchronize()
+    check_outputs(rope.KERNEL, problem, tensors, expected)
+    assert torch.equal(q_full[..., :128], nope) and torch.equal(kv_a[:, :512], latent)
+    # A head stride off the 16-byte grid, after both: refused by name before any launch.
+    q_odd = torch.zeros(TOKENS, 16, 68, device="cuda", dtype=torch.bfloat16)[..., :64]
+    with pytest.raises(ValueError, match=re.escape("must be multiples of 16 bytes")):
+        cutetune.rope(positions, q_odd, k_pe, cache, 1e4, False, **(scaling or {}))
+
+
 def test_public_op_captures_into_a_cuda_graph():
     import cutetune
 

@@ -90,10 +90,10 @@ PRESET_PARAMS = preset_params(KERNEL)
 
 def test_presets_cover_the_models_with_attention_heads():
     # Guards the compiles against silently shrinking (a preset losing its rope problem); the
-    # Llama 3.1 presets take the llama3 scaling's code. A problem two presets share (Mixtral's
-    # is Qwen3-8B's) is one param.
-    assert presets_of(KERNEL) == {name for name in PRESETS
-                                  if name.startswith(("qwen3", "llama-3.1"))} | {"mixtral-8x7b"}
+    # Llama 3.1 presets take the llama3 scaling's code, DeepSeek-V3 MLA's (GPT-J pairs of one
+    # shared k head, YaRN). A problem two presets share (Mixtral's is Qwen3-8B's) is one param.
+    named = {name for name in PRESETS if name.startswith(("qwen3", "llama-3.1"))}
+    assert presets_of(KERNEL) == named | {"mixtral-8x7b", "deepseek-v3"}
 
 
 @pytest.mark.parametrize("problem", PRESET_PARAMS + SYNTHETIC)

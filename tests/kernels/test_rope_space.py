@@ -16,6 +16,7 @@ from cutetune.kernels.registry import NotApplicableError, get_kernel
 from cutetune.kernels.rope import (
     CACHE,
     COMPUTED,
+    DEFAULT,
     GPTJ,
     KERNEL,
     LINEAR,
@@ -301,12 +302,27 @@ def test_yarn_table_holds_the_attention_factor():
                                                            dtype=torch.float64))
 
 
-@pytest.mark.parametrize(("model", "message"), [
-    ("deepseek-v3", "low-rank projections \\(MLA\\)"),
+@pytest.mark.parametrize(("model", "q_heads", "theta", "scaling"), [
+    ("deepseek-v3", 128, 1e4, YARN),
+    ("tests/data/hf_configs/Kimi-K2-Instruct.json", 64, 5e4, YARN),
+    ("tests/data/hf_configs/GLM-4.7-Flash.json", 20, 1e6, DEFAULT),
 ])
-def test_not_applicable_until_its_variant_lands(model, message):
-    with pytest.raises(NotApplicableError, match=message):
-        problems_for_model(load_model(model), "bfloat16")
+def test_mla_rotates_the_rope_dims_of_q_and_the_shared_k_head_in_interleaved_pairs(
+        model, q_heads, theta, scaling):
+    (p,) = problems_for_model(load_model(model), "bfloat16")
+    assert (p.head_dim, p.rotary_dim, p.q_heads, p.kv_heads, p.style) == (64, 64, q_heads, 1,
+                                                                         GPTJ)
+    assert (p.theta, p.scaling) == (theta, scaling)
+    if scaling == YARN:
+        # mscale and mscale_all_dim are both 1: the ratio transformers takes is 1.
+        assert p.attention_factor == 1.0 and p.original_max_position == 4096
+
+
+def test_mla_without_interleaved_weights_rotates_halves():
+    raw = {**json.loads((PRESETS_DIR / "deepseek-v3.json").read_text()),
+           "rope_interleave": False}
+    (p,) = problems_for_model(model_from_hf_config(raw, name="m"), "bfloat16")
+    assert p.style == NEOX
 
 
 def test_not_applicable_without_a_stated_theta():

@@ -123,6 +123,9 @@ def _replace(index, value):
      "head_dim 96 is not supported"),
     (_replace(1, lambda q: q[0]), ValueError, "q and k must be (tokens, heads, head_dim)"),
     (_replace(1, lambda q: q.transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
+     "q's heads must each be contiguous and apart"),
+    # Apart, as rope takes MLA's q_pe, but not contiguous, as the norm reads them.
+    (_replace(1, lambda q: torch.cat((q, q), 2)[..., :128]), ValueError,
      "the heads of q and k must be contiguous"),
     (_replace(5, lambda c: c.to("meta")), ValueError, "cos_sin_cache is on meta but q is on cpu"),
 ])

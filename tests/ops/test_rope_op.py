@@ -43,6 +43,28 @@ def test_cpu_tensors_are_rotated_in_place_with_the_reference(style, rotary_dim):
     assert torch.equal(qkv[:, Q_HEADS + KV_HEADS:], v_before)
 
 
+def test_mlas_strided_q_pe_and_k_pe_rotate_in_place_and_nothing_beside_them():
+    # DeepSeek-V3's layout, scaled down: q heads of 128 dims not rotated then 64 rotated; k_pe
+    # the last 64 of each token's kv_a projection (kv_lora_rank 512), one head every q head
+    # shares; interleaved pairs.
+    g = torch.Generator().manual_seed(3)
+    q_full = torch.randn(TOKENS, Q_HEADS, 192, generator=g).to(torch.bfloat16)
+    kv_a = torch.randn(TOKENS, 512 + 64, generator=g).to(torch.bfloat16)
+    q_pe, k_pe = q_full[..., 128:], kv_a[:, 512:].unsqueeze(1)
+    positions = torch.randint(0, 4096, (TOKENS,), generator=g)
+    cache = cos_sin_table(torch.arange(4096), 64, 1e4).to(torch.bfloat16)
+    problem = RopeProblem(num_tokens=TOKENS, dtype="bfloat16", head_dim=64, rotary_dim=64,
+                          q_heads=Q_HEADS, kv_heads=1, style=GPTJ, positions_dtype="int64",
+                          cache_dtype="bfloat16", theta=1e4)
+    expected = KERNEL.reference({"positions": positions, "q": q_pe.clone(),
+                                 "k": k_pe.clone()}, problem)
+    nope, latent = q_full[..., :128].clone(), kv_a[:, :512].clone()
+    cutetune.rope(positions, q_pe, k_pe, cache, 1e4, is_neox=False)
+    torch.testing.assert_close(q_pe.float(), expected["q"], rtol=1.6e-2, atol=1e-2)
+    torch.testing.assert_close(k_pe.float(), expected["k"], rtol=1.6e-2, atol=1e-2)
+    assert torch.equal(q_full[..., :128], nope) and torch.equal(kv_a[:, :512], latent)
+
+
 def test_llama3_scaling_rotates_by_its_scaled_frequencies():
     llama3 = (8.0, 1.0, 4.0, 8192)
     positions, q, k, cache = _inputs(cache_dtype=torch.float32)
@@ -160,7 +182,14 @@ def test_no_tokens_is_nothing_to_do():
     (lambda p, q, k, c: (p, q, k[..., :64], c), ValueError,
      "must have q's tokens and head_dim"),
     (lambda p, q, k, c: (p, q.transpose(1, 2).contiguous().transpose(1, 2), k, c), ValueError,
-     "the heads of q and k must be contiguous"),
+     "q's heads must each be contiguous and apart (strides (*, at least 128, 1)), got "
+     "(512, 1, 4)"),
+    (lambda p, q, k, c: (p, q, k.as_strided(k.shape, (k.stride(0), 64, 1)), c), ValueError,
+     "k's heads must each be contiguous and apart (strides (*, at least 128, 1)), got "
+     "(1024, 64, 1)"),
+    (lambda p, q, k, c: (p, q.as_strided(q.shape, (q.stride(0), 132, 1)), k, c), ValueError,
+     "the token and head strides of q and k ((1024, 132), (1024, 128) elements) must be "
+     "multiples of 16 bytes"),
     (lambda p, q, k, c: (p, q, k, c.to("meta")), ValueError,
      "cos_sin_cache is on meta but q is on cpu"),
 ])

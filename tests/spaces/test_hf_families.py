@@ -156,6 +156,34 @@ def test_heads_match_the_attention_projections(path):
     assert attention.k_proj.out_features == ours.num_kv_heads * ours.head_dim
 
 
+@pytest.mark.parametrize("raw", [
+    *[pytest.param(json.loads(path.read_text()), id=path.stem) for path in CONFIG_FILES],
+    *[pytest.param({"model_type": t}, id=f"bare-{t}") for t in sorted(FAMILY_OF_TYPE)],
+    pytest.param({"model_type": "deepseek_v3", "qk_rope_head_dim": 32, "qk_nope_head_dim": 96,
+                  "v_head_dim": 64, "rope_interleave": False}, id="mla-dims"),
+    pytest.param({"model_type": "deepseek_v3", "rope_interleave": None}, id="mla-null-interleave"),
+])
+def test_mla_heads_match_the_attention_projections(raw):
+    """An MLA model's heads from its attention's projections: q's heads of nope then rope
+    dims, k's rotated part the tail of the kv_a projection, the values' width from kv_b; and
+    whether it rotates interleaved pairs, as its attention reads the config."""
+    ours = model_from_hf_config(raw, name="m")
+    model = transformers_model(raw)
+    attention = next(layer.self_attn for layer in model.layers if hasattr(layer, "self_attn"))
+    if not hasattr(attention, "kv_a_proj_with_mqa"):
+        assert ours.mla is None
+        return
+    mla = ours.mla
+    assert (ours.num_q_heads, ours.num_kv_heads, ours.head_dim) == (None, None, None)
+    q_proj = getattr(attention, "q_b_proj", None) or attention.q_proj
+    assert q_proj.out_features == mla.q_heads * (mla.nope_head_dim + mla.rope_head_dim)
+    assert attention.kv_a_proj_with_mqa.out_features == (model.config.kv_lora_rank
+                                                          + mla.rope_head_dim)
+    assert attention.kv_b_proj.out_features == mla.q_heads * (mla.nope_head_dim
+                                                               + mla.value_head_dim)
+    assert mla.interleaved == bool(model.config.rope_interleave)
+
+
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.model_types[0])
 def test_family_defaults_are_the_config_class_defaults(family):
     """Each default cutetune takes for a missing field is the config class's (None where the

@@ -242,17 +242,29 @@ def _rope_launch(mPositions: cute.Tensor, mQ: cute.Tensor, mK: cute.Tensor, mCac
                                       block=(threads, 1, 1), stream=stream)
 
 
+def fake_heads(dtype, rows, heads: int, head_dim: int, vec: int, assumed_align: int):
+    """A fake (rows, heads, head_dim) tensor, compact within a head, whose row stride (64-bit)
+    and head stride are both symbolic multiples of `vec` elements: the heads of a fused qkv
+    projection, or the strided tails of wider heads (MLA's rotated dims: the last 64 of each
+    192-wide DeepSeek-V3 q head). Here, not in compiling.py, whose code every kernel's hash
+    holds."""
+    return cute.runtime.make_fake_tensor(
+        dtype, (rows, heads, head_dim),
+        (cute.sym_int64(divisibility=vec), cute.sym_int(divisibility=vec), 1),
+        assumed_align=assumed_align)
+
+
 def compile_kernel(problem: RopeProblem, config: RopeConfig, options: str = ""):
     """Compile for the target in CUTE_DSL_ARCH (or the visible GPU) from fake tensors: the
-    token count, the token strides and the cache's rows are symbolic, so the result serves
-    every call."""
+    token count, the token and head strides and the cache's rows are symbolic, so the result
+    serves every call."""
     dtype = CUTLASS_DTYPES[problem.dtype]
     vec = _vector_elements(problem, config)
     pairs = _pairs_per_vector(problem, config)
     tokens = cute.sym_int()
 
     def heads_tensor(heads: int):
-        return fake_rows(dtype, tokens, (heads, problem.head_dim), vec, assumed_align=16)
+        return fake_heads(dtype, tokens, heads, problem.head_dim, vec, assumed_align=16)
 
     positions_type = POSITION_TYPES[problem.positions_dtype]
     positions = fake_compact(positions_type, (tokens,) if problem.mrope_sections is None
