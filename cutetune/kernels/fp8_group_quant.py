@@ -337,13 +337,13 @@ SILU_CHAIN = (
 def quant_problems_for_model(model: ModelShape, dtype: str) -> list[FP8GroupQuantProblem]:
     """The rows a model with FP8 group-quantised activations quantises on their own, where no
     norm or activation before them is fused with the quantisation: the hidden size (the
-    inputs of the attention and MLP projections), attention's output (q heads x head dim,
-    o_proj's input) and each MLP width (down_proj's input). Column-major scales, the layout
-    the block-scaled GEMMs of Hopper read; powers of two where the model's scale_fmt says
-    ue8m0."""
+    inputs of the attention and MLP projections), attention's output (q heads x head dim, or
+    under MLA q heads x v_head_dim: o_proj's input) and each MLP width (down_proj's input).
+    Column-major scales, the layout the block-scaled GEMMs of Hopper read; powers of two where
+    the model's scale_fmt says ue8m0."""
     group, ue8m0 = quant_groups_of(model, "fp8_group_quant")
-    attention = (model.num_q_heads * model.head_dim
-                 if model.num_q_heads and model.head_dim else None)
+    attention = (model.mla.q_heads * model.mla.value_head_dim if model.mla is not None
+                 else model.num_q_heads * model.head_dim)
     widths = [model.hidden_size, attention, *_mlp_widths(model, "fp8_group_quant")]
     return [FP8GroupQuantProblem(num_tokens=1, dtype=dtype, hidden=w, group_size=group,
                                  column_major_scales=True, ue8m0=ue8m0)

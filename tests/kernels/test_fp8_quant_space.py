@@ -215,7 +215,8 @@ def test_problems_refuse_what_the_kernels_do_not_compute(make, message):
 def test_deepseek_v3_gets_column_major_fp32_scales_in_groups_of_128():
     model = PRESETS["deepseek-v3"]
     quant = QUANT_KERNEL.problems_for_model(model, "bfloat16")
-    assert [p.hidden for p in quant] == [7168, 18432, 2048]
+    # The hidden size, the attention output (128 heads x v_head_dim 128), the MLP widths.
+    assert [p.hidden for p in quant] == [7168, 16384, 18432, 2048]
     assert {(p.group_size, p.column_major_scales, p.ue8m0) for p in quant} == {(128, True, False)}
     assert [p.intermediate for p in SILU_QUANT_KERNEL.problems_for_model(model, "bfloat16")] == [
         18432, 2048]
