@@ -205,14 +205,18 @@ def make_inputs(problem: QKNormProblem, device, generator: torch.Generator) -> T
     return {
         "q": qkv[:, : problem.q_heads],
         "k": qkv[:, problem.q_heads: problem.q_heads + problem.kv_heads],
-        **make_weights(d, problem.dtype, device, generator),
+        **make_weights(d, problem.dtype, problem.weight_bias, device, generator),
     }
 
 
-def make_weights(head_dim: int, dtype: str, device, generator: torch.Generator) -> Tensors:
-    """q_weight and k_weight drawn around 1 (standard deviation 0.5), so that a weight applied to
-    the wrong head or element shows."""
-    weights = 1.0 + 0.5 * torch.randn(2, head_dim, generator=generator, device=device)
+def make_weights(head_dim: int, dtype: str, weight_bias: float, device,
+                 generator: torch.Generator) -> Tensors:
+    """q_weight and k_weight drawn so that the scale a norm applies, weight_bias + w, is around 1
+    (standard deviation 0.5), so that a weight applied to the wrong head or element shows: a
+    Gemma-style weight around 0, as those models hold it. The kernels' tolerances assume outputs
+    of that size."""
+    weights = (1.0 - weight_bias) + 0.5 * torch.randn(2, head_dim, generator=generator,
+                                                      device=device)
     return {"q_weight": weights[0].to(TORCH_DTYPES[dtype]),
             "k_weight": weights[1].to(TORCH_DTYPES[dtype])}
 

@@ -273,8 +273,8 @@ def make_inputs(problem: QKNormRopeProblem, device, generator: torch.Generator) 
     """rope's inputs (q and k as views into one fused qkv projection output, positions up to
     rope.MAX_POSITION, a cache holding only their rows) and qk_norm's weights."""
     tensors = rope.make_inputs(problem, device, generator)
-    return {**tensors, **qk_norm.make_weights(problem.head_dim, problem.dtype, device,
-                                              generator)}
+    return {**tensors, **qk_norm.make_weights(problem.head_dim, problem.dtype,
+                                              problem.weight_bias, device, generator)}
 
 
 def problems_for_model(model: ModelShape, dtype: str) -> list[QKNormRopeProblem]:

@@ -9,7 +9,8 @@ whole path of an attention layer between its qkv projection and its attention.
 slot = slot_mapping[token], as vLLM's reshape_and_cache_flash takes it: (tokens,) int64, -1 for
 a token written nowhere (padding). key_cache and value_cache are (num_blocks, block_size,
 kv_heads, head_dim), in q's dtype (the scales then unused) or FP8 e4m3, each value divided by
-its per-tensor fp32 scale (k_scale, v_scale: one element each) and rounded to it, saturating.
+its per-tensor fp32 scale (k_scale, v_scale: one element each; the kernel multiplies by the
+reciprocal, within an fp32 ulp of the quotient) and rounded to it, saturating.
 k's cache value is k as the kernel stores it in q's dtype, so the cache holds what an unfused
 reshape_and_cache_flash after qk_norm_rope would. v is copied, neither normalised nor rotated.
 

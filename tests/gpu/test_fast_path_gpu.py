@@ -71,9 +71,10 @@ def _check_routed(kernel, problem, op: str) -> None:
     op_calls(tensors, problem)[op]()  # the checked path, which tells the route
     torch.cuda.synchronize()
 
+    # The inputs are drawn on the current stream: the side stream waits for them.
+    tensors, expected = _inputs(kernel, problem, seed=1)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    tensors, expected = _inputs(kernel, problem, seed=1)
     returned = []
     with torch.cuda.stream(stream):
         assert routed(lambda: returned.append(op_calls(tensors, problem)[op]())), op

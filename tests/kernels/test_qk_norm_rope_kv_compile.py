@@ -1,10 +1,9 @@
 """The CI compile checks of qk_norm_rope_kv: the covering points of its space (every pair of knob
 values, and the defaults served at every bucket) compile for sm_90a on the CPU for qwen3-8b's
-problems (a cache of q's dtype and an FP8 e4m3 one), and the PTX shows the
-cache write: one slot load per head, the cache stores at the configured width beside
-qk_norm_rope's, and FP8's division by the scale and saturating cvt. The norm and rotation's
-other code paths (partial rotary, GPT-J, scalings, dtypes) are qk_norm_rope's, compiled by its
-checks.
+problems (a cache of q's dtype and an FP8 e4m3 one), and the PTX shows the cache write: one
+slot load per head, the cache stores at the configured width beside qk_norm_rope's, and FP8's
+product by the scale's reciprocal and saturating cvt. The norm and rotation's other code paths
+(partial rotary, GPT-J, scalings, dtypes) are qk_norm_rope's, compiled by its checks.
 
 The `sweep` marker compiles every valid point of every preset's problems."""
 
@@ -72,13 +71,15 @@ def test_ptx_writes_the_cache(cache, tmp_path, monkeypatch):
     assert accesses[("st", BITS)] == 2 * vectors + (0 if cache == FP8 else 2 * vectors)
     if cache == FP8:
         assert accesses[("st", cache_bits)] == 2 * vectors
-        # Each element divided by its scale (as vLLM divides), rounded to e4m3 in pairs,
-        # saturating; the two scales loaded once each.
+        # Each element times its scale's reciprocal, rounded to e4m3 in pairs, saturating; the
+        # two scales loaded and inverted once each (no division an element: it was the FP8
+        # write's cost).
         assert len(re.findall(r"\bcvt\.rn\.satfinite\.e4m3x2\.f32\b", ptx)) == vectors * 8
-        assert len(re.findall(r"\bdiv\.rn\.f32\b", ptx)) == 2 * vectors * 8
+        assert len(re.findall(r"\brcp\.rn\.f32\b", ptx)) == 2
+        assert not re.search(r"\bdiv\.(rn|full|approx)\.f32\b", ptx)
         assert accesses[("ld", 32)] == 2
     else:
-        assert "e4m3" not in ptx and not re.search(r"\bdiv\.rn\.f32\b", ptx)
+        assert "e4m3" not in ptx and not re.search(r"\b(div|rcp)\.rn\.f32\b", ptx)
         assert accesses[("ld", 32)] == 0
     # The slot (int64) and the position (int64) of the k branch, the q branch's position.
     assert accesses[("ld", 64)] == 3

@@ -59,12 +59,12 @@ def _cached_head(mK: cute.Tensor, mV: cute.Tensor, mKW: cute.Tensor, mPositions:
     for v in cutlass.range_constexpr(cute.size(mK, mode=[2]) // (VEC * THREADS_PER_HEAD)):
         values.append(tVgV[(None, v * THREADS_PER_HEAD + lane)].load().to(Float32))
     tied = [(Float32(slot),)] + values
-    k_scale = Float32(1.0)
-    v_scale = Float32(1.0)
+    k_inverse = Float32(1.0)
+    v_inverse = Float32(1.0)
     if cutlass.const_expr(FP8_CACHE):
-        k_scale = mKScale[0]
-        v_scale = mVScale[0]
-        tied = tied + [(k_scale,), (v_scale,)]
+        k_inverse = Float32(1.0) / mKScale[0]
+        v_inverse = Float32(1.0) / mVScale[0]
+        tied = tied + [(k_inverse,), (v_inverse,)]
     _, y = fused.normed_rotated(mK, mKW, mPositions, mCache, row, lane, VEC, PAIRS,
                                 THREADS_PER_HEAD, ROTATED, IS_NEOX, FROM_CACHE, ROTARY_DIM,
                                 LOG2_THETA, SCALING, EPS, WEIGHT_BIAS, tied)
@@ -75,13 +75,15 @@ def _cached_head(mK: cute.Tensor, mV: cute.Tensor, mKW: cute.Tensor, mPositions:
             offset = slot % BLOCK_SIZE
             keys = y
             if cutlass.const_expr(FP8_CACHE):
-                # Divided by the scales as vLLM's reshape_and_cache_flash divides (the
-                # conversion then rounds and saturates), k from its value in q's dtype, so the
-                # cache holds what k holds.
+                # Times the scales' reciprocals (the conversion then rounds and saturates),
+                # k from its value in q's dtype, so the cache holds what k holds. One division
+                # a thread, not a div.rn.f32 an element, which made the FP8 write several
+                # times slower (docs/performance-notes.md); the product is within an ulp of
+                # fp32 of the quotient, which moves an FP8 rounding only at a tie.
                 keys = []
                 for v in cutlass.range_constexpr(len(y)):
-                    keys.append(y[v].to(mK.element_type).to(Float32) / k_scale)
-                    values[v] = values[v] / v_scale
+                    keys.append(y[v].to(mK.element_type).to(Float32) * k_inverse)
+                    values[v] = values[v] * v_inverse
             fused.store_row(mKeyCache[block, offset, head, None], keys, lane, VEC,
                             THREADS_PER_HEAD)
             fused.store_row(mValueCache[block, offset, head, None], values, lane, VEC,
