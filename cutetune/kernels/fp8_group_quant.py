@@ -268,9 +268,9 @@ def reference(tensors: Tensors, problem: GroupQuantProblem) -> dict[str, torch.T
 
 
 def check(outputs: Tensors, expected, problem: GroupQuantProblem) -> None:
-    """fp8_group_quant's outputs exactly (the amax, the division and the conversion are
-    exact operations on both sides); the fused form's within one rounding step of its
-    activation (fp8_quant.check_fused)."""
+    """fp8_group_quant's outputs exactly (the amax, the scale, its reciprocal, the products and the
+    conversion are correctly rounded operations on both sides); the fused form's within one rounding
+    step of its activation (fp8_quant.check_fused)."""
     if problem.activation is None:
         check_exact(outputs, expected, OUTPUTS)
     else:

@@ -4,7 +4,8 @@ fp32 torch reference, the exact check, the inputs' edge cases and the model's gr
     amax[t, g]  = max |v[t, g*G : (g+1)*G]|              NaN elements left out
     scale[t, g] = max(amax, AMAX_FLOOR) / 448             fp32 division, round to nearest
                   (ue8m0: rounded up to a power of two, 2^ceil(log2 scale), exactly)
-    q[t, i]     = e4m3(v[t, i] / scale[t, i // G])        fp32 division, then round to
+    q[t, i]     = e4m3(v[t, i] * (1 / scale[t, i // G]))  fp32 reciprocal and product, each
+                                                          rounded to nearest, then to e4m3:
                                                           nearest even, saturating to +-448
 
 v is what the kernel quantises: x itself (fp8_group_quant), silu(gate) * up or the RMSNorm of
@@ -13,17 +14,22 @@ the norm written in that dtype, then fp8_group_quant) holds it, so that a fused 
 chain write the same bytes.
 
 AMAX_FLOOR is 1e-10, as vLLM's and SGLang's per_token_group_quant_fp8 take `eps` (and DeepGEMM's
-reference): an all-zero group gets scale 1e-10 / 448 and zeros, never a division by zero.
+reference): an all-zero group gets scale 1e-10 / 448 and zeros, never a division by zero. Those
+kernels divide each value by the scale; the product by the reciprocal is within an fp32 ulp of
+that quotient, so a code differs from theirs only where the quotient sits at an e4m3 rounding
+tie, and the kernels take one division a group instead of one an element (under UE8M0 the
+reciprocal is exact and the product is the quotient).
 UE8M0 rounds the scale up (never down, so no |v| / scale passes 448 and saturates): exactly, from
 its bits, where exp2(ceil(log2(s))) in fp32 (vLLM's Triton kernel) rounds a scale a few ulps
 above a power of two down onto it.
 
-The conversion is PTX's cvt.rn.satfinite.e4m3x2.f32 (sm_89 and later): round to nearest even,
-finite values beyond 448 saturate to +-448, NaN stays NaN. Non-finite inputs, as the kernels and
-the reference treat them: a NaN element is left out of its group's amax and quantises to NaN;
-an infinite element makes its group's amax and scale infinite, so the group's finite elements
-quantise to zero and the infinite ones to NaN (inf / inf). torch's float8_e4m3fn cast does not
-saturate (448 * 1.125 becomes NaN), so the reference clamps to +-448 first (clamp keeps NaN).
+The conversion is PTX's cvt.rn.satfinite.e4m3x2.f32 (sm_89 and later): round to nearest even, finite
+values beyond 448 saturate to +-448, NaN stays NaN. Non-finite inputs, as the kernels and the
+reference treat them: a NaN element is left out of its group's amax and quantises to NaN; an
+infinite element makes its group's amax and scale infinite and the reciprocal zero, so the group's
+finite elements quantise to zero and the infinite ones to NaN (inf * 0). torch's float8_e4m3fn cast
+does not saturate (448 * 1.125 becomes NaN), so the reference clamps to +-448 first (clamp keeps
+NaN).
 
 Scales are fp32, (tokens, groups): row-major, or column-major (element [t, g] at t + g * stride,
 stride >= tokens) as block-scaled GEMMs (DeepGEMM, CUTLASS's blockwise FP8 GEMM on sm_90a) read
@@ -53,9 +59,9 @@ QUANT_DTYPES = ("bfloat16", "float16")
 EXPONENT_MASK, MANTISSA_MASK = 0x7F800000, 0x007FFFFF
 # Column-major scales' token stride is padded to this many (16 bytes of fp32): TMA's alignment.
 SCALE_TOKEN_ALIGN = 4
-# The fp32 operations per element: |v|, the max, the division (div.rn.f32, about 8) and the
-# conversion.
-QUANT_FLOPS_PER_ELEMENT = 11
+# The fp32 operations per element: |v|, the max, the product by the reciprocal and the
+# conversion (the group's one division is shared by its elements).
+QUANT_FLOPS_PER_ELEMENT = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,23 +102,25 @@ def quantize_reference(values: torch.Tensor, group_size: int, ue8m0: bool
     """The fp32 reference of the quantisation of `values` (tokens, width), fp32: (q as fp32
     values of float8_e4m3fn codes, (tokens, width)), (scales, (tokens, width / group_size)).
 
-    The divisions are taken in fp64 and rounded to fp32, which gives the correctly rounded fp32
-    quotient (double rounding is innocuous for a division at 53 >= 2 x 24 + 2 bits): the same
-    bits as an fp32 division, and under torch.compile too, whose Triton code divides fp32 by
-    the approximate div.full.f32."""
+    The scale, its reciprocal and the products are taken in fp64 and rounded to fp32, which
+    gives the correctly rounded fp32 results (double rounding is innocuous for a division at
+    53 >= 2 x 24 + 2 bits, and an fp64 product of two fp32 values is exact): the same bits as
+    the kernels' fp32 division, rcp.rn and mul.rn, and under torch.compile too, whose Triton
+    code divides fp32 by the approximate div.full.f32."""
     tokens, width = values.shape
     groups = values.reshape(tokens, width // group_size, group_size)
     amax = torch.where(groups.isnan(), 0.0, groups.abs()).amax(dim=-1)
     scales = (torch.clamp(amax, min=AMAX_FLOOR).double() / E4M3_MAX).float()
     if ue8m0:
         scales = round_up_to_power_of_two(scales)
+    inverses = (1.0 / scales.double()).float()
     q = torch.empty(tokens, width, dtype=torch.float32, device=values.device)
-    # A slice of rows at a time: the fp64 quotients of a whole MoE dispatch buffer at 32768
+    # A slice of rows at a time: the fp64 products of a whole MoE dispatch buffer at 32768
     # tokens (266k rows of 7168) would take 15 GB.
     for start in range(0, tokens, REFERENCE_ROWS):
         rows = slice(start, start + REFERENCE_ROWS)
-        quotients = (groups[rows].double() / scales[rows].double().unsqueeze(-1)).float()
-        q[rows] = torch.clamp(quotients, -E4M3_MAX, E4M3_MAX).to(FP8_DTYPE).float().reshape(
+        products = (groups[rows].double() * inverses[rows].double().unsqueeze(-1)).float()
+        q[rows] = torch.clamp(products, -E4M3_MAX, E4M3_MAX).to(FP8_DTYPE).float().reshape(
             -1, width)
     return q, scales
 

@@ -1,10 +1,10 @@
 """The CI compile checks of the FP8 group-quant kernels: the covering points (every pair of knob
 values, and the defaults served at every bucket) compile for sm_90a on the CPU for DeepSeek-V3's
-problems and synthetic ones that add fp16, groups of 64, row-major and UE8M0 scales and the
-norm's plain and warp-per-row forms; the PTX shows one div.rn and one e4m3 conversion per
-element, NaN-quiet maxes, the shuffles of a group's lanes, the configured access widths and the
-UE8M0 rounding; each kernel compiles for sm_100a too (in a child process: CuTeDSL reads its
-target once). The `sweep` marker compiles every valid point."""
+problems and synthetic ones that add fp16, groups of 64, row-major and UE8M0 scales and the norm's
+plain and warp-per-row forms; the PTX shows one product by the scale's reciprocal and one e4m3
+conversion per element, NaN-quiet maxes, the shuffles of a group's lanes, the configured access
+widths and the UE8M0 rounding; each kernel compiles for sm_100a too (in a child process: CuTeDSL
+reads its target once). The `sweep` marker compiles every valid point."""
 
 import json
 import re
@@ -85,8 +85,8 @@ def test_points_compile(kernel, problem, which):
 
 
 def _instructions(ptx: str) -> Counter:
-    return Counter(re.findall(r"\b(cvt\.rn\.satfinite\.e4m3x2\.f32|div\.rn\.f32|max\.NaN\.f32"
-                              r"|max\.f32|shfl\.sync\.bfly\.b32)\b", ptx))
+    return Counter(re.findall(r"\b(cvt\.rn\.satfinite\.e4m3x2\.f32|div\.rn\.f32|rcp\.rn\.f32"
+                              r"|max\.NaN\.f32|max\.f32|shfl\.sync\.bfly\.b32)\b", ptx))
 
 
 @pytest.mark.parametrize("ue8m0", [False, True])
@@ -100,13 +100,9 @@ def test_ptx_of_the_group_kernel(config, ue8m0, tmp_path, monkeypatch):
     per_thread = config.groups_per_thread * 128 // config.lanes_per_group  # elements
     shuffles = config.lanes_per_group.bit_length() - 1
     found = _instructions(ptx)
-    # Each element divided once (UE8M0: multiplied by the scale's exact reciprocal) and
-    # converted in pairs; each group's scale divided once (and inverted once).
-    if ue8m0:
-        assert found["div.rn.f32"] == config.groups_per_thread
-        assert len(re.findall(r"\brcp\.rn\.f32\b", ptx)) == config.groups_per_thread
-    else:
-        assert found["div.rn.f32"] == per_thread + config.groups_per_thread
+    # Each group's scale divided and inverted once, each element multiplied by the inverse
+    # (no division an element) and converted in pairs.
+    assert found["div.rn.f32"] == found["rcp.rn.f32"] == config.groups_per_thread
     assert found["cvt.rn.satfinite.e4m3x2.f32"] == per_thread // 2
     assert found["shfl.sync.bfly.b32"] == shuffles * config.groups_per_thread
     # NaN-quiet maxes: per element, per shuffle and the floor's.
@@ -133,7 +129,8 @@ def test_ptx_of_the_fused_silu_and_norm(tmp_path, monkeypatch):
     ptx = ptx_of(SILU_QUANT_KERNEL, silu, GroupQuantConfig(128, 8, 1, 4), H200,
                  tmp_path, monkeypatch)
     found = _instructions(ptx)
-    assert found["div.rn.f32"] == 16 + 1 and found["cvt.rn.satfinite.e4m3x2.f32"] == 8
+    assert found["div.rn.f32"] == found["rcp.rn.f32"] == 1
+    assert found["cvt.rn.satfinite.e4m3x2.f32"] == 8
     assert "ex2.approx" in ptx  # silu's sigmoid, device/activation.py's
     norm = _norm(7168)
     (tmp_path / "norm").mkdir()
@@ -142,7 +139,7 @@ def test_ptx_of_the_fused_silu_and_norm(tmp_path, monkeypatch):
     found = _instructions(ptx)
     # 896 vectors over 256 threads: 4 slots (the last ragged), 8 elements each, one group
     # (16 lanes, 4 shuffles) per slot.
-    assert found["div.rn.f32"] == 4 * (8 + 1)
+    assert found["div.rn.f32"] == found["rcp.rn.f32"] == 4
     assert found["cvt.rn.satfinite.e4m3x2.f32"] == 4 * 4
     assert found["max.NaN.f32"] == 0
     assert found["shfl.sync.bfly.b32"] >= 4 * 4

@@ -97,7 +97,8 @@ def test_ptx_routes_then_quantises_each_token_once_and_stores_it_k_times(config,
     elements = TPB * per_lane * 8
     found = _instructions(copy)
     assert found["cvt.rn.satfinite.e4m3x2.f32"] == elements // 2
-    assert found["div.rn.f32"] == elements + TPB  # each element, and each token's scale
+    # Each token's scale divided and inverted once; no division an element.
+    assert found["div.rn.f32"] == found["rcp.rn.f32"] == TPB
     assert found["shfl.sync.bfly.b32"] == TPB * (lanes.bit_length() - 1)
     widths = _widths(copy)
     # Each token's vectors loaded once; its codes (64 bits a vector) and its scale stored to
@@ -123,9 +124,8 @@ def test_ptx_of_zeroed_padding_and_ue8m0_scales(tmp_path, monkeypatch):
     route, copy = entries["route"], entries["quant_copy"]
     assert not {("st", 128), ("st", 64)} & set(_widths(route))  # routing zeroes nothing
     found = _instructions(copy)
-    # Groups of 64 fp16 on 8 lanes: one vector a lane. UE8M0 multiplies by the scale's exact
-    # reciprocal (one per token) instead of dividing each element; the padding's scale, a
-    # group_scale of zero, folds to a constant.
+    # Groups of 64 fp16 on 8 lanes: one vector a lane, multiplied by the scale's reciprocal
+    # (one per token); the padding's scale, a group_scale of zero, folds to a constant.
     assert found["div.rn.f32"] == 1 and found["rcp.rn.f32"] == 1
     # A vector's codes, and the zeros' (identical conversions, which the compiler may merge).
     assert 4 < found["cvt.rn.satfinite.e4m3x2.f32"] <= 4 + 4

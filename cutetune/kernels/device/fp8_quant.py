@@ -70,14 +70,12 @@ def store_scale(mS: cute.Tensor, row, column, scale: Float32, column_major: bool
         mS[row, column] = scale
 
 
-def quantized(vector, scale: Float32, ue8m0: bool):
-    """An fp32 register vector divided by the scale, as the reference divides, and rounded to
-    e4m3 by cvt.rn.satfinite (nearest even, saturating to +-448, NaN kept). A UE8M0 scale is a
-    power of two, whose reciprocal is exact: a multiply by it gives the quotient's bits (zero,
-    infinity and NaN alike), one multiply an element instead of a div.rn.f32."""
-    if ue8m0:
-        return (vector * (Float32(1.0) / scale)).to(FP8)
-    return (vector / scale).to(FP8)
+def quantized(vector, scale: Float32):
+    """An fp32 register vector times the scale's reciprocal (rcp.rn, once a group: the compiler
+    keeps one per scale), as the reference multiplies, and rounded to e4m3 by cvt.rn.satfinite
+    (nearest even, saturating to +-448, NaN kept). A div.rn.f32 an element instead made an FP8
+    kernel several times slower at decode (docs/performance-notes.md)."""
+    return (vector * (Float32(1.0) / scale)).to(FP8)
 
 
 @cute.kernel
@@ -135,7 +133,7 @@ def _group_quant_kernel(mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor,
             tQgQ = cute.zipped_divide(mQ[row, None], (VEC,))
             for j in cutlass.range_constexpr(per_lane):
                 at = column * vectors_per_group + j * LANES + lane
-                cache_hints.store(tQgQ[(None, at)], quantized(values[j], scale, UE8M0), HINTS)
+                cache_hints.store(tQgQ[(None, at)], quantized(values[j], scale), HINTS)
             if lane == 0:
                 store_scale(mS, row, column, scale, COLUMN_MAJOR)
 

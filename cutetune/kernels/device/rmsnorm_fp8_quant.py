@@ -80,7 +80,7 @@ def _quantize_row(mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mQ: cute.Te
         y = device_blocks.rms_normalised(tXrX[v], inv_rms, tWrW[v], WEIGHT_BIAS).to(
             mX.element_type).to(Float32)
         scale = quant.group_scale(quant.lanes_max(quant.absmax([y]), group_lanes), UE8M0)
-        q = quant.quantized(y, scale, UE8M0)
+        q = quant.quantized(y, scale)
         if cutlass.const_expr(ragged and v == vectors_per_thread - 1):
             if last_valid:
                 cache_hints.store(tQgQ[(None, slots[v])], q, HINTS)

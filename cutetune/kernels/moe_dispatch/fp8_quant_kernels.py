@@ -65,7 +65,7 @@ def _quantized_unit(gX: cute.Tensor, tokens: Int32, group: Int32, column: Int32,
         for value in values:
             # A register fragment, not a TensorSSA: the stores below are under branches.
             fragment = cute.make_rmem_tensor(cute.make_layout((1, VEC)), FP8)
-            _flat(fragment).store(quantized(value, scale, UE8M0))
+            _flat(fragment).store(quantized(value, scale))
             codes.append(fragment)
         scales.append(scale)
     return codes, scales
