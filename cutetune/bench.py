@@ -7,7 +7,9 @@ it), torch.compile of that same function, the peers the kernel declares, and for
 kernel the unfused chain of our own kernels it replaces, each step served as the plan serves
 it. Every candidate's
 outputs are checked against the fp32 reference before it is timed; all are timed the same way
-(CUDA-graph replay over the same rotated input sets, every output allocated per call); GB/s
+(CUDA-graph replay over the same rotated input sets, every output allocated per call, in
+interleaved rounds, or one after another where their graphs together exceed the GPU's memory,
+which the rows say); GB/s
 counts the bytes the kernel must move (its roofline cost), and is given as a percentage of the
 copy ceiling measured in the same run.
 A last row times a plain copy of those same bytes the same way: the ceiling at that size.
@@ -28,6 +30,7 @@ from cutetune.device.measure import (
     INTERLEAVED_ROUNDS,
     Measurement,
     input_sets_for,
+    time_in_graph,
     time_interleaved,
     with_fresh_outputs,
 )
@@ -225,15 +228,43 @@ def bench_problem(kernel: KernelDef, problem: Problem, found: Sequence[Candidate
         rows.append(None)
     on_candidate(f"  tokens={problem.num_tokens}: timing {len(to_time)} candidates in "
                  f"{INTERLEAVED_ROUNDS} interleaved rounds ...")
-    timings = time_interleaved([[lambda t=t, run=candidate.run: run(t) for t in sets]
-                                for _, candidate in to_time])
-    for (row, candidate), timed in zip(to_time, timings, strict=True):
-        rows[row] = _timed_row(problem, candidate.name, timed, bytes_moved, copy_gbps,
-                               candidate.note)
+    timings = time_candidates([[lambda t=t, run=candidate.run: run(t) for t in sets]
+                               for _, candidate in to_time])
+    for (row, candidate), (timed, note) in zip(to_time, timings, strict=True):
+        note = "; ".join(n for n in (candidate.note, note) if n)
+        rows[row] = (BenchRow(problem, candidate.name, None, None, None, None, note)
+                     if timed is None else
+                     _timed_row(problem, candidate.name, timed, bytes_moved, copy_gbps, note))
     rows.append(_timed_row(problem, COPY_NAME, time_copy_of(bytes_moved, spec.l2_bytes),
                            bytes_moved, copy_gbps, "half read, half written: the size-matched "
                            "ceiling"))
     return rows
+
+
+APART = "timed apart: the candidates' CUDA graphs together exceed the GPU's memory"
+ALONE_TOO_LARGE = "not timed: its CUDA graph alone exceeds the GPU's memory"
+
+
+def time_candidates(launch_sets: Sequence[Sequence[Callable[[], None]]]
+                    ) -> list[tuple[Measurement | None, str]]:
+    """Each candidate's time and a note: interleaved (time_interleaved) where every
+    candidate's graph fits the GPU's memory at once, else one candidate at a time, each graph
+    freed before the next is captured (the note says so), and a candidate whose graph alone
+    does not fit is not timed. At the largest sizes the graphs hold every call's fresh outputs
+    (an unfused MoE chain's buffers of 266k rows), which together pass 80 GB."""
+    try:
+        return [(timed, "") for timed in time_interleaved(launch_sets)]
+    except torch.OutOfMemoryError:
+        pass  # outside the handler, so the traceback's frames free the captured graphs
+    torch.cuda.empty_cache()
+    timings = []
+    for launches in launch_sets:
+        try:
+            timings.append((time_in_graph(launches), APART))
+        except torch.OutOfMemoryError:
+            timings.append((None, ALONE_TOO_LARGE))
+        torch.cuda.empty_cache()
+    return timings
 
 
 def _timed_row(problem: Problem, name: str, timed: Measurement, bytes_moved: int,

@@ -1,13 +1,16 @@
 """`cutetune bench` on the CPU: which candidates a problem gets, and how rows are summarised.
 
 Timing needs a GPU (tests/gpu/test_bench_gpu.py); here the qk_norm candidates compile for
-sm_90a, and the peers' libraries are absent, so they must say so rather than vanish.
+sm_90a, and the peers' libraries are absent, so they must say so rather than vanish; the
+fallback from interleaved timing to one candidate at a time runs with the timing faked.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from cutetune import bench
 from cutetune.bench import (
     COPY_NAME,
     DEFAULT_NAME,
@@ -17,6 +20,7 @@ from cutetune.bench import (
     speedup_over_best_peer,
 )
 from cutetune.build.compiled import CompiledPoints
+from cutetune.device.measure import Measurement
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import qk_norm as qk
 from cutetune.serving.plan import ServingPlan
@@ -122,3 +126,30 @@ def test_a_fused_kernel_is_benched_beside_its_unfused_chain_of_our_kernels(monke
                                                  torch.Generator().manual_seed(3)))
     for name in ("q", "k"):
         torch.testing.assert_close(outputs[name].float(), expected[name], rtol=2e-2, atol=2e-2)
+
+
+def test_candidates_whose_graphs_do_not_fit_together_are_timed_apart(monkeypatch):
+    """Interleaved timing that runs out of GPU memory falls back to one candidate at a time,
+    saying so in each row's note; a candidate whose graph alone does not fit is not timed
+    and says why; the others keep their times."""
+    def interleaved(launch_sets):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    def alone(launches):
+        if launches[0]() == "huge":
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return Measurement(float(launches[0]()), 0.0, 3)
+
+    monkeypatch.setattr(bench, "time_interleaved", interleaved)
+    monkeypatch.setattr(bench, "time_in_graph", alone)
+    timings = bench.time_candidates([[lambda: 2], [lambda: "huge"], [lambda: 5]])
+    assert timings == [(Measurement(2.0, 0.0, 3), bench.APART), (None, bench.ALONE_TOO_LARGE),
+                       (Measurement(5.0, 0.0, 3), bench.APART)]
+
+
+def test_candidates_that_fit_together_are_timed_interleaved_without_a_note(monkeypatch):
+    monkeypatch.setattr(bench, "time_interleaved",
+                        lambda sets: [Measurement(float(s[0]()), 0.0, 3) for s in sets])
+    monkeypatch.setattr(bench, "time_in_graph", lambda launches: pytest.fail("timed apart"))
+    assert bench.time_candidates([[lambda: 1], [lambda: 4]]) == [
+        (Measurement(1.0, 0.0, 3), ""), (Measurement(4.0, 0.0, 3), "")]
