@@ -20,7 +20,7 @@ if [ ${#pairs[@]} -eq 0 ]; then
            fp8_group_quant:deepseek-v3 rmsnorm_fp8_quant:deepseek-v3
            silu_and_mul_fp8_quant:deepseek-v3 moe_dispatch_fp8_quant:deepseek-v3
            nvfp4_quant:llama-3.1-8b-fp4 mxfp8_quant:tests/data/hf_configs/Qwen3-8B-MXFP8.json
-           rope:qwen3-8b qk_norm_rope:qwen3-8b qk_norm_rope_kv:qwen3-8b
+           rope:qwen3-8b rope:deepseek-v3 qk_norm_rope:qwen3-8b qk_norm_rope_kv:qwen3-8b
            embedding:qwen3-8b embedding_rmsnorm:qwen3-8b
            gelu_and_mul:benchmarks/models/gemma-2-2b/config.json)
 fi

@@ -78,7 +78,7 @@ def _cached_head(mK: cute.Tensor, mV: cute.Tensor, mKW: cute.Tensor, mPositions:
                 # Times the scales' reciprocals (the conversion then rounds and saturates),
                 # k from its value in q's dtype, so the cache holds what k holds. One division
                 # a thread, not a div.rn.f32 an element, which made the FP8 write several
-                # times slower (docs/performance-notes.md); the product is within an ulp of
+                # times slower at decode (docs/performance-notes.md); the product is within an ulp of
                 # fp32 of the quotient, which moves an FP8 rounding only at a tie.
                 keys = []
                 for v in cutlass.range_constexpr(len(y)):
