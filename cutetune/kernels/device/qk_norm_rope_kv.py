@@ -78,8 +78,8 @@ def _cached_head(mK: cute.Tensor, mV: cute.Tensor, mKW: cute.Tensor, mPositions:
                 # Times the scales' reciprocals (the conversion then rounds and saturates),
                 # k from its value in q's dtype, so the cache holds what k holds. One division
                 # a thread, not a div.rn.f32 an element, which made the FP8 write several
-                # times slower at decode (docs/performance-notes.md); the product is within an ulp of
-                # fp32 of the quotient, which moves an FP8 rounding only at a tie.
+                # times slower at decode (docs/performance-notes.md); the product is within an
+                # ulp of fp32 of the quotient, which moves an FP8 rounding only at a tie.
                 keys = []
                 for v in cutlass.range_constexpr(len(y)):
                     keys.append(y[v].to(mK.element_type).to(Float32) * k_inverse)
