@@ -193,6 +193,13 @@ SPACE = Space(
 )
 
 
+def seed_lanes_per_group(group_size: int, dtype: str) -> int:
+    """The seed heuristic's lanes a group: each holding MIN_BYTES_PER_LANE of it in 128-bit
+    vectors, at least one vector a lane (8 lanes for a group of 128 bf16)."""
+    lanes = max(1, group_size * DTYPE_BYTES[dtype] // MIN_BYTES_PER_LANE)
+    return min(lanes, group_size // vector_elements(dtype, 128))
+
+
 def default_config(problem: GroupQuantProblem, device) -> GroupQuantConfig:
     """The seed heuristic: 128-bit loads, each lane holding MIN_BYTES_PER_LANE of its group
     (two vectors: a group of 128 bf16 on 8 lanes), one group per thread; then the largest
@@ -201,15 +208,12 @@ def default_config(problem: GroupQuantProblem, device) -> GroupQuantConfig:
     takes the latency of one thread's share, and four elements a lane quantise in half the
     time of sixteen (tuned on an H100 at one token of each DeepSeek-V3 width, this split took
     1.97-1.99 us where the 128-bit split took 3.75)."""
-    bits = 128
-    vec = vector_elements(problem.dtype, bits)
-    lanes = max(1, problem.group_size * DTYPE_BYTES[problem.dtype] // MIN_BYTES_PER_LANE)
-    lanes = min(lanes, problem.group_size // vec)
+    lanes = seed_lanes_per_group(problem.group_size, problem.dtype)
     threads_needed = problem.num_tokens * (problem.width // problem.group_size) * lanes
     warps = next((w for w in (8, 4) if threads_needed >= w * WARP * device.sm_count), None)
     if warps is None:
         return DECODE_CONFIG
-    return GroupQuantConfig(bits, lanes, 1, warps)
+    return GroupQuantConfig(128, lanes, 1, warps)
 
 
 def _blocks(problem: GroupQuantProblem, config: GroupQuantConfig) -> int:

@@ -50,9 +50,9 @@ from cutetune.kernels.block_limits import (
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.dtypes import DTYPE_BYTES, TORCH_DTYPES, vector_elements
 from cutetune.kernels.fp8_group_quant import (
-    MIN_BYTES_PER_LANE,
     kernel_scales,
     quant_problem,
+    seed_lanes_per_group,
 )
 from cutetune.kernels.fp8_quant import (
     FP8_DTYPE,
@@ -203,12 +203,10 @@ SPACE = Space(
 def default_config(problem: MoEDispatchFP8QuantProblem, device) -> DispatchFP8QuantConfig:
     """moe_dispatch's split default (the routing grid of about ROUTED_PAIRS_PER_BLOCK pairs a
     block, streaming hints, 8 warps, 4 for at most 256 pairs), one token per thread, and
-    fp8_group_quant's lanes: each holding MIN_BYTES_PER_LANE of its group (8 lanes of a group
-    of 128 bf16). Where none of these fits the device, narrower grids and blocks, then the
-    space's first valid point."""
-    vec = _vector_elements(problem)
-    lanes = min(max(1, problem.group_size * DTYPE_BYTES[problem.dtype] // MIN_BYTES_PER_LANE),
-                problem.group_size // vec)
+    fp8_group_quant's seed lanes a group (seed_lanes_per_group: 8 for a group of 128 bf16).
+    Where none of these fits the device, narrower grids and blocks, then the space's first
+    valid point."""
+    lanes = seed_lanes_per_group(problem.group_size, problem.dtype)
     pairs = problem.num_tokens * problem.top_k
     wide_warps = 4 if pairs <= REPLICATED_MAX_PAIRS // 4 else 8
     grids = [blocks for blocks in ROUTING_GRIDS

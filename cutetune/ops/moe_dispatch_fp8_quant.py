@@ -140,13 +140,11 @@ def _allocate(x: torch.Tensor, top_k: int, local: int, pad: int, group_size: int
               column_major: bool) -> DispatchFP8Result:
     tokens, hidden = x.shape
     capacity = dispatch_capacity(tokens, top_k, local, pad)
-    # counts, offsets and the error flag in one allocation, as moe_dispatch's.
-    small = torch.empty(2 * local + 2, dtype=torch.int32, device=x.device)
-    counts, offsets, error = small.split_with_sizes((local, local + 1, 1))
+    counts, offsets, row_of, error = dispatch_op.routing_buffers(x, tokens, top_k, local)
     return DispatchFP8Result(
         torch.empty(capacity, hidden, dtype=FP8_DTYPE, device=x.device),
         empty_scales(capacity, hidden // group_size, column_major, x.device), counts, offsets,
-        torch.empty(tokens, top_k, dtype=torch.int32, device=x.device), error)
+        row_of, error)
 
 
 def _checked_out(out: DispatchFP8Result, x: torch.Tensor, top_k: int, local: int, pad: int,
