@@ -102,11 +102,12 @@ def quantize_reference(values: torch.Tensor, group_size: int, ue8m0: bool
     """The fp32 reference of the quantisation of `values` (tokens, width), fp32: (q as fp32
     values of float8_e4m3fn codes, (tokens, width)), (scales, (tokens, width / group_size)).
 
-    The scale, its reciprocal and the products are taken in fp64 and rounded to fp32, which
-    gives the correctly rounded fp32 results (double rounding is innocuous for a division at
-    53 >= 2 x 24 + 2 bits, and an fp64 product of two fp32 values is exact): the same bits as
-    the kernels' fp32 division, rcp.rn and mul.rn, and under torch.compile too, whose Triton
-    code divides fp32 by the approximate div.full.f32."""
+    The scale and its reciprocal are taken in fp64 and rounded to fp32, which gives the
+    correctly rounded fp32 results (double rounding is innocuous for a division at 53 >= 2 x 24
+    + 2 bits): the same bits as the kernels' fp32 division and rcp.rn, and under torch.compile
+    too, whose Triton code divides fp32 by the approximate div.full.f32. The products are fp32
+    (mul.rn, as the kernels'): an fp64 product of the fp32 reciprocal is exact too, but
+    torch.compile fuses the reciprocal's fp32 rounding away from it."""
     tokens, width = values.shape
     groups = values.reshape(tokens, width // group_size, group_size)
     amax = torch.where(groups.isnan(), 0.0, groups.abs()).amax(dim=-1)
@@ -115,11 +116,11 @@ def quantize_reference(values: torch.Tensor, group_size: int, ue8m0: bool
         scales = round_up_to_power_of_two(scales)
     inverses = (1.0 / scales.double()).float()
     q = torch.empty(tokens, width, dtype=torch.float32, device=values.device)
-    # A slice of rows at a time: the fp64 products of a whole MoE dispatch buffer at 32768
-    # tokens (266k rows of 7168) would take 15 GB.
+    # A slice of rows at a time: the products of a whole MoE dispatch buffer at 32768 tokens
+    # (266k rows of 7168) and what the clamp and the casts make of them take gigabytes.
     for start in range(0, tokens, REFERENCE_ROWS):
         rows = slice(start, start + REFERENCE_ROWS)
-        products = (groups[rows].double() * inverses[rows].double().unsqueeze(-1)).float()
+        products = groups[rows] * inverses[rows].unsqueeze(-1)
         q[rows] = torch.clamp(products, -E4M3_MAX, E4M3_MAX).to(FP8_DTYPE).float().reshape(
             -1, width)
     return q, scales
