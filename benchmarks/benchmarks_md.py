@@ -103,11 +103,13 @@ def bench_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         parts.append(f"No bench data is committed for {', '.join(unbenched)}: their tuned "
                      "times are in the next section.\n")
     for kernel, kernel_rows in frame.groupby("kernel", sort=True):
-        ceilings = ", ".join(f"{c:.0f}" for c in sorted(kernel_rows["copy_gbps"].unique()))
-        # The sources come from more than one GPU: each table names its own.
-        gpus = ", ".join(sorted(kernel_rows["gpu"].unique()))
-        parts.append(f"### {kernel}\n\nus per call on the {gpus} (copy ceiling {ceilings} "
-                     "GB/s).\n\n" + bench_table(kernel_rows) + "\n")
+        # The sources come from more than one GPU: a kernel's rows are a table per GPU, each
+        # naming its GPU and the copy ceiling measured on it.
+        tables = [f"us per call on the {gpu} (copy ceiling "
+                  f"{', '.join(f'{c:.0f}' for c in sorted(rows['copy_gbps'].unique()))} "
+                  "GB/s).\n\n" + bench_table(rows)
+                  for gpu, rows in kernel_rows.groupby("gpu", sort=True)]
+        parts.append(f"### {kernel}\n\n" + "\n\n".join(tables) + "\n")
     return "\n".join(parts)
 
 
