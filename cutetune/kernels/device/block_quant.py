@@ -103,7 +103,7 @@ def _e2m1_software(value: Float32) -> Int32:
     bit patterns counts the steps (0, 1 or 2). From 1 on, e2m1 keeps the exponent and one
     mantissa bit: the pattern rounded to nearest even at bit 22, shifted down, is (exponent,
     mantissa bit), which E2M1_CODE_OFFSET turns into the code."""
-    magnitude = cutlass.min(_float(_bits(value) & ABS_MASK), E2M1_MAX)
+    magnitude = cute.arch.fmin(_float(_bits(value) & ABS_MASK), Float32(E2M1_MAX))
     small = _bits(magnitude + HALF_STEP_MAGIC) - HALF_STEP_MAGIC_BITS
     pattern = _bits(magnitude)
     rounded = (pattern + E2M1_HALF_ULP + ((pattern >> E2M1_ROUND_BIT) & 1)) >> E2M1_ROUND_BIT
@@ -178,9 +178,10 @@ def _quantise_vector(mX: cute.Tensor, mQ: cute.Tensor, mScales: cute.Tensor,
         if scale > 0.0:
             multiplier = global_scale / scale
     if row < tokens:
-        block = vector // LANES
-        if vector % LANES == 0:
-            _store_scale(mScales, row, block, scale_byte, COLUMNS, SWIZZLED)
+        # Non-negative: unsigned, so that // and % by powers of two are shifts and masks.
+        block = Uint32(vector) // LANES
+        if Uint32(vector) % LANES == 0:
+            _store_scale(mScales, Uint32(row), block, scale_byte, COLUMNS, SWIZZLED)
         y = []
         for i in cutlass.range_constexpr(VEC):
             y.append(_float(bits[i] & keep) * multiplier)
@@ -200,7 +201,7 @@ def _quantise_vector(mX: cute.Tensor, mQ: cute.Tensor, mScales: cute.Tensor,
 
 
 @cute.jit
-def _store_scale(mScales: cute.Tensor, row: Int32, block: Int32, scale_byte: Int32,
+def _store_scale(mScales: cute.Tensor, row: Uint32, block: Uint32, scale_byte: Int32,
                  COLUMNS: cutlass.Constexpr[int], SWIZZLED: cutlass.Constexpr[bool]):
     """The scale of (row, block); in the swizzled layout, after a row's last block, the zeros
     of its padded columns too."""
@@ -269,9 +270,9 @@ def _block_quant_kernel(mX: cute.Tensor, mGlobalScale: cute.Tensor, mQ: cute.Ten
         # past the last row loads the last row instead (its lanes still shuffle).
         rows, cols, values = [], [], []
         for v in cutlass.range_constexpr(VECTORS_PER_THREAD):
-            at = col0 + (v * THREADS + tidx)
-            row = row0 + at // vectors_per_row
-            col = at % vectors_per_row
+            at = Uint32(col0 + (v * THREADS + tidx))
+            row = row0 + Int32(at // vectors_per_row)
+            col = Int32(at % vectors_per_row)
             tXgX = cute.zipped_divide(mX[cutlass.min(row, tokens - 1), None], (VEC,))
             values.append(_load(tXgX[(None, col)], VEC * mX.element_type.width).to(Float32))
             rows.append(row)
