@@ -14,7 +14,8 @@ continues where the last stopped. The points a call that died was timing are mea
 time by the next, and the one that takes its process down (a sticky CUDA error) is written as
 failed by the call after. Compiles run ahead of the GPU in CPU processes (one per core, less
 one) into an artifact cache under --state; a problem shared by several models is measured once
-(the first model names it). About 25,000 points for the nine presets at six buckets.
+(the first model names it). About 37,000 points for the nine presets at six buckets, of 6,300
+distinct compiles (a point compiles once for every bucket).
 
 `python3 -m benchmarks.replay_tables` computes the replay, pruning and zero-shot tables from the
 CSV: the presets fit the calibration and are replayed, the held-out models (HELD_OUT: real
