@@ -43,7 +43,8 @@ from cutetune.tuner.defaults import (
               type=click.FloatRange(0, MAX_TIE_BAND_PERCENT), metavar="PERCENT",
               help="finalists re-measured within this many percent of the fastest (or within "
                    "its timing's IQR, where wider) are tied; the default wins a tie, else the "
-                   "first point in canonical JSON order, so that runs name the same winner")
+                   "point the cost model ranks best (then canonical JSON), so that runs name "
+                   "the same winner")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--gpus", default=None, callback=parse_gpus,
               help="GPUs to tune on, one worker each, e.g. 0,1 (all of one model); each takes "

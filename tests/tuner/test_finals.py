@@ -28,8 +28,17 @@ STATIC = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
 PROBLEM = STATIC.with_tokens(1)
 PLAN = make_plan(qk.KERNEL, PROBLEM, SPEC, CEILINGS)
 DEFAULT = qk.default_config(PROBLEM, SPEC)
-# Four points other than the default, in the fixed order (canonical JSON).
-POINTS = sorted([p.config for p in PLAN.kept if p.config != DEFAULT][:4], key=config_to_json)
+PREDICTED = {p.config: p.prediction.predicted_us for p in PLAN.kept}
+
+
+def order(config) -> tuple:
+    """A config's place in the fixed order (the default first, then the predicted time, then
+    canonical JSON)."""
+    return preference(config, DEFAULT, PREDICTED[config])
+
+
+# Four points other than the default, in the fixed order.
+POINTS = sorted([p.config for p in PLAN.kept if p.config != DEFAULT][:4], key=order)
 SLOW_US = 20.0  # every other point: far from the finals, each a little apart
 RANK = {p.config: i for i, p in enumerate(PLAN.kept)}
 
@@ -91,7 +100,8 @@ def test_the_default_wins_its_ties():
 
 def test_the_band_widens_with_the_fastest_finalists_spread():
     def outcome(config, median_us, iqr_us):
-        return TrialOutcome(0, config, Measurement(median_us, iqr_us, 25), None, 1.0)
+        return TrialOutcome(0, config, Measurement(median_us, iqr_us, 25), None,
+                            PREDICTED[config])
 
     # A point 3% behind the fastest, first in the fixed order: tied only where the fastest's
     # IQR is wider than 3%.
@@ -122,7 +132,7 @@ def test_the_preferred_near_fastest_point_is_remeasured_though_not_among_the_fas
     # Five points within 1% by their search times; the one the order puts first is the fifth
     # fastest, and re-measured it ties with the fastest.
     extra = next(p.config for p in PLAN.kept if p.config not in POINTS + [DEFAULT]
-                 and config_to_json(p.config) > config_to_json(POINTS[0]))
+                 and order(p.config) > order(POINTS[0]))
     base = {POINTS[1]: 10.0, POINTS[2]: 10.02, POINTS[3]: 10.04, extra: 10.06,
             POINTS[0]: 10.08, DEFAULT: 12.0}
     runner = NoisyRunner(base, {})
@@ -155,9 +165,15 @@ def test_the_record_keeps_the_winners_own_times_and_the_study_its_finals(tmp_pat
     assert by_config[config_to_json(DEFAULT)] == pytest.approx(10.13)
 
 
-def test_the_fixed_order_is_the_default_then_canonical_json():
-    assert preference(DEFAULT, DEFAULT) < preference(POINTS[0], DEFAULT)
-    assert preference(POINTS[0], DEFAULT) < preference(POINTS[1], DEFAULT)
+def test_the_fixed_order_is_the_default_then_the_predicted_time_then_canonical_json():
+    a, b = POINTS[:2]
+    assert preference(DEFAULT, DEFAULT, 9.0) < preference(a, DEFAULT, 1.0)
+    assert preference(a, DEFAULT, 1.0) < preference(b, DEFAULT, 1.1)
+    assert preference(b, DEFAULT, 1.0) < preference(a, DEFAULT, 1.1)
+    # Predictions equal to three significant digits (fresh runs measure the ceilings anew):
+    # canonical JSON decides.
+    first, second = sorted((a, b), key=config_to_json)
+    assert preference(first, DEFAULT, 1.0004) < preference(second, DEFAULT, 0.9996)
 
 
 def test_a_bad_tie_band_is_refused():

@@ -36,7 +36,8 @@ def test_exhaustive_when_candidates_fit_the_budget():
     # Several points share the best time: the fixed order names one of them.
     tied = [c for c in verified if FakeRunner.time_of(c) == best_us]
     assert len(tied) > 1
-    assert result.winner.config == min(tied, key=lambda c: preference(c, default))
+    predicted = {p.config: p.prediction.predicted_us for p in plan.kept}
+    assert result.winner.config == min(tied, key=lambda c: preference(c, default, predicted[c]))
     assert result.winner.measurement.repeats == 3  # the interleaved re-measurement
     failed = [t for t in result.trials if not t.ok]
     assert failed and all("wrong result" in t.failure_reason for t in failed)
