@@ -193,11 +193,14 @@ SPACE = Space(
 )
 
 
+SEED_VECTOR_BITS = 128  # the seed heuristic's loads
+
+
 def seed_lanes_per_group(group_size: int, dtype: str) -> int:
-    """The seed heuristic's lanes a group: each holding MIN_BYTES_PER_LANE of it in 128-bit
-    vectors, at least one vector a lane (8 lanes for a group of 128 bf16)."""
+    """The seed heuristic's lanes a group: each holding MIN_BYTES_PER_LANE of it in
+    SEED_VECTOR_BITS vectors, at least one vector a lane (8 lanes for a group of 128 bf16)."""
     lanes = max(1, group_size * DTYPE_BYTES[dtype] // MIN_BYTES_PER_LANE)
-    return min(lanes, group_size // vector_elements(dtype, 128))
+    return min(lanes, group_size // vector_elements(dtype, SEED_VECTOR_BITS))
 
 
 def default_config(problem: GroupQuantProblem, device) -> GroupQuantConfig:
@@ -213,7 +216,7 @@ def default_config(problem: GroupQuantProblem, device) -> GroupQuantConfig:
     warps = next((w for w in (8, 4) if threads_needed >= w * WARP * device.sm_count), None)
     if warps is None:
         return DECODE_CONFIG
-    return GroupQuantConfig(128, lanes, 1, warps)
+    return GroupQuantConfig(SEED_VECTOR_BITS, lanes, 1, warps)
 
 
 def _blocks(problem: GroupQuantProblem, config: GroupQuantConfig) -> int:
