@@ -6,16 +6,17 @@ verify against the reference, CUDA-graph replay; GpuTrialRunner), one CSV row ea
         [--kernels K,K] [--tokens 1,8,64,512,4096,32768] [--budget-s 420] [--state DIR]
 
 Each point is verified against the reference alone, then a bucket's verified points (32 at a
-time) are timed side by side in interleaved rounds, as the tuner re-measures its finalists, so
-they compare at one moment of the GPU. Resumable, and sized for one device call: points already
-in OUT are skipped, the rest are measured in order (models, kernels, problems, buckets, points)
-until --budget-s has passed, and rows are appended as they are measured; the same command
-continues where the last stopped. The points a call that died was timing are measured one at a
-time by the next, and the one that takes its process down (a sticky CUDA error) is written as
-failed by the call after. Compiles run ahead of the GPU in CPU processes (one per core, less
-one) into an artifact cache under --state; a problem shared by several models is measured once
-(the first model names it). About 37,000 points for the nine presets at six buckets, of 6,300
-distinct compiles (a point compiles once for every bucket).
+time) are timed side by side in interleaved rounds, as the tuner re-measures its finalists (on
+one draw of inputs, where the finals pool three), so they compare at one moment of the GPU.
+Resumable, and sized for one device call: points already in OUT are skipped, the rest are
+measured in order (models, kernels, problems, buckets, points) until --budget-s has passed, and
+rows are appended as they are measured; the same command continues where the last stopped. The
+points a call that died was timing are measured one at a time by the next, and the one that
+takes its process down (a sticky CUDA error) is written as failed by the call after. Compiles
+run ahead of the GPU in CPU processes (one per core, less one) into an artifact cache under
+--state; a problem shared by several models is measured once (the first model names it). About
+37,000 points for the nine presets at six buckets, of 6,300 distinct compiles (a point compiles
+once for every bucket).
 
 `python3 -m benchmarks.replay_tables` computes the replay, pruning and zero-shot tables from the
 CSV: the presets fit the calibration and are replayed, the held-out models (HELD_OUT: real
@@ -179,8 +180,8 @@ def measure(args: argparse.Namespace) -> None:
         in_flight.write_text("\n".join(_in_flight_line(kernel, problem, i[3])
                                        for i in verified))
         if verified:
-            for item, m in zip(verified, runner.remeasure([i[3] for i in verified]),
-                               strict=True):
+            for item, m in zip(verified, runner.remeasure([i[3] for i in verified],
+                                                          draws=EXHAUSTIVE_DRAWS), strict=True):
                 write(*item, "ok", m.median_us, m.iqr_us)
         in_flight.write_text("")
         measured += len(chunk)
@@ -201,6 +202,10 @@ def _in_flight_line(kernel: KernelDef, problem: Problem, config) -> str:
 
 # At most this many points of a bucket are timed side by side (their graphs held at once).
 CHUNK = 32
+# One draw of input sets, where the tuner's finals pool three (tuner/finals.py): a replayed
+# search compares points of one bucket measured at one moment, and the draws would triple the
+# GPU time of 37,000 points, each a few graph captures and about 30 replays of a 2 ms graph.
+EXHAUSTIVE_DRAWS = 1
 
 
 def _chunks(pending: Sequence[tuple]) -> list[list[tuple]]:

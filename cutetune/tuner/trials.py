@@ -110,11 +110,11 @@ class GpuTrialRunner:
         after = self._reference_us()
         return drift_corrected(measured, (before + after) / 2, self._reference_first_us)
 
-    def remeasure(self, configs: Sequence[Any]) -> list[Measurement]:
+    def remeasure(self, configs: Sequence[Any], draws: int = FINAL_DRAWS) -> list[Measurement]:
         """The finalists timed side by side as `cutetune bench` times its candidates (every
         graph captured, then replayed in interleaved rounds), so that the tuner picks its
-        winner by the measurement the bench will report; FINAL_DRAWS times, each on input
-        sets allocated afresh while every earlier draw's are still held (so each at other
+        winner by the measurement the bench will report; `draws` times, each on input sets
+        allocated afresh while every earlier draw's are still held (so each at other
         addresses), their times pooled (tuner/finals.py says why)."""
         compiled = [self.compiled(c) for c in configs]
         held = []
@@ -125,7 +125,7 @@ class GpuTrialRunner:
             return [self._launches(c) for c in compiled]
 
         start = time.perf_counter()
-        measured = time_interleaved_draws(draw, FINAL_DRAWS)
+        measured = time_interleaved_draws(draw, draws)
         self.timing_s += time.perf_counter() - start
         return measured
 

@@ -29,3 +29,11 @@ def test_remeasure_gives_each_finalist_its_own_time_in_order():
     assert abs(first.median_us - again.median_us) < 0.1 * alone[0]
     for measured, own in zip((first, second), alone, strict=True):
         assert abs(measured.median_us - own) < 0.15 * own + 0.3
+
+
+def test_remeasure_pools_as_many_draws_as_asked():
+    spec = device_spec_for(torch.cuda.get_device_name())
+    problem = qk.problems_for_model(load_model("qwen3-0.6b"), "bfloat16")[0].with_tokens(64)
+    default = qk.default_config(problem, spec)
+    (one_draw,) = GpuTrialRunner(qk.KERNEL, problem, spec).remeasure([default], draws=1)
+    assert one_draw.repeats == INTERLEAVED_ROUNDS * (REPEATS // INTERLEAVED_ROUNDS)
