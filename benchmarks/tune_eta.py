@@ -7,7 +7,7 @@ trial at or past 5%, 25% and 50% of the trials planned: that ETA beside the true
 tuner/eta.py (the mean rate of trials since the start, times the trials left).
 
     python3 -m benchmarks.tune_eta --model tests/data/hf_configs/Kimi-K2-Instruct.json \\
-        --tokens 1,64,4096 --out OUT.csv [--readings READINGS.csv]
+        --tokens 1,64,4096 --out OUT.csv [--readings READINGS.csv] [--compiles COMPILES.csv]
 
 A Kimi-K2 config at those three buckets fits one 10-minute device call; at six (1 to 32768)
 it has about 2000 trials since its FP8 quantisation and MLA rotary kernels joined, which an
@@ -16,21 +16,25 @@ trial's kernel and what the run's time split (tuner/isolated.py TimeSplit) held 
 GPU worker's verify and timing seconds, the seconds trials waited for compiles, and the CPU
 seconds of the compiles the pool has finished. From those the tuner's own time between trials
 can be told per kernel and against the pool's activity, which the ETA's rates are calibrated
-from.
+from. Every compile the pool ran goes to --compiles (its kernel, seconds and finish), which the
+ETA prices the rest of the compile queue on: without them a reading does not tell a slow
+estimate of the queue from a slow estimate of the trials.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from cutetune.build.compile_pool import FinishedCompile
 from cutetune.cli.progress import RunProgress, time_split_line
 from cutetune.results_db import Database
 from cutetune.tuner.isolated import Workers
@@ -84,6 +88,9 @@ class RecordedRun:
     readings: list[Reading]
     planned: int  # trials planned when the run started
     run_s: float  # from the run's start (its ETA's first reading) until it returned
+    # Each compile the pool ran, its finish in seconds since the run's start: what the ETA
+    # prices the rest of the compile queue on, by kernel.
+    compiles: list[FinishedCompile] = field(default_factory=list)
 
 
 def record_run(units: Sequence[Unit], buckets: Sequence[int], db: Database, workers: Workers,
@@ -95,7 +102,10 @@ def record_run(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
     ended = time.monotonic()
     if progress.started_at is None:
         raise SystemExit("the run never started")
-    return RecordedRun(progress.readings, progress.planned, ended - progress.started_at)
+    compiles = [dataclasses.replace(c, finished_at=c.finished_at - progress.started_at)
+                for c in workers.pool.finished]
+    return RecordedRun(progress.readings, progress.planned, ended - progress.started_at,
+                       compiles)
 
 
 def rows(run: RecordedRun, shares: Sequence[float] = SHARES) -> list[dict]:
@@ -135,6 +145,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out", default=None, help="CSV of the ETA at 5%%, 25%%, 50%%")
     parser.add_argument("--readings", default=None, help="CSV of the ETA after every trial")
+    parser.add_argument("--compiles", default=None,
+                        help="CSV of every compile: its kernel, seconds and finish")
     args = parser.parse_args()
 
     import torch
@@ -170,6 +182,8 @@ def main() -> None:
     if args.readings and run.readings:
         write_csv(args.readings, [{**asdict(r), "true_remaining_s":
                                    round(run.run_s - r.elapsed_s, 2)} for r in run.readings])
+    if args.compiles and run.compiles:
+        write_csv(args.compiles, [asdict(c) for c in run.compiles])
 
 
 if __name__ == "__main__":

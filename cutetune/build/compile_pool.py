@@ -31,6 +31,16 @@ _ASKED, _AHEAD = 0, 1  # queue priorities: a point a study waits for, a point co
 
 
 @dataclass(frozen=True)
+class FinishedCompile:
+    """One compile the pool ran: its kernel, its seconds, and when it finished
+    (time.monotonic), for what a run's compiles cost by kernel (benchmarks/tune_eta.py)."""
+
+    kernel: str
+    seconds: float
+    finished_at: float
+
+
+@dataclass(frozen=True)
 class CompileResult:
     """`failure` is None when the point's artifact is stored; `seconds` is the compile time
     (0 for an artifact found stored)."""
@@ -76,6 +86,7 @@ class CompilePool:
         self.timeout_s = timeout_s
         self.cpu_seconds = 0.0  # the compiles', summed over processes
         self.start_seconds = 0.0  # the processes' start-up (imports), summed over processes
+        self.finished: list[FinishedCompile] = []  # in the order they finished
         self._futures: dict[str, Future[CompileResult]] = {}
         self._taken: set[str] = set()
         self._lock = threading.Lock()
@@ -152,6 +163,7 @@ class CompilePool:
                     continue
                 with self._lock:
                     self.cpu_seconds += result.seconds
+                    self.finished.append(FinishedCompile(name, result.seconds, time.monotonic()))
                 future.set_result(result)
         finally:
             process.stop()

@@ -40,6 +40,10 @@ def test_a_recorded_run_has_a_reading_per_trial(tmp_path, capsys):
         assert later.compile_wait_s >= earlier.compile_wait_s
         assert later.compile_cpu_s >= earlier.compile_cpu_s
     assert run.readings[-1].compile_cpu_s > 0  # the pool compiled the fault kernel's points
+    # Each compile is kept by kernel: their seconds hold what the readings summed (and those
+    # the pool finished after the last trial, compiling ahead).
+    assert {c.kernel for c in run.compiles} <= {unit.kernel.name for unit in UNITS}
+    assert sum(c.seconds for c in run.compiles) >= run.readings[-1].compile_cpu_s
     assert run.readings[-1].elapsed_s < run.run_s
     assert [r["trials_done"] for r in rows(run)] == [1, 2, 3]
     assert "ETA" in capsys.readouterr().err  # the display's lines, as the CLI shows them
