@@ -106,9 +106,9 @@ def bench_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         # The sources come from more than one GPU: a kernel's rows are a table per GPU, each
         # naming its GPU and the copy ceiling measured on it.
         tables = [f"us per call on the {gpu} (copy ceiling "
-                  f"{', '.join(f'{c:.0f}' for c in sorted(rows['copy_gbps'].unique()))} "
-                  "GB/s).\n\n" + bench_table(rows)
-                  for gpu, rows in kernel_rows.groupby("gpu", sort=True)]
+                  f"{', '.join(f'{c:.0f}' for c in sorted(gpu_rows['copy_gbps'].unique()))} "
+                  "GB/s).\n\n" + bench_table(gpu_rows)
+                  for gpu, gpu_rows in kernel_rows.groupby("gpu", sort=True)]
         parts.append(f"### {kernel}\n\n" + "\n\n".join(tables) + "\n")
     return "\n".join(parts)
 

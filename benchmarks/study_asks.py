@@ -18,32 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cutetune.device.measure import Measurement
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.registry import NotApplicableError, get_kernel
 from cutetune.spaces.models import load_model
+from cutetune.tuner.defaults import DEFAULT_BUDGET
+from cutetune.tuner.replay import ReplayRunner
 from cutetune.tuner.study import run_study
 from cutetune.tuner.study_storage import open_storage
 from cutetune.tuner.tune import plan_bucket
 
 DEFAULT_KERNELS = ("rmsnorm", "fp8_group_quant", "silu_and_mul")
 DEFAULT_TOKENS = (64, 4096)
-DEFAULT_BUDGET = 16
-
-
-class PredictedRunner:
-    """Answers each point with its predicted time, at once."""
-
-    def __init__(self, predicted: dict):
-        self.predicted = predicted
-        self.measured = 0
-
-    def measure(self, config) -> Measurement:
-        self.measured += 1
-        return Measurement(self.predicted[config], 0.0, 1)
-
-    def remeasure(self, configs, draws: int = 1) -> list[Measurement]:
-        return [Measurement(self.predicted[c], 0.0, 1) for c in configs]
 
 
 @dataclass(frozen=True)
@@ -76,8 +61,9 @@ def count_asks(model: str, kernels: Sequence[str], tokens: Sequence[int], budget
             continue
         for count in tokens:
             planned = plan_bucket(kernel, problem, count, spec, ceilings)
-            runner = PredictedRunner({p.config: p.prediction.predicted_us
-                                      for p in planned.plan.kept})
+            # Each point answered with its predicted time, at once.
+            runner = ReplayRunner({p.config: p.prediction.predicted_us
+                                   for p in planned.plan.kept})
             study_name = f"{name}-{count}"
             start = time.perf_counter()
             result = run_study(kernel, planned.plan, planned.default, runner, budget,
@@ -85,8 +71,8 @@ def count_asks(model: str, kernels: Sequence[str], tokens: Sequence[int], budget
             seconds = time.perf_counter() - start
             asks = len(optuna.load_study(study_name=study_name, storage=storage)
                        .get_trials(deepcopy=False))
-            rows.append(StudyAsks(name, count, len(planned.plan.kept), runner.measured, asks,
-                                  result.exhaustive, seconds))
+            rows.append(StudyAsks(name, count, len(planned.plan.kept), len(result.trials),
+                                  asks, result.exhaustive, seconds))
     return rows
 
 
