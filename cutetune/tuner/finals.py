@@ -30,8 +30,8 @@ caught, and so does the band built from it.
 The fixed order is the default first, then the cost model's best-ranked (the lowest predicted
 time, to PREDICTION_DIGITS significant digits, as the ceilings a fresh run measures move the
 predictions a little), then canonical JSON. The best-ranked points are the warm start, which
-every run tries whatever its search proposes after it, so where one of them is among the near-
-ties, every run has timed the one the order picks; and the order leans toward the faster
+every run tries whatever its search proposes after it, so where one of them is among the
+near-ties, every run has timed the one the order picks; and the order leans toward the faster
 points, so the point it picks tends to sit well inside the band rather than at its edge, where
 noise flips it. Picking again among the stored finalists of four fresh H200 runs of two presets
 (72 buckets, their finalists admitted by canonical JSON alone), this order names one winner in
