@@ -52,16 +52,24 @@ if TYPE_CHECKING:
     from cutetune.tuner.isolated import Workers
     from cutetune.tuner.model_run import BucketSummary, Observer, PendingBucket
 
-# The prior: what each part costs before the run has measured it, for the H200's host. The run
-# corrects each within its first buckets, so these matter most for the first ETA.
+# The prior: what each part costs before the run has measured it, as measured on the H200's and
+# an H100's hosts. The run corrects each within its first buckets, so these matter most for the
+# first ETA.
 COMPILE_S = 2.0  # a point compiled, exported and linked (0.7-6 s on the 2-core dev machine)
 POOL_START_S = 8.0  # a compile process's start-up (torch, CuTeDSL and the kernels imported)
 # The tuner per trial beyond the worker's verify and timing (Optuna's ask and tell in the
-# results database, heartbeats, the worker's reply), and per bucket (its study opened, its
-# input sets made, its trials and winner stored): whole-model runs on the H200 spent about
-# 0.12 s a trial outside the GPU and the compile waits.
-TRIAL_OVERHEAD_S = 0.1
-BUCKET_OVERHEAD_S = 0.5
+# results database, heartbeats, the worker's reply), more for a trial TPE proposes than for
+# one the warm start enqueued (TPE's sampling), and per bucket (its study opened, its input
+# sets made, its trials and winner stored). Fitted by least squares to the 64 buckets of a
+# Kimi-K2 config's run on an H100 (the time outside the GPU and the compile waits; the median
+# bucket's error 15%): an enqueued trial 0.03 s, a proposal 0.09 s more, a bucket 0.25 s.
+# Whole-model runs on the H200 spent about 0.12 s a trial in all.
+TRIAL_OVERHEAD_S = 0.03
+PROPOSAL_OVERHEAD_S = 0.09
+BUCKET_OVERHEAD_S = 0.25
+# After its last bucket's winner is stored, the run stops its GPU worker and compile processes
+# and checks every study for trials left RUNNING: 2.5 s after the last trial of that H100 run.
+RUN_END_S = 2.5
 VERIFY_S = 0.005  # a point verified, besides the reference's bytes (below)
 HOST_US_PER_LAUNCH = 12.0  # a launch of the timing loop on the host (fresh outputs, the call)
 GRAPH_FIXED_US = 3000.0  # a graph captured and instantiated, each repeat synchronised
@@ -314,6 +322,7 @@ class RunEta:
             walls[kernel] = walls.get(kernel, 0.0) + (bucket.finished_at or now) - bucket.started_at
             predicted[kernel] = predicted.get(kernel, 0.0) + (
                 TRIAL_OVERHEAD_S * bucket.done
+                + PROPOSAL_OVERHEAD_S * max(0, bucket.done - len(bucket.work.warm))
                 + BUCKET_OVERHEAD_S * (1.0 if bucket.finished_at is not None
                                        else 0.5 if bucket.in_hand else 0.0))
             trials[kernel] = trials.get(kernel, 0) + bucket.done
@@ -348,6 +357,7 @@ class RunEta:
             overhead = overhead_scale.get(work.kernel, overhead_unmeasured)
             per_trial = (busy_scale.get(work.kernel, busy_overall) * work.trial_busy_s
                          + overhead * TRIAL_OVERHEAD_S)
+            per_proposal = per_trial + overhead * PROPOSAL_OVERHEAD_S
 
             def wait(future: Future, t: float) -> float:
                 # A point asked for goes ahead of the queue: it waits one compile at most.
@@ -365,7 +375,7 @@ class RunEta:
                 asked_done = max(t, pool_start) + compile_one
                 late = sum(max(0.0, min(ready[f], asked_done) - t)
                            for f in work.others if f in ready)
-                t += proposed * (late / max(1, len(work.others)) + per_trial)
+                t += proposed * (late / max(1, len(work.others)) + per_proposal)
             return t + (busy_scale.get(work.kernel, busy_overall) * work.finalists_busy_s
                         + overhead * BUCKET_OVERHEAD_S * (0.5 if bucket.in_hand else 1.0))
 
@@ -377,7 +387,8 @@ class RunEta:
                 heapq.heappush(workers, play(bucket, heapq.heappop(workers)))
         # The run ends once the pool has compiled all it was queued: closing it lets each
         # process finish the queue first (compile_pool.py), which fills the artifact cache.
-        return max(*workers, *ready.values(), 0.0)
+        end = max(*workers, *ready.values(), 0.0)
+        return end + RUN_END_S if any(b.finished_at is None for b in self._order) else end
 
 
 def _blend(prior: float, measured: float, predicted: float, trials: int) -> float:
