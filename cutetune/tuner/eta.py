@@ -7,7 +7,7 @@ A run's time goes three ways, and the number of trials left says little about ho
 - the GPU worker verifying and timing each point: by the measurement protocol
   (device/measure.py) about the same per trial whatever the size, as each graph is sized to a
   target time, and more for a decode-sized point, which is timed between two timings of a
-  reference;
+  reference, and for a bucket's first trial, which also makes the bucket's inputs;
 - the tuner between trials and around buckets: Optuna in the results database, the worker's
   replies, the finalists' re-measurement, the store;
 and the run ends once the pool has compiled everything queued ahead, needed or not.
@@ -71,6 +71,10 @@ BUCKET_OVERHEAD_S = 0.25
 # and checks every study for trials left RUNNING: 2.5 s after the last trial of that H100 run.
 RUN_END_S = 2.5
 VERIFY_S = 0.005  # a point verified, besides the reference's bytes (below)
+# A bucket's first trial also makes the bucket's input sets and loads and times the reference
+# point (tuner/trials.py): beyond its predicted time, the first trials of that H100 run took
+# the GPU worker 0.26-0.97 s more (p10-p90; median 0.40 s), some 14% of the run.
+FIRST_TRIAL_S = 0.4
 HOST_US_PER_LAUNCH = 12.0  # a launch of the timing loop on the host (fresh outputs, the call)
 GRAPH_FIXED_US = 3000.0  # a graph captured and instantiated, each repeat synchronised
 # The prior weighs as much as this many measured trials (compiles: this many compiles).
@@ -182,6 +186,8 @@ class RunEta:
         self._busy_seen, self._wait_seen = measured()
         self._busy_by_kernel: dict[str, float] = {}
         self._wait_by_kernel: dict[str, float] = {}
+        # Each started bucket's first trial: (kernel, the GPU worker's seconds, predicted).
+        self._first_trials: list[tuple[str, float, float]] = []
         # Compiles not seen finished yet; the seconds of those that ran, per kernel.
         self._unseen = [f for f in self._queue if not f.done()]
         self._compiled: dict[str, list[float]] = {}
@@ -227,9 +233,10 @@ class RunEta:
 
     def trial(self, key: tuple) -> None:
         with self._lock:
-            self._attribute(key)
-            if key in self._buckets:
-                self._buckets[key].done += 1
+            bucket = self._buckets.get(key)
+            self._attribute(key, first_trial=bucket is not None and bucket.done == 0)
+            if bucket is not None:
+                bucket.done += 1
 
     def bucket_finished(self, key: tuple) -> None:
         with self._lock:
@@ -238,16 +245,18 @@ class RunEta:
                 self._buckets[key].finished_at = self._clock()
             self._estimate = None
 
-    def _attribute(self, key: tuple) -> None:
+    def _attribute(self, key: tuple, first_trial: bool = False) -> None:
         """The GPU work and the compile waits measured since the last event, to the kernel of
         the bucket it came from (with several GPU workers, to the one whose event comes
-        first)."""
+        first); a bucket's first trial's GPU work is also kept apart (FIRST_TRIAL_S)."""
         busy, wait = self._measured()
         bucket = self._buckets.get(key)
         if bucket is not None:
             kernel = bucket.work.kernel
-            self._busy_by_kernel[kernel] = (self._busy_by_kernel.get(kernel, 0.0)
-                                            + busy - self._busy_seen)
+            gpu = busy - self._busy_seen
+            if first_trial:
+                self._first_trials.append((kernel, gpu, bucket.work.trial_busy_s))
+            self._busy_by_kernel[kernel] = self._busy_by_kernel.get(kernel, 0.0) + gpu
             self._wait_by_kernel[kernel] = (self._wait_by_kernel.get(kernel, 0.0)
                                             + wait - self._wait_seen)
         self._busy_seen, self._wait_seen = busy, wait
@@ -284,34 +293,47 @@ class RunEta:
         return {kernel: blended(overall, s) for kernel, s in self._compiled.items()}, overall
 
     def _busy_scales(self) -> tuple[dict[str, float], float]:
-        """Measured GPU worker seconds over predicted, per kernel measured (blended with the
-        prior's 1 by its trials), and for a kernel not measured yet: the geometric mean of
-        those and of the prior's 1, as kernels differ (one kernel's heavy reference says
-        little of the next kernel's)."""
+        """Measured GPU worker seconds over predicted, of the trials after each bucket's first
+        (FIRST_TRIAL_S), per kernel measured (blended with the prior's 1 by its trials), and
+        for a kernel not measured yet: `_unmeasured` (one kernel's heavy reference says little
+        of the next kernel's)."""
         predicted: dict[str, float] = {}
         trials: dict[str, int] = {}
         for bucket in self._order:
             work = bucket.work
-            seconds = bucket.done * work.trial_busy_s
+            after_first = max(0, bucket.done - 1)
+            seconds = after_first * work.trial_busy_s
             if bucket.finished_at is not None:
                 seconds += work.finalists_busy_s
             predicted[work.kernel] = predicted.get(work.kernel, 0.0) + seconds
-            trials[work.kernel] = trials.get(work.kernel, 0) + bucket.done
-        measured = {kernel: _blend(1.0, self._busy_by_kernel.get(kernel, 0.0), seconds,
-                                   trials[kernel])
+            trials[work.kernel] = trials.get(work.kernel, 0) + after_first
+        first: dict[str, float] = {}
+        for kernel, seconds, _ in self._first_trials:
+            first[kernel] = first.get(kernel, 0.0) + seconds
+        measured = {kernel: _blend(1.0, self._busy_by_kernel.get(kernel, 0.0)
+                                   - first.get(kernel, 0.0), seconds, trials[kernel])
                     for kernel, seconds in predicted.items() if trials[kernel]}
-        unmeasured = math.exp(sum(math.log(max(scale, 1e-6)) for scale in measured.values())
-                              / (1 + len(measured)))
-        return measured, unmeasured
+        return measured, _unmeasured(measured)
+
+    def _first_trial_s(self) -> float:
+        """A bucket's first trial's GPU worker seconds beyond its predicted time: the median
+        over the buckets started, blended with the prior by their number."""
+        if not self._first_trials:
+            return FIRST_TRIAL_S
+        excess = statistics.median(seconds - predicted for _, seconds, predicted
+                                   in self._first_trials)
+        return ((PRIOR_TRIALS * FIRST_TRIAL_S + len(self._first_trials) * excess)
+                / (PRIOR_TRIALS + len(self._first_trials)))
 
     def _overhead_scales(self, now: float) -> tuple[dict[str, float], float]:
         """The tuner's measured time (its buckets' wall time less their GPU work and compile
         waits) over the prior's, per kernel measured (blended with the prior's 1 by its
-        trials); for a kernel not measured yet, the smallest of those (the prior's 1 before
-        any). The time outside the GPU is the run's own (Optuna, the store) plus the kernel's
-        host work (its reference, its inputs), which is the kernel's: moe_dispatch's took three
-        to five times the kernels after it on the H200, and a run's average would price their
-        trials at its rate."""
+        trials); for a kernel not measured yet, the geometric mean of those and of the prior's
+        1. The time outside the GPU is the run's own (Optuna, the store) plus the kernel's host
+        work (its reference, its inputs), which is the kernel's: moe_dispatch's took three to
+        five times the kernels after it on the H200, and a run's average would price their
+        trials at its rate; the smallest rate would let a kernel of few trials, none of them
+        proposed, price every kernel after it short."""
         walls: dict[str, float] = {}
         predicted: dict[str, float] = {}
         trials: dict[str, int] = {}
@@ -331,12 +353,13 @@ class RunEta:
                                     - self._wait_by_kernel.get(kernel, 0.0)),
                            predicted[kernel], trials[kernel])
             for kernel, wall in walls.items() if trials[kernel]}
-        return measured, min(measured.values(), default=1.0)
+        return measured, _unmeasured(measured)
 
     def _played_forward(self, now: float) -> float:
         compile_s, compile_overall = self._compile_rates()
         busy_scale, busy_overall = self._busy_scales()
         overhead_scale, overhead_unmeasured = self._overhead_scales(now)
+        first_trial_s = self._first_trial_s()
         waiting = [f for f in self._queue if not f.done()]
         # Before its first compile the pool is starting up.
         started = any(self._compiled.values()) or not waiting
@@ -366,6 +389,8 @@ class RunEta:
                 return max(0.0, min(ready[future], max(t, pool_start) + compile_one) - t)
 
             left = max(0, work.trials - bucket.done)
+            if bucket.done == 0 and left:
+                t += first_trial_s
             warm = work.warm[bucket.done:bucket.done + left]  # its warm start comes first
             for future in warm:
                 t += wait(future, t) + per_trial
@@ -389,6 +414,13 @@ class RunEta:
         # process finish the queue first (compile_pool.py), which fills the artifact cache.
         end = max(*workers, *ready.values(), 0.0)
         return end + RUN_END_S if any(b.finished_at is None for b in self._order) else end
+
+
+def _unmeasured(measured: dict[str, float]) -> float:
+    """The rate of a kernel not measured yet, from those of the kernels measured: their
+    geometric mean with the prior's 1, as kernels differ (the prior's 1 before any)."""
+    return math.exp(sum(math.log(max(scale, 1e-6)) for scale in measured.values())
+                    / (1 + len(measured)))
 
 
 def _blend(prior: float, measured: float, predicted: float, trials: int) -> float:
