@@ -210,8 +210,18 @@ def _gap_in_run(in_run: pd.DataFrame, own: str, other: str) -> tuple[float, str]
 
 
 def compare_files(paths: Sequence[Path]) -> pd.DataFrame:
-    return compare(pd.concat([pd.read_csv(p, dtype={"config": str, "winner": str})
-                              for p in paths], ignore_index=True))
+    """The runs' CSVs compared; each must hold runs no other file holds (a run's rows are told
+    apart by model and run number, which the file's name does not set)."""
+    frames, holder = [], {}
+    for path in paths:
+        frame = pd.read_csv(path, dtype={"config": str, "winner": str})
+        for model, run in frame[["model", "run"]].drop_duplicates().itertuples(index=False):
+            if (model, run) in holder:
+                raise SystemExit(f"{holder[model, run]} and {path} both hold run {run} of "
+                                 f"{model}: each run must be in one file only")
+            holder[model, run] = path
+        frames.append(frame)
+    return compare(pd.concat(frames, ignore_index=True))
 
 
 # -- BENCHMARKS.md ------------------------------------------------------------------------------

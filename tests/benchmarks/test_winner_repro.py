@@ -194,3 +194,13 @@ def test_benchmarks_md_compares_the_runs_of_a_listed_folder(tmp_path, monkeypatc
     assert "## Winners of fresh runs" in text
     assert "| m | 5 | 4 | **1 (25%)** | 1 | 2 |" in text
     assert "| m | k | hidden=7 | 64 | 2 (4 of 5) | 5.00% | 2.00% | side by side |" in text
+
+
+def test_two_files_holding_the_same_run_are_refused(tmp_path):
+    frame = pd.DataFrame(bucket_rows(1, 1, A, {A: 1.0, B: 1.05}),
+                         columns=list(winner_repro.RUN_COLUMNS))
+    first, second = tmp_path / "m-run1.csv", tmp_path / "m-run2.csv"
+    frame.to_csv(first, index=False)
+    frame.to_csv(second, index=False)  # renamed, but its rows still say run 1
+    with pytest.raises(SystemExit, match="both hold run 1 of m: each run must be in one file"):
+        winner_repro.compare_files([first, second])
