@@ -204,6 +204,12 @@ def error(estimate: float, truth: float) -> float:
     return abs(estimate - truth) / truth
 
 
+def errors_from_5_percent(run: PlayedRun) -> list[float]:
+    """Every reading's error from 5% of the trials, until the last 10 s."""
+    return [error(r.eta_s, run.end - r.at) for r in run.readings
+            if r.done >= 0.05 * run.total and run.end - r.at > 10]
+
+
 def whole_model() -> list[Problem]:
     """Like a whole-model run's: kernels of different sizes of space, each at 8 buckets; the
     small buckets searched exhaustively (all their candidates in the warm start), the others
@@ -398,8 +404,7 @@ def test_a_buckets_first_trial_does_not_price_every_trial_after_it():
     5% of the trials, read just after a new kernel's first trial."""
     run = PlayedRun(whole_model(), Truth(compile_s=0.5, pool_start_s=8.0,
                                          first_trial_s=1.0)).play()
-    errors = [error(r.eta_s, run.end - r.at) for r in run.readings
-              if r.done >= 0.05 * run.total and run.end - r.at > 10]
+    errors = errors_from_5_percent(run)
     assert max(errors) < 0.3, max(errors)
 
 
@@ -413,6 +418,5 @@ def test_a_light_kernel_of_few_trials_does_not_price_the_kernels_after_it():
     problems = [Problem("kernel0", 30, ((16, 5),) * 3), Problem("kernel1", 4, ((4, 4),) * 6),
                 *(Problem(f"kernel{k}", 54, ((16, 5),) * 6) for k in (2, 3, 4))]
     run = PlayedRun(problems, truth).play()
-    errors = [error(r.eta_s, run.end - r.at) for r in run.readings
-              if r.done >= 0.05 * run.total and run.end - r.at > 10]
+    errors = errors_from_5_percent(run)
     assert max(errors) < 0.2, max(errors)
