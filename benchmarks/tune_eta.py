@@ -48,7 +48,8 @@ DEFAULT_TOKENS = (1, 64, 4096)
 @dataclass(frozen=True)
 class Reading:
     """After a trial: seconds since the run started, trials done, the ETA shown, the trial's
-    kernel, and the run's time split so far (seconds)."""
+    kernel, and the run's time split so far (seconds); then the trial's bucket (its static
+    problem's key and token bucket), which a replay of the run (eta_replay.py) groups by."""
 
     elapsed_s: float
     done: int
@@ -57,6 +58,8 @@ class Reading:
     gpu_busy_s: float
     compile_wait_s: float
     compile_cpu_s: float
+    problem: str = ""
+    bucket: int = 0
 
 
 class RecordingProgress(RunProgress):
@@ -80,7 +83,8 @@ class RecordingProgress(RunProgress):
         self.readings.append(Reading(time.monotonic() - self.started_at,
                                      len(self.readings) + 1, self.eta_s(), planned.kernel.name,
                                      split.verify_s + split.timing_s, split.compile_wait_s,
-                                     self.workers.pool.cpu_seconds))
+                                     self.workers.pool.cpu_seconds,
+                                     planned.problem.static_key(), planned.bucket))
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,9 @@ class RunEta:
 
     @classmethod
     def for_run(cls, pending: Sequence[PendingBucket],
-                queued: Sequence[tuple[int, bool, Future]], workers: Workers) -> RunEta:
+                queued: Sequence[tuple[int, bool, Future]], workers: Workers,
+                clock: Callable[[], float] = time.monotonic,
+                refresh_s: float = REFRESH_S) -> RunEta:
         """The ETA of a run of `pending` on `workers`; `queued`: what model_run queued ahead,
         as (index of the bucket in `pending`, in its warm start, the compile's future), in the
         pool's order."""
@@ -213,7 +215,8 @@ class RunEta:
         split = workers.split
         return cls(work, [f for _, _, f in queued], len(workers.gpus),
                    workers.compile_processes,
-                   lambda: (split.verify_s + split.timing_s, split.compile_wait_s))
+                   lambda: (split.verify_s + split.timing_s, split.compile_wait_s),
+                   clock, refresh_s)
 
     @property
     def buckets(self) -> tuple[tuple, ...]:

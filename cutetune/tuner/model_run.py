@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -147,8 +147,8 @@ def tune_model(units: Sequence[Unit], buckets: Sequence[int], db: Database, work
         calibrated = calibration_to_serve(db, fingerprint)
         storage = storage if storage is not None else open_storage(db.url)
 
-        summaries, pending = _plan_run(units, buckets, db, fingerprint, spec, ceilings,
-                                       calibrated, options)
+        summaries, pending = plan_run(units, buckets, db, fingerprint, spec, ceilings,
+                                      calibrated, options)
         queued = _compile_ahead(workers, pending, options.budget)
         eta = RunEta.for_run(pending, queued, workers)
         observer = eta.updating(observer)
@@ -231,10 +231,10 @@ class _OneAtATime:
         return serialized
 
 
-def _plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
-              fingerprint: DeviceFingerprint, spec: DeviceSpec, ceilings: Ceilings,
-              calibrated: CalibratedModel | None, options: RunOptions
-              ) -> tuple[list[BucketSummary], list[PendingBucket]]:
+def plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
+             fingerprint: DeviceFingerprint, spec: DeviceSpec, ceilings: Ceilings,
+             calibrated: CalibratedModel | None, options: RunOptions
+             ) -> tuple[list[BucketSummary], list[PendingBucket]]:
     """The summaries of the buckets stored already, and the buckets left to tune. A bucket
     counts as stored when its latest run took the trials asked for, or every candidate."""
     stored_summaries, pending = [], []
@@ -256,20 +256,28 @@ def _plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
     return stored_summaries, pending
 
 
-def _compile_ahead(workers: Workers, pending: Sequence[PendingBucket],
-                   budget: int) -> list[tuple[int, bool, Future]]:
-    """Queue compiles ahead of the GPU: first every bucket's warm start, in the order the
-    buckets are tuned, then every other candidate TPE may propose, best-ranked first. Returns
-    what it queued, in order, for the ETA: (the bucket's index, in its warm start, future)."""
-    queued = []
+def compile_order(pending: Sequence[PendingBucket], budget: int
+                  ) -> Iterator[tuple[int, bool, list[Any]]]:
+    """What a run compiles ahead of the GPU, in the order it queues it: first every bucket's
+    warm start, in the order the buckets are tuned, then every other candidate TPE may
+    propose, best-ranked first; as (the bucket's index, in its warm start, its points)."""
     for warm_start_only in (True, False):
         for index, bucket in enumerate(pending):
             plan, default = bucket.planned.plan, bucket.planned.default
             order = (candidate_order(plan, default, budget) if warm_start_only
                      else ranked_candidates(plan, default))
-            futures = workers.compile_ahead(bucket.planned.kernel, bucket.planned.problem,
-                                            [c for c in order if c not in bucket.quarantined])
-            queued += [(index, warm_start_only, future) for future in futures]
+            yield index, warm_start_only, [c for c in order if c not in bucket.quarantined]
+
+
+def _compile_ahead(workers: Workers, pending: Sequence[PendingBucket],
+                   budget: int) -> list[tuple[int, bool, Future]]:
+    """Queue `compile_order`'s points. Returns what it queued, in order, for the ETA: (the
+    bucket's index, in its warm start, future)."""
+    queued = []
+    for index, warm_start_only, points in compile_order(pending, budget):
+        planned = pending[index].planned
+        futures = workers.compile_ahead(planned.kernel, planned.problem, points)
+        queued += [(index, warm_start_only, future) for future in futures]
     return queued
 
 
