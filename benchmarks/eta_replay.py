@@ -113,16 +113,16 @@ def replay(pending: Sequence[PendingBucket], queued: Sequence[tuple[int, bool, F
     keys = {(key[0], key[1].static_key(), key[2]): key
             for key in (bucket_key(bucket.planned) for bucket in pending)}
     # Each kernel's compiles in the order they finished, to its points in queue order.
-    points: dict[str, list[Future]] = defaultdict(list)
+    by_kernel: dict[str, dict[Future, None]] = defaultdict(dict)
     for index, _, future in queued:
-        if future not in points[pending[index].planned.kernel.name]:
-            points[pending[index].planned.kernel.name].append(future)
+        by_kernel[pending[index].planned.kernel.name].setdefault(future)
+    points = {kernel: list(futures) for kernel, futures in by_kernel.items()}
     finished = sorted((float(c["finished_at"]), float(c["seconds"]), c["kernel"])
                       for c in compiles)
     finishes, taken = [], defaultdict(int)
-    for at, seconds, kernel in finished:
-        if taken[kernel] < len(points[kernel]):
-            finishes.append((at, seconds, points[kernel][taken[kernel]]))
+    for finished_at, seconds, kernel in finished:
+        if taken[kernel] < len(points.get(kernel, ())):
+            finishes.append((finished_at, seconds, points[kernel][taken[kernel]]))
             taken[kernel] += 1
 
     def at(moment: float) -> None:
