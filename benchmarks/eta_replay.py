@@ -27,15 +27,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.tune_eta import model_units
 from cutetune.build.compile_pool import CompileResult
-from cutetune.cli.problems import model_problems
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
-from cutetune.kernels.registry import get_kernel, kernel_names
 from cutetune.results_db import Database, DeviceFingerprint
 from cutetune.spaces.space import config_to_json
 from cutetune.tuner.defaults import DEFAULT_BUDGET
 from cutetune.tuner.eta import RunEta
-from cutetune.tuner.model_run import PendingBucket, RunOptions, Unit, compile_order, plan_run
+from cutetune.tuner.isolated import TimeSplit
+from cutetune.tuner.model_run import PendingBucket, RunOptions, compile_order, plan_run
 from cutetune.tuner.tune import bucket_key
 
 SHARES = (0.05, 0.25, 0.5)
@@ -45,22 +45,13 @@ BAND = 0.30  # the issue's target
 TAIL_S = 20.0
 
 
-@dataclass
-class _Split:
-    """The recorded run's time split so far, as RunEta reads a run's (tuner/isolated.py)."""
-
-    verify_s: float = 0.0
-    timing_s: float = 0.0
-    compile_wait_s: float = 0.0
-
-
 @dataclass(frozen=True)
 class _Workers:
     """What RunEta reads of a run's workers."""
 
     gpus: tuple[int, ...]
     compile_processes: int
-    split: _Split = field(default_factory=_Split)
+    split: TimeSplit = field(default_factory=TimeSplit)
 
 
 @dataclass(frozen=True)
@@ -84,13 +75,12 @@ def planned_run(model: str, tokens: Sequence[int], device: str, budget: int = DE
     """The run's buckets and compile queue (each distinct point one future), planned into an
     empty database on `device`'s datasheet ceilings."""
     spec = DEVICE_SPECS[device]
-    units = [Unit(kernel, problem) for kernel in map(get_kernel, kernel_names())
-             for problem in model_problems(kernel, model, "bfloat16", skip_if_absent=True)]
+    units = model_units(model, "bfloat16")
     with tempfile.TemporaryDirectory(prefix="cutetune-eta-replay-") as directory:
         db = Database.open(f"sqlite:///{directory}/replay.db")
         fingerprint = DeviceFingerprint(device, "replay", spec.sm_count, "replay", "replay",
                                         "replay", "replay")
-        _, pending = plan_run(units, tokens, db, fingerprint, spec,
+        _, pending = plan_run(units, sorted(set(tokens)), db, fingerprint, spec,
                               Ceilings.from_datasheet(spec), None, RunOptions(budget))
     futures: dict[tuple, Future] = {}
     queued = []

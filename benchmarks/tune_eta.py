@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import TextIO
 
 from cutetune.build.compile_pool import FinishedCompile
+from cutetune.cli.problems import model_problems
 from cutetune.cli.progress import RunProgress, time_split_line
+from cutetune.kernels.registry import get_kernel, kernel_names
 from cutetune.results_db import Database
 from cutetune.tuner.isolated import Workers
 from cutetune.tuner.model_run import RunOptions, Unit, tune_model
@@ -97,6 +99,12 @@ class RecordedRun:
     compiles: list[FinishedCompile] = field(default_factory=list)
 
 
+def model_units(model: str, dtype: str) -> list[Unit]:
+    """Every kernel problem `model` uses, as `cutetune tune --model` tunes them."""
+    return [Unit(kernel, problem) for kernel in map(get_kernel, kernel_names())
+            for problem in model_problems(kernel, model, dtype, skip_if_absent=True)]
+
+
 def record_run(units: Sequence[Unit], buckets: Sequence[int], db: Database, workers: Workers,
                options: RunOptions, stream: TextIO | None = None) -> RecordedRun:
     """Tune `units` at `buckets` as `cutetune tune` does, noting the ETA after each trial."""
@@ -155,15 +163,12 @@ def main() -> None:
 
     import torch
 
-    from cutetune.cli.problems import model_problems
-    from cutetune.kernels.registry import get_kernel, kernel_names
     from cutetune.tuner.defaults import DEFAULT_BUDGET
 
     if not torch.cuda.is_available():
         raise SystemExit("the ETA benchmark tunes on a CUDA GPU and none is visible")
     kernels = [get_kernel(name) for name in kernel_names()]
-    units = [Unit(k, problem) for k in kernels
-             for problem in model_problems(k, args.model, args.dtype, skip_if_absent=True)]
+    units = model_units(args.model, args.dtype)
     buckets = sorted({int(t) for t in args.tokens.split(",")})
     with tempfile.TemporaryDirectory(prefix="cutetune-eta-") as directory:
         db = Database.open(f"sqlite:///{Path(directory) / 'tune.db'}")

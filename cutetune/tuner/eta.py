@@ -186,8 +186,10 @@ class RunEta:
         self._busy_seen, self._wait_seen = measured()
         self._busy_by_kernel: dict[str, float] = {}
         self._wait_by_kernel: dict[str, float] = {}
-        # Each started bucket's first trial: (kernel, the GPU worker's seconds, predicted).
-        self._first_trials: list[tuple[str, float, float]] = []
+        # The started buckets' first trials (FIRST_TRIAL_S): their GPU worker seconds per
+        # kernel, and each one's seconds beyond its predicted time.
+        self._first_busy_by_kernel: dict[str, float] = {}
+        self._first_excess: list[float] = []
         # Compiles not seen finished yet; the seconds of those that ran, per kernel.
         self._unseen = [f for f in self._queue if not f.done()]
         self._compiled: dict[str, list[float]] = {}
@@ -258,7 +260,9 @@ class RunEta:
             kernel = bucket.work.kernel
             gpu = busy - self._busy_seen
             if first_trial:
-                self._first_trials.append((kernel, gpu, bucket.work.trial_busy_s))
+                self._first_busy_by_kernel[kernel] = (self._first_busy_by_kernel.get(kernel, 0.0)
+                                                      + gpu)
+                self._first_excess.append(gpu - bucket.work.trial_busy_s)
             self._busy_by_kernel[kernel] = self._busy_by_kernel.get(kernel, 0.0) + gpu
             self._wait_by_kernel[kernel] = (self._wait_by_kernel.get(kernel, 0.0)
                                             + wait - self._wait_seen)
@@ -310,23 +314,20 @@ class RunEta:
                 seconds += work.finalists_busy_s
             predicted[work.kernel] = predicted.get(work.kernel, 0.0) + seconds
             trials[work.kernel] = trials.get(work.kernel, 0) + after_first
-        first: dict[str, float] = {}
-        for kernel, seconds, _ in self._first_trials:
-            first[kernel] = first.get(kernel, 0.0) + seconds
         measured = {kernel: _blend(1.0, self._busy_by_kernel.get(kernel, 0.0)
-                                   - first.get(kernel, 0.0), seconds, trials[kernel])
+                                   - self._first_busy_by_kernel.get(kernel, 0.0), seconds,
+                                   trials[kernel])
                     for kernel, seconds in predicted.items() if trials[kernel]}
         return measured, _unmeasured(measured)
 
     def _first_trial_s(self) -> float:
         """A bucket's first trial's GPU worker seconds beyond its predicted time: the median
         over the buckets started, blended with the prior by their number."""
-        if not self._first_trials:
+        if not self._first_excess:
             return FIRST_TRIAL_S
-        excess = statistics.median(seconds - predicted for _, seconds, predicted
-                                   in self._first_trials)
-        return ((PRIOR_TRIALS * FIRST_TRIAL_S + len(self._first_trials) * excess)
-                / (PRIOR_TRIALS + len(self._first_trials)))
+        started = len(self._first_excess)
+        return ((PRIOR_TRIALS * FIRST_TRIAL_S + started * statistics.median(self._first_excess))
+                / (PRIOR_TRIALS + started))
 
     def _overhead_scales(self, now: float) -> tuple[dict[str, float], float]:
         """The tuner's measured time (its buckets' wall time less their GPU work and compile
