@@ -16,11 +16,14 @@ def calibrate(obj: Context, min_trials: int | None) -> None:
     in flight) to each device's verified trials and store them; tuning and warmup on that
     device then rank, prune and pick untuned points with it. Needs no GPU."""
     from cutetune.device.calibration_fit import MIN_TRIALS
-    from cutetune.tuner.calibrate import calibrate as calibrate_devices
+    from cutetune.tuner.calibrate import fit_devices, store_calibrations
 
-    db = obj.open_db(writable=True)
+    # Fitted from the database as it is (a missing one is one line, not created); opened for
+    # writing only once there is a model to store.
+    found = obj.open_db()
     with obj.reading():
-        results = calibrate_devices(db, min_trials or MIN_TRIALS)
+        results = fit_devices(found, min_trials or MIN_TRIALS)
+    found.dispose()
     if not results:
         raise click.ClickException(f"{obj.shown_url} holds no device's trials: run cutetune "
                                    "tune first")
@@ -30,5 +33,8 @@ def calibrate(obj: Context, min_trials: int | None) -> None:
              for result in results]
     if all(result.model is None for result in results):  # nothing stored: one line, exit 1
         raise click.ClickException("; ".join(lines))
+    db = obj.open_db(writable=True)
+    store_calibrations(db, results)
+    db.dispose()
     for line in lines:
         click.echo(line)

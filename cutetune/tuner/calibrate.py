@@ -47,9 +47,10 @@ def samples_of(rows: Iterable[dict], spec: DeviceSpec) -> list[Sample]:
     return samples
 
 
-def calibrate(db: Database, min_trials: int = MIN_TRIALS) -> list[DeviceCalibration]:
-    """Fit and store the cost model of every device stored in `db` that has at least
-    `min_trials` verified trials; the others are refused with how many they have."""
+def fit_devices(db: Database, min_trials: int = MIN_TRIALS) -> list[DeviceCalibration]:
+    """The cost model of every device stored in `db` that has at least `min_trials` verified
+    trials, fitted and not yet stored (reading only); the others refused with how many they
+    have."""
     results = []
     for fingerprint in stored_devices(db):
         try:
@@ -63,6 +64,19 @@ def calibrate(db: Database, min_trials: int = MIN_TRIALS) -> list[DeviceCalibrat
         except TooFewTrials as err:
             results.append(DeviceCalibration(fingerprint, None, str(err)))
             continue
-        record_calibration(db, fingerprint, model)
         results.append(DeviceCalibration(fingerprint, model, None))
+    return results
+
+
+def store_calibrations(db: Database, results: Iterable[DeviceCalibration]) -> None:
+    """Store the fitted models among `results` (fit_devices') in `db`."""
+    for result in results:
+        if result.model is not None:
+            record_calibration(db, result.fingerprint, result.model)
+
+
+def calibrate(db: Database, min_trials: int = MIN_TRIALS) -> list[DeviceCalibration]:
+    """Fit and store the cost model of every device stored in `db` (fit_devices)."""
+    results = fit_devices(db, min_trials)
+    store_calibrations(db, results)
     return results

@@ -100,6 +100,9 @@ FAILING_COMMANDS = [
     ("report-directory", ["report", "--model", "qwen3-8b", "--db", "sqlite:///a-directory.db"],
      "is a directory"),
     ("report-empty-url", ["report", "--model", "qwen3-8b", "--db", ""], "URL is empty"),
+    ("calibrate-missing-file", ["--db", "sqlite:///{tmp}/new/x.db", "calibrate"],
+     f"cannot open the database sqlite:///{{tmp}}/new/x.db: {NO_SUCH_FILE}"),
+    ("calibrate-default-db", ["calibrate"], NO_SUCH_FILE),
 ]
 
 
