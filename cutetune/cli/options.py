@@ -3,6 +3,7 @@ each bad value one line naming the option, what it got and what it accepts."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import click
@@ -21,6 +22,17 @@ KERNELS_HELP = f"Kernels: {', '.join(KERNEL_NAMES)}."
 PRESETS_HELP = (f"Presets for --model: {', '.join(PRESET_NAMES)}; or the path of a Hugging "
                 "Face config.json (or of its folder).")
 CATALOG_HELP = f"{KERNELS_HELP}\n\n{PRESETS_HELP}"
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange less nan and inf: a nan compares false with both bounds, so the range
+    alone lets it through, and inf passes a range open above."""
+
+    def convert(self, value, param, ctx) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number ({self._describe_range()})", param, ctx)
+        return number
 
 
 class KernelName(click.ParamType):

@@ -9,6 +9,7 @@ import click
 from cutetune.cli.context import Context
 from cutetune.cli.options import (
     CATALOG_HELP,
+    FiniteFloatRange,
     KernelName,
     dtype_option,
     model_option,
@@ -37,10 +38,10 @@ from cutetune.tuner.defaults import (
 @click.option("--retry-failed", is_flag=True,
               help="try again the points that hung or crashed (see show --failed)")
 @click.option("--trial-timeout", default=DEFAULT_TRIAL_TIMEOUT_S, show_default=True,
-              type=click.FloatRange(min=1), help="seconds a trial may take beyond ten times "
+              type=FiniteFloatRange(min=1), help="seconds a trial may take beyond ten times "
               "its predicted GPU time before its worker is killed")
 @click.option("--tie-band", default=DEFAULT_TIE_BAND_PERCENT, show_default=True,
-              type=click.FloatRange(0, MAX_TIE_BAND_PERCENT), metavar="PERCENT",
+              type=FiniteFloatRange(0, MAX_TIE_BAND_PERCENT), metavar="PERCENT",
               help="finalists re-measured within this many percent of the fastest (or within "
                    "its timing's IQR, where wider) are tied; the default wins a tie, else the "
                    "point the cost model ranks best (then canonical JSON), so that runs name "

@@ -174,12 +174,19 @@ def test_tune_without_a_gpu_says_it_needs_one(empty_db, tmp_path, kernel):
      ["--tie-band", "12.0 is not in the range 0<=x<=10"]),
     (["--model", "qwen3-8b", "--tie-band", "-0.5"],
      ["--tie-band", "-0.5 is not in the range 0<=x<=10"]),
+    (["--model", "qwen3-8b", "--tie-band", "nan"],
+     ["--tie-band", "'nan' is not a finite number (0<=x<="]),
+    (["--model", "qwen3-8b", "--trial-timeout", "nan"],
+     ["--trial-timeout", "'nan' is not a finite number (x>=1)"]),
+    (["--model", "qwen3-8b", "--trial-timeout", "inf"],
+     ["--trial-timeout", "'inf' is not a finite number (x>=1)"]),
     (["--model", "qwen3-8b", "--gpus", "0,0"],
      ["--gpus", "GPU numbers must be distinct and at least 0, got '0,0'"]),
     (["--model", "qwen3-8b", "--gpus", "first"],
      ["--gpus", "'first' is not a comma-separated list of GPU numbers, e.g. 0,1"]),
 ], ids=["unknown-model", "not-in-model", "tokens-too-many", "unknown-kernel", "no-trials",
-        "tie-band-too-wide", "tie-band-negative", "same-gpu-twice", "gpus-not-numbers"])
+        "tie-band-too-wide", "tie-band-negative", "tie-band-nan", "trial-timeout-nan",
+        "trial-timeout-inf", "same-gpu-twice", "gpus-not-numbers"])
 def test_tune_errors_are_one_clear_line_before_any_work(empty_db, tmp_path, args, fragments):
     assert_clean_error(invoke(empty_db, "tune", *args), *fragments)
     assert not (tmp_path / "x.db").exists()
