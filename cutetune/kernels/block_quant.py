@@ -429,11 +429,19 @@ def problems_for_model(kind: type[BlockQuantProblem], fmt: str):
                 f"quantization_config reads as {quant.format if quant else 'none'})")
         attention = (model.num_q_heads * model.head_dim
                      if model.num_q_heads and model.head_dim else None)
-        widths = [w for w in (model.hidden_size, attention, model.intermediate_size,
-                              model.expert_intermediate, model.shared_expert_intermediate)
-                  if w and w % BLOCK[fmt] == 0]
+        named = {"hidden size": model.hidden_size, "attention width": attention,
+                 "intermediate size": model.intermediate_size,
+                 "expert intermediate size": model.expert_intermediate,
+                 "shared expert intermediate size": model.shared_expert_intermediate}
+        # A width the block does not divide has no such quantisation in any GEMM: the whole
+        # kernel is refused with the widths named, rather than those widths left out unsaid.
+        unfit = [f"{name} {w}" for name, w in named.items() if w and w % BLOCK[fmt]]
+        if unfit:
+            raise NotApplicableError(
+                f"model {model.name} quantises its activations to {fmt} in blocks of "
+                f"{BLOCK[fmt]}, which do not divide its {', '.join(unfit)}")
         return [kind(num_tokens=1, dtype=dtype, hidden=w, scale_layout=scale_layout.SWIZZLED)
-                for w in dict.fromkeys(widths)]
+                for w in dict.fromkeys(w for w in named.values() if w)]
 
     return problems
 

@@ -114,6 +114,15 @@ def test_model_problems_follow_activation_quant():
         model.activation_quant, format="mxfp8", group_size=32))
     assert [p.hidden for p in MXFP8_KERNEL.problems_for_model(mx_model, "bfloat16")] == [
         4096, 14336]
+    # A width the block does not divide refuses the kernel, naming the widths, rather than
+    # being left out unsaid.
+    odd = dataclasses.replace(model, hidden_size=4104, intermediate_size=14344)
+    with pytest.raises(NotApplicableError, match="to nvfp4 in blocks of 16, which do not "
+                       "divide its hidden size 4104, intermediate size 14344$"):
+        NVFP4_KERNEL.problems_for_model(odd, "bfloat16")
+    with pytest.raises(NotApplicableError, match="which do not divide its attention width 3300$"):
+        NVFP4_KERNEL.problems_for_model(dataclasses.replace(model, num_q_heads=33, head_dim=100),
+                                        "bfloat16")
 
 
 # ---------------------------------------------------------------------------------------------
