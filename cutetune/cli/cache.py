@@ -59,7 +59,7 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
 
     from cutetune.build.artifacts import ArtifactStore, arch_for
     from cutetune.cli.artifacts import require_c_compiler
-    from cutetune.cli.problems import model_problems
+    from cutetune.cli.problems import checked_model, model_problems
     from cutetune.device.calibrated import read_stored
     from cutetune.kernels.code_hash import CODE_HASHES, remember_in
     from cutetune.kernels.registry import get_kernel, kernel_names
@@ -73,9 +73,9 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
     from cutetune.serving.predicted import PICKS_FILE
 
     # The model, the database and the compiler are checked before the cache directory is
-    # touched (created, or its code-hash memo written), so a mistaken command leaves nothing.
-    work = [(kernel, problems) for kernel in map(get_kernel, kernel_names())
-            if (problems := model_problems(kernel, model, dtype, skip_if_absent=True))]
+    # touched (created, or its code-hash memo written), so a mistaken command leaves nothing,
+    # and before the kernels the model skips are told, so that an error is the only line.
+    checked_model(model)
     # A build host that never tuned has no database at the default path: it builds the
     # shipped winners and the defaults. A database someone named must exist.
     db = obj.open_db(missing_ok=obj.db_is_default)
@@ -89,6 +89,8 @@ def cache_build(obj: Context, model: str, dtype: str, device, jobs: int) -> None
             calibrations = calibrations_with_devices(db)
         db.dispose()
     require_c_compiler()
+    work = [(kernel, problems) for kernel in map(get_kernel, kernel_names())
+            if (problems := model_problems(kernel, model, dtype, skip_if_absent=True))]
 
     def for_the_device(pairs):
         return [winner for stored_on, winner in pairs if _names_device(stored_on.gpu_name, device)

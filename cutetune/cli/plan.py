@@ -41,13 +41,13 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
     from cutetune.spaces.space import config_to_json
 
     kdef = get_kernel(kernel)
+    statics = model_problems(kdef, model, dtype)  # a model it refuses is the only output
+    buckets = token_buckets(tokens)
     ceilings = Ceilings.from_datasheet(device)
     calibrated = None if datasheet else _stored_calibration(obj, device)
     click.echo("cost model: " + ("datasheet roofline" if calibrated is None else
                                  f"calibrated for {calibrated.gpu_name}: "
                                  f"{calibrated.describe()}"))
-    statics = model_problems(kdef, model, dtype)
-    buckets = token_buckets(tokens)
     for static in statics:
         for bucket in buckets:
             problem = static.with_tokens(bucket)

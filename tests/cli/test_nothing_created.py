@@ -111,8 +111,15 @@ FAILING_COMMANDS = [
 def test_a_failing_command_is_one_line_and_creates_nothing(home, tmp_path, args, expected):
     before = tree(tmp_path)
     args = [arg.replace("{tmp}", str(tmp_path)) for arg in args]
-    error = one_error_line(CliRunner().invoke(cli, args))
+    result = CliRunner().invoke(cli, args)
+    error = one_error_line(result)
     assert expected.replace("{tmp}", str(tmp_path)) in error
+    # Nothing printed as if the command had worked, nor any note before the error but what
+    # it points to (import's refused rows, "above").
+    assert result.stdout == ""
+    notes = [line for line in result.stderr.splitlines()
+             if line and not line.startswith(("Usage:", "Try ", "Error:"))]
+    assert notes == [] or "(above)" in error
     assert tree(tmp_path) == before
 
 
