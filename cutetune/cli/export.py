@@ -34,9 +34,12 @@ def export(obj: Context, fmt: str, kernel: str | None, model: str | None, dtype:
     from cutetune.results_db import export_winners
 
     names = [kernel] if kernel else kernel_names()
+    # A kernel named with a model it does not serve is refused, as plan refuses it; of every
+    # kernel, those the model does not use are skipped (said on stderr).
     problems = None if model is None else {
         (name, problem.static_key()) for name in names
-        for problem in model_problems(get_kernel(name), model, dtype, skip_if_absent=True)}
+        for problem in model_problems(get_kernel(name), model, dtype,
+                                      skip_if_absent=kernel is None)}
     source_hashes = {name: get_kernel(name).source_hash() for name in names} if current else None
     if fmt == "db":
         if out is None:
