@@ -184,13 +184,16 @@ def _ct_activations(acts: _Quant | None) -> ActivationQuant | None:
 def _modelopt(q: _Quant) -> ActivationQuant | None:
     algo = (q.text("quant_algo") or "").upper()
     if algo == "NVFP4":
-        group = q.positive_int("group_size")
+        # Each place a group size may be given (the top level, each config group's input
+        # activations) is checked where it is, so that a wrong one is named by its own path.
         groups = q.child("config_groups")
-        for name in groups.cfg if groups else ():
-            acts = (groups.child(name) or _Quant({}, q.where, "")).child("input_activations")
-            group = group or (acts.positive_int("group_size") if acts else None)
-        if group not in (None, NVFP4_BLOCK):
-            raise q.bad("group_size", f"{NVFP4_BLOCK} for NVFP4 (e4m3 scales of 16 elements)")
+        holders = [q] + [acts for name in (groups.cfg if groups else ())
+                         if (acts := (groups.child(name) or _Quant({}, q.where, ""))
+                             .child("input_activations"))]
+        for holder in holders:
+            if holder.positive_int("group_size") not in (None, NVFP4_BLOCK):
+                raise holder.bad("group_size",
+                                 f"{NVFP4_BLOCK} for NVFP4 (e4m3 scales of 16 elements)")
         return ActivationQuant("nvfp4", NVFP4_BLOCK, "e4m3")
     return {"FP8": FP8_TENSOR, "FP8_PER_CHANNEL_PER_TOKEN": FP8_TOKEN,
             "MXFP8": MXFP8}.get(algo)

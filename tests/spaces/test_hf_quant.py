@@ -91,6 +91,9 @@ def test_a_mixed_compressed_tensors_recipe_is_not_one_format():
         "num_bits": "8", "type": "float"}}}}, "num_bits", "expected a positive integer"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}, "group_size",
      "expected 16 for NVFP4"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "config_groups": {"g": {
+        "input_activations": {"group_size": 32}}}},
+     "config_groups.g.input_activations.group_size is 32", "expected 16 for NVFP4"),
     ({"quant_method": "modelopt", "quant_algo": 4}, "quant_algo", "expected a string"),
 ])
 def test_a_malformed_field_is_one_line_naming_it(quant, field, expected):
