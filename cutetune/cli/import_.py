@@ -51,6 +51,8 @@ def import_(obj: Context, path: str, fmt: str | None, skip_invalid: bool) -> Non
     if refused and not checked.runs:
         raise click.UsageError(f"{path}: all {checked.rows} rows refused (above); nothing "
                                "imported")
+    if not checked.rows:  # an empty export, say: no database is created for nothing
+        raise click.UsageError(f"{path}: no winners in it; nothing imported")
     db = obj.open_db(writable=True)
     if source is not None:
         _copy_runs(source, db, checked, path)

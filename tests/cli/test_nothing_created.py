@@ -36,6 +36,7 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(work)
     (work / "bad.json").write_text('[{"kernel_name": "nosuch"}]')
     (work / "not-json.json").write_text("{")
+    (work / "empty.json").write_text("[]")
     (work / "a-directory.db").mkdir()
     return home
 
@@ -65,6 +66,8 @@ FAILING_COMMANDS = [
     ("import-not-json", ["--db", "sqlite:///{tmp}/new/x.db", "import", "not-json.json"],
      "not-json.json"),
     ("import-default-db", ["import", "bad.json"], "nothing imported"),
+    ("import-empty-file", ["--db", "sqlite:///{tmp}/new/x.db", "import", "empty.json"],
+     "empty.json: no winners in it; nothing imported"),
     ("cache-build-unknown-model", ["cache", "build", "--model", "nosuch"],
      "unknown model 'nosuch'"),
     ("cache-build-missing-db", ["--db", "sqlite:///{tmp}/new/x.db", "cache", "build",
