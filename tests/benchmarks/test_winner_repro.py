@@ -18,6 +18,7 @@ from benchmarks import winner_repro
 from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import Database, copy_results, winners
 from cutetune.spaces.models import load_model
+from cutetune.tuner.finals import TIE_BAND_FLOOR
 from cutetune.tuner.tune import plan_bucket, tune_bucket
 from testkit.child_process import child_env
 from testkit.fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
@@ -111,7 +112,7 @@ def test_run_rows_reads_each_buckets_winner_finalists_and_trials(tmp_path):
         (winner,) = group[group["kind"] == "winner"].itertuples()
         assert json.loads(winner.config) == json.loads(stored[bucket].config_json)
         assert winner.median_us == pytest.approx(stored[bucket].median_us)
-        assert winner.tie_band == pytest.approx(0.02)
+        assert winner.tie_band == pytest.approx(TIE_BAND_FLOOR)
         finalists = group[group["kind"] == "finalist"]
         assert len(finalists) >= 2 and winner.config in set(finalists["config"])
         assert 1 <= (group["kind"] == "trial").sum() <= 6
@@ -136,7 +137,7 @@ def test_run_rows_of_an_exported_database_read_its_stored_winners(tmp_path):
     (winner,) = rows[rows["kind"] == "winner"].itertuples()
     assert json.loads(winner.config) == json.loads(stored.config_json)
     assert winner.median_us == pytest.approx(stored.median_us)
-    assert winner.tie_band == pytest.approx(0.02)
+    assert winner.tie_band == pytest.approx(TIE_BAND_FLOOR)
     assert list(rows[rows["kind"] == "finalist"]["config"]) == [winner.config]
     assert 1 <= (rows["kind"] == "trial").sum() <= 6
 

@@ -192,7 +192,7 @@ def test_tune_errors_are_one_clear_line_before_any_work(empty_db, tmp_path, args
     assert not (tmp_path / "x.db").exists()
 
 
-@pytest.mark.parametrize(("args", "band"), [([], 0.02), (["--tie-band", "0.5"], 0.005),
+@pytest.mark.parametrize(("args", "band"), [([], 0.03), (["--tie-band", "0.5"], 0.005),
                                              (["--tie-band", "0"], 0.0)])
 def test_the_tie_band_reaches_the_run_as_a_fraction(empty_db, monkeypatch, args, band):
     import torch

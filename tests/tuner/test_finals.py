@@ -19,7 +19,7 @@ from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import Database, trials_frame, winners
 from cutetune.spaces.models import load_model
 from cutetune.spaces.space import config_to_json
-from cutetune.tuner.finals import finalists, pick, preference, tie_band
+from cutetune.tuner.finals import TIE_BAND_FLOOR, finalists, pick, preference, tie_band
 from cutetune.tuner.study import FINALS_ATTR, TrialOutcome, run_study
 from cutetune.tuner.tune import plan_bucket, tune_bucket
 from testkit.fake_qk_runner import CEILINGS, FINGERPRINT, SPEC
@@ -103,13 +103,13 @@ def test_the_band_widens_with_the_fastest_finalists_spread():
         return TrialOutcome(0, config, Measurement(median_us, iqr_us, 25), None,
                             PREDICTED[config])
 
-    # A point 3% behind the fastest, first in the fixed order: tied only where the fastest's
-    # IQR is wider than 3%.
-    noisy = [outcome(POINTS[0], 10.3, 0.1), outcome(POINTS[1], 10.0, 0.5)]
-    quiet = [outcome(POINTS[0], 10.3, 0.1), outcome(POINTS[1], 10.0, 0.05)]
+    # A point 4% behind the fastest, first in the fixed order: tied only where the fastest's
+    # IQR is wider than 4%.
+    noisy = [outcome(POINTS[0], 10.4, 0.1), outcome(POINTS[1], 10.0, 0.5)]
+    quiet = [outcome(POINTS[0], 10.4, 0.1), outcome(POINTS[1], 10.0, 0.05)]
     assert pick(noisy, DEFAULT).tie_band == pytest.approx(0.05)
     assert pick(noisy, DEFAULT).winner.config == POINTS[0]
-    assert pick(quiet, DEFAULT).tie_band == pytest.approx(0.02)  # the floor
+    assert pick(quiet, DEFAULT).tie_band == pytest.approx(TIE_BAND_FLOOR) == 0.03
     assert pick(quiet, DEFAULT).winner.config == POINTS[1]
     assert tie_band(Measurement(10.0, 0.0, 25), floor=0.0) == 0.0
 
@@ -148,7 +148,7 @@ def test_the_record_keeps_the_winners_own_times_and_the_study_its_finals(tmp_pat
     runner = NoisyRunner(base, {POINTS[0]: -0.02, DEFAULT: 0.03})
     result = tune_bucket(plan_bucket(qk.KERNEL, STATIC, 1, SPEC, CEILINGS), runner, db,
                          FINGERPRINT, budget=500)
-    assert result.winner.config == DEFAULT and result.tie_band == pytest.approx(0.02)
+    assert result.winner.config == DEFAULT and result.tie_band == pytest.approx(TIE_BAND_FLOOR)
     (winner,) = winners(db, FINGERPRINT, "qk_norm")
     assert json.loads(winner.config_json) == json.loads(config_to_json(DEFAULT))
     assert winner.median_us == pytest.approx(10.13)  # the default's own, not 9.98
@@ -159,7 +159,7 @@ def test_the_record_keeps_the_winners_own_times_and_the_study_its_finals(tmp_pat
     study = optuna.load_study(study_name=result.study_name, storage=db.url)
     finals = study.user_attrs[FINALS_ATTR]
     assert finals["winner"] == config_to_json(DEFAULT)
-    assert finals["tie_band"] == pytest.approx(0.02)
+    assert finals["tie_band"] == pytest.approx(TIE_BAND_FLOOR)
     by_config = {f["config"]: f["median_us"] for f in finals["finalists"]}
     assert by_config[config_to_json(POINTS[0])] == pytest.approx(9.98)
     assert by_config[config_to_json(DEFAULT)] == pytest.approx(10.13)
