@@ -8,6 +8,7 @@ from cutetune.fast_call import Dim, DType, FastCall, Value
 from cutetune.kernels.activation import GELU_FORMS, GELU_KERNEL, SILU_KERNEL
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.registry import KernelDef
+from cutetune.ops.checks import check_positive_size, device_index
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 
@@ -30,6 +31,7 @@ def _check_inputs(op: str, x: torch.Tensor,
     if len(shape) != 2 or shape[1] % 2:
         raise ValueError(f"x must be (tokens, 2 * intermediate) with an even last dim, got "
                          f"shape {shape}")
+    check_positive_size("x's last dim (2 * intermediate)", shape[1])
     name = DTYPE_NAMES[dtype]
     element_bytes = DTYPE_BYTES[name]
     intermediate = shape[1] // 2
@@ -47,12 +49,7 @@ def _check_inputs(op: str, x: torch.Tensor,
             raise ValueError(f"out must be (tokens, intermediate) = {(shape[0], intermediate)} "
                              f"for x of shape {shape}, got {tuple(out.shape)}")
         _check_rows("out", out, element_bytes)
-    device = x.get_device()
-    if device < 0 and x.device.type != "cpu":
-        raise ValueError(f"x is on {x.device}: {op} runs on a CUDA device or the CPU")
-    if out is not None and out.get_device() != device:
-        raise ValueError(f"out is on {out.device} but x is on {x.device}")
-    return name, shape[0], intermediate, device
+    return name, shape[0], intermediate, device_index(op, "x", x, (("out", out),))
 
 
 def _check_rows(name: str, t: torch.Tensor, element_bytes: int) -> None:

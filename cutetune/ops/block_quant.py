@@ -18,6 +18,7 @@ from cutetune.kernels.block_quant import (
     VALUE_DTYPES,
 )
 from cutetune.kernels.dtypes import DTYPE_NAMES
+from cutetune.ops.checks import check_positive_size, device_index
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 # x is loaded up to 256 bits at a time (on sm_100), q stored up to 128.
@@ -39,6 +40,7 @@ def _check_inputs(fmt: str, x: torch.Tensor, global_scale: torch.Tensor | None,
     if x.dim() != 2:
         raise ValueError(f"x must be (tokens, hidden), got shape {tuple(x.shape)}")
     tokens, hidden = x.shape
+    check_positive_size("x's hidden size (x.shape[1])", hidden)
     block = BLOCK[fmt]
     if hidden % block:
         raise ValueError(f"x's hidden size {hidden} must be a multiple of {fmt}'s block of "
@@ -47,7 +49,7 @@ def _check_inputs(fmt: str, x: torch.Tensor, global_scale: torch.Tensor | None,
         raise ValueError(f"scale_layout must be one of {layouts.SCALE_LAYOUTS}, got "
                          f"{layout!r}")
     _check_rows("x", x, X_ALIGN)
-    if global_scale is not None:
+    if fmt == NVFP4:  # its one required tensor beyond x: None is no scale
         _check_tensor("global_scale", global_scale, torch.float32, (1,))
     if q is not None:
         _check_tensor("q", q, VALUE_DTYPES[fmt], (tokens, hidden // PACKING[fmt]))
@@ -57,18 +59,15 @@ def _check_inputs(fmt: str, x: torch.Tensor, global_scale: torch.Tensor | None,
         _check_tensor("scales", scales, SCALE_DTYPES[fmt], shape)
         if not scales.is_contiguous() or scales.data_ptr() % OUT_ALIGN:
             raise ValueError(f"scales must be contiguous and start {OUT_ALIGN}-byte aligned")
-    device = x.get_device()
-    if device < 0 and x.device.type != "cpu":
-        raise ValueError(f"x is on {x.device}: {op} runs on a CUDA device or the CPU")
-    for name, t in (("global_scale", global_scale), ("q", q), ("scales", scales)):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    device = device_index(op, "x", x, (("global_scale", global_scale), ("q", q),
+                                       ("scales", scales)))
     return DTYPE_NAMES[x.dtype], tokens, hidden, device
 
 
 def _check_tensor(name: str, t, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} (a {dtype} "
+                        f"tensor of shape {shape})")
     if t.dtype is not dtype:
         raise TypeError(f"{name} has dtype {t.dtype}: it must be {dtype}")
     if tuple(t.shape) != shape:

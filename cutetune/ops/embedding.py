@@ -7,6 +7,7 @@ import torch
 from cutetune.fast_call import Dim, DType, FastCall, Value
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.embedding import KERNEL, EmbeddingProblem
+from cutetune.ops.checks import device_index, is_int
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 ID_DTYPE_NAMES = {torch.int32: "int32", torch.int64: "int64"}
@@ -58,22 +59,14 @@ def _check_inputs(ids: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | N
                             f"shape {tuple(error.shape)}")
     for name, value in (("vocab_start", vocab_start), ("vocab_end", vocab_end),
                         ("vocab_size", vocab_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise TypeError(f"{name} must be an int, got {value!r}")
     if not 0 <= vocab_start < vocab_end <= vocab_size:
         raise ValueError(f"[vocab_start, vocab_end) must be a non-empty range within "
                          f"[0, vocab_size): got [{vocab_start}, {vocab_end}) and vocab_size "
                          f"{vocab_size}")
-    device = weight.get_device()
-    if device < 0 and weight.device.type != "cpu":
-        raise ValueError(f"weight is on {weight.device}: embedding runs on a CUDA device or "
-                         "the CPU")
-    for name, t in (("ids", ids), ("out", out), ("error", error)):
-        # get_device is -1 for every device but CUDA's: on the CPU path the type tells.
-        if t is not None and (t.get_device() != device
-                              or (device < 0 and t.device.type != "cpu")):
-            raise ValueError(f"{name} is on {t.device} but weight is on {weight.device}")
-    return device
+    return device_index("embedding", "weight", weight,
+                        (("ids", ids), ("out", out), ("error", error)))
 
 
 def _check_rows(name: str, t: torch.Tensor, hidden: int, element_bytes: int) -> None:

@@ -3,6 +3,8 @@ RMSNorm, the whole vocabulary on one rank."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from cutetune.fast_call import Dim, DType, FastCall, Value
@@ -10,6 +12,7 @@ from cutetune.kernels.dtypes import DTYPE_NAMES
 from cutetune.kernels.embedding_rmsnorm import KERNEL, EmbeddingRMSNormProblem, rounded_scale
 from cutetune.kernels.rmsnorm import MAX_HIDDEN, MIN_HIDDEN
 from cutetune.ops import embedding as embedding_op
+from cutetune.ops.checks import check_norm_scalars, device_index, is_int, is_number
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 
@@ -21,9 +24,8 @@ def _check_inputs(ids: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
     return weight's CUDA device index (-1: the CPU). ids, weight (the table), out, error and
     the vocabulary as cutetune.embedding checks them; then the range (the whole vocabulary),
     the width (rmsnorm's), residual as out, and the norm's weight. eps and weight_bias are
-    the problem's to check."""
-    if vocab_size is not None and (isinstance(vocab_size, bool)
-                                   or not isinstance(vocab_size, int)):
+    checked apart (cutetune.ops.checks.check_norm_scalars)."""
+    if vocab_size is not None and not is_int(vocab_size):
         # Before embedding's checks, which would name vocab_end, its default. (None: weight
         # is no table, which they name.)
         raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
@@ -58,13 +60,12 @@ def _check_inputs(ids: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
                          f"{tuple(norm_weight.shape)} and strides {norm_weight.stride()}")
     if norm_weight.data_ptr() % 16:
         raise ValueError("norm_weight must start 16-byte aligned")
-    if isinstance(embed_scale, bool) or not isinstance(embed_scale, float | int):
+    if not is_number(embed_scale):
         raise TypeError(f"embed_scale must be a float, got {embed_scale!r}")
-    for name, t in (("residual", residual), ("norm_weight", norm_weight)):
-        # get_device is -1 for every device but CUDA's: on the CPU path the type tells.
-        if t is not None and (t.get_device() != device
-                              or (device < 0 and t.device.type != "cpu")):
-            raise ValueError(f"{name} is on {t.device} but weight is on {weight.device}")
+    if not math.isfinite(embed_scale):
+        raise ValueError(f"embed_scale must be finite, got {embed_scale!r}")
+    device_index("embedding_rmsnorm", "weight", weight,
+                 (("residual", residual), ("norm_weight", norm_weight)))
     return device
 
 
@@ -123,6 +124,7 @@ def _checked(ids: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
              allocated: tuple | None) -> Checked:
     device = _check_inputs(ids, weight, norm_weight, residual, out, error, embed_scale,
                            vocab_size, vocab_start, vocab_end)
+    check_norm_scalars(eps, weight_bias)
     tokens, hidden = ids.shape[0], weight.shape[1]
     given_out, given_residual = (None, None) if allocated is None else allocated
     if residual is None:
@@ -139,7 +141,7 @@ def _checked(ids: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor,
         dtype=dtype, hidden=hidden, vocab_size=vocab_size,
         ids_dtype=embedding_op.ID_DTYPE_NAMES[ids.dtype], eps=float(eps),
         weight_bias=float(weight_bias), embed_scale=rounded_scale(embed_scale, dtype))
-    # The problem's own checks (eps, weight_bias, a vocabulary of 2^31 and more).
+    # The problem's own checks (a vocabulary of 2^31 and more).
     EmbeddingRMSNormProblem.from_static_tuple(static, tokens)
     return Checked((out, residual), (ids, weight, norm_weight, residual, out, error, eps,
                                      weight_bias, embed_scale, vocab_size, vocab_start,

@@ -20,6 +20,13 @@ from cutetune.kernels.fp8_group_quant import QUANT_KERNEL, SILU_QUANT_KERNEL, ke
 from cutetune.kernels.fp8_quant import FP8_DTYPE, GROUP_SIZES, QUANT_DTYPES, empty_scales
 from cutetune.kernels.registry import KernelDef
 from cutetune.kernels.rmsnorm_fp8_quant import KERNEL as NORM_KERNEL
+from cutetune.ops.checks import (
+    check_bool,
+    check_choice,
+    check_norm_scalars,
+    check_positive_size,
+    device_index,
+)
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 from cutetune.ops.rmsnorm import _check_inputs as _check_norm_inputs
 
@@ -36,6 +43,14 @@ def _check_rows(name: str, t: torch.Tensor, element_bytes: int, width: int) -> N
                          "elements) must be a multiple of 16 bytes")
 
 
+def check_quant_scalars(group_size: object, column_major_scales: object, ue8m0: object) -> None:
+    """One clear error for the first thing wrong with the quantisation's scalar arguments
+    (every op that quantises to FP8 groups takes them)."""
+    check_choice("group_size", group_size, GROUP_SIZES)
+    check_bool("column_major_scales", column_major_scales)
+    check_bool("ue8m0", ue8m0)
+
+
 def _check_quant_args(x: object, group_size: object, column_major_scales: object,
                       ue8m0: object, width_of) -> tuple[str, int, int]:
     """x's dtype name, token count and the quantised width (width_of(x's last dim)); one clear
@@ -46,11 +61,8 @@ def _check_quant_args(x: object, group_size: object, column_major_scales: object
         raise TypeError(f"x has dtype {x.dtype}: use torch.bfloat16 or torch.float16")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-d (tokens, width), got shape {tuple(x.shape)}")
-    if group_size not in GROUP_SIZES or isinstance(group_size, bool):
-        raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r}")
-    for name, value in (("column_major_scales", column_major_scales), ("ue8m0", ue8m0)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+    check_positive_size("x's width (x.shape[1])", x.shape[1])
+    check_quant_scalars(group_size, column_major_scales, ue8m0)
     name = DTYPE_NAMES[x.dtype]
     tokens, width = x.shape[0], width_of(x.shape[1])
     if width % group_size:
@@ -88,13 +100,7 @@ def _check_outputs(x: torch.Tensor, out: torch.Tensor | None, scales: torch.Tens
         if not column_major and (stride[1] != 1 or (tokens > 1 and stride[0] < groups)):
             raise ValueError(f"scales must be row-major (strides (>= {groups}, 1)) with "
                              f"column_major_scales=False, got strides {stride}")
-    device = x.get_device()
-    if device < 0 and x.device.type != "cpu":
-        raise ValueError(f"x is on {x.device}: the FP8 quantisation runs on a CUDA device or "
-                         "the CPU")
-    for name, t in (("out", out), ("scales", scales)):
-        if t is not None and t.get_device() != device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    device_index("the FP8 quantisation", "x", x, (("out", out), ("scales", scales)))
 
 
 def _outputs(x: torch.Tensor, tokens: int, width: int, group_size: int, column_major: bool,
@@ -275,6 +281,7 @@ def _norm_checked(x, residual, weight, out, scales, eps, weight_bias, fused_add,
                   column_major, ue8m0, allocated) -> Checked:
     dtype, tokens, hidden = _check_quant_args(x, group_size, column_major, ue8m0, int)
     _check_norm_inputs(x, residual if fused_add else None, weight, None, None)
+    check_norm_scalars(eps, weight_bias)
     _check_outputs(x, out, scales, tokens, hidden, group_size, column_major)
     if allocated is not None:
         out, scales = allocated

@@ -10,6 +10,7 @@ from cutetune.fast_call import Constant, Dim, DType, FastCall, Value
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.moe_combine import KERNEL, MAX_TOP_K
 from cutetune.kernels.moe_common import DEFAULT_PAD, MOE_DTYPES, MoEProblem
+from cutetune.ops.checks import check_int, device_index
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 _VECTOR_BYTES = 16
@@ -77,16 +78,17 @@ def _check_inputs(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: 
                          f"row strides must be multiples of {align} elements (the widest vector "
                          f"that divides hidden size {hidden}), got strides expert_out "
                          f"{e_stride}" + ("" if out is None else f", out {o_stride}"))
-    device = expert_out.get_device()
-    if device < 0 and expert_out.device.type != "cpu":
-        raise ValueError(f"expert_out is on {expert_out.device}: moe_combine runs on a CUDA "
-                         "device or the CPU")
-    if not (row_of.get_device() == device and topk_weights.get_device() == device
-            and (out is None or out.get_device() == device)):
-        name = next(n for n, t in named if t is not None and t.get_device() != device)
-        raise ValueError(f"{name} is on {dict(named)[name].device} but expert_out is on "
-                         f"{expert_out.device}")
-    return device
+    return device_index("moe_combine", "expert_out", expert_out, named[1:])
+
+
+def _check_given(experts: object, pad: object, expert_begin: object,
+                 expert_end: object) -> None:
+    """The ints moe_dispatch was called with; the problem checks how they relate."""
+    for name, value in (("experts", experts), ("expert_end", expert_end)):
+        if value is not None:  # None: its default
+            check_int(name, value)
+    check_int("pad", pad)
+    check_int("expert_begin", expert_begin, minimum=0)
 
 
 def moe_combine(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor,
@@ -122,6 +124,7 @@ def _checked(expert_out: torch.Tensor, row_of: torch.Tensor, topk_weights: torch
              expert_end: int | None, allocated: torch.Tensor | None) -> Checked:
     given = (experts, pad, expert_begin, expert_end)
     device = _check_inputs(expert_out, row_of, topk_weights, out)
+    _check_given(*given)
     tokens, top_k = row_of.shape
     capacity, hidden = expert_out.shape
     if out is None:

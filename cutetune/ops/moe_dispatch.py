@@ -13,6 +13,13 @@ from cutetune.kernels.moe_common import MOE_DTYPES, MoEProblem, dispatch_capacit
 from cutetune.kernels.moe_dispatch import KERNEL
 from cutetune.kernels.moe_dispatch.common import MAX_LOCAL_EXPERTS, workspace_words
 from cutetune.kernels.moe_dispatch.launcher import CompiledDispatch, CooperativeGridError
+from cutetune.ops.checks import (
+    check_bool,
+    check_int,
+    check_positive_size,
+    device_index,
+    is_int,
+)
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 
@@ -76,9 +83,8 @@ def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int
     if len(ids_shape) != 2 or ids_shape[0] != x_shape[0]:
         raise ValueError(f"topk_ids must be (tokens, top_k) with x's {x_shape[0]} tokens, got "
                          f"shape {ids_shape}")
-    for name, value in (("num_experts", num_experts), ("pad", pad)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_int("num_experts", num_experts)
+    check_int("pad", pad)
     top_k = ids_shape[1]
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k {top_k} (topk_ids.shape[1]) must be between 1 and "
@@ -86,8 +92,7 @@ def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int
     begin, end = 0, num_experts
     if expert_range is not None:
         pair = tuple(expert_range) if isinstance(expert_range, (tuple, list)) else ()
-        if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
-                                     for v in pair):
+        if len(pair) != 2 or not all(is_int(v) for v in pair):
             raise ValueError(f"expert_range must be a (begin, end) pair of ints, got "
                              f"{expert_range!r}")
         begin, end = pair
@@ -97,6 +102,7 @@ def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int
     if end - begin > MAX_LOCAL_EXPERTS:
         raise ValueError(f"{end - begin} local experts: moe_dispatch supports at most "
                          f"{MAX_LOCAL_EXPERTS}")
+    check_positive_size("hidden (x.shape[1])", x_shape[1])
     name = DTYPE_NAMES[x.dtype]
     if x_shape[1] * DTYPE_BYTES[name] % 4:
         raise ValueError(f"hidden {x_shape[1]} must be a multiple of 4 bytes (2 elements of "
@@ -107,12 +113,7 @@ def _check_inputs(x, topk_ids, num_experts, pad, expert_range) -> tuple[str, int
         raise ValueError(f"topk_ids must be contiguous, got strides {topk_ids.stride()}")
     if x.data_ptr() % 16:
         raise ValueError("x must start 16-byte aligned")
-    device = x.get_device()
-    if device < 0 and x.device.type != "cpu":
-        raise ValueError(f"x is on {x.device}: moe_dispatch runs on a CUDA device or the CPU")
-    if topk_ids.get_device() != device:
-        raise ValueError(f"topk_ids is on {topk_ids.device} but x is on {x.device}")
-    return name, begin, end, device
+    return name, begin, end, device_index("moe_dispatch", "x", x, (("topk_ids", topk_ids),))
 
 
 def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int = 16,
@@ -142,6 +143,8 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
     a CUDA graph, call the op once on the capture stream (the usual warm-up), so that its
     workspace is not allocated inside the capture. Under torch.compile the call is the custom
     op cutetune::moe_dispatch (cutetune::moe_dispatch_into with `out`)."""
+    # validate is no argument of the route, whose calls skip the checked path: checked here.
+    check_bool("validate", validate)
     return _validated(_MOE_DISPATCH((x, topk_ids, num_experts, pad, expert_range, validate,
                                      zero_padding, out)), validate, num_experts)
 
@@ -176,8 +179,7 @@ def _launch_function(compiled: CompiledDispatch, device: int):
 def _checked(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int,
              expert_range: tuple[int, int] | None, validate: bool, zero_padding: bool,
              out: DispatchResult | None, allocated: DispatchResult | None) -> Checked:
-    if not isinstance(zero_padding, bool):
-        raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
+    check_bool("zero_padding", zero_padding)
     dtype, begin, end, device = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]

@@ -9,10 +9,12 @@ import torch
 
 from cutetune.fast_call import Dim, DType, FastCall, RowsPerToken, Value
 from cutetune.kernels.fp8_group_quant import kernel_scales
-from cutetune.kernels.fp8_quant import FP8_DTYPE, GROUP_SIZES, empty_scales
+from cutetune.kernels.fp8_quant import FP8_DTYPE, empty_scales
 from cutetune.kernels.moe_common import dispatch_capacity
 from cutetune.kernels.moe_dispatch_fp8_quant import KERNEL, MoEDispatchFP8QuantProblem
 from cutetune.ops import moe_dispatch as dispatch_op
+from cutetune.ops.checks import check_bool
+from cutetune.ops.fp8_quant import check_quant_scalars
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 
@@ -44,11 +46,7 @@ def moe_dispatch_fp8_quant_buffers(x: torch.Tensor, topk_ids: torch.Tensor, num_
 
 def _check_quant(x: torch.Tensor, group_size: object, column_major_scales: object,
                  ue8m0: object) -> None:
-    if group_size not in GROUP_SIZES or isinstance(group_size, bool):
-        raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size!r}")
-    for name, value in (("column_major_scales", column_major_scales), ("ue8m0", ue8m0)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+    check_quant_scalars(group_size, column_major_scales, ue8m0)
     if x.shape[1] % group_size:
         raise ValueError(f"hidden {x.shape[1]} must be a multiple of group_size {group_size}")
 
@@ -71,6 +69,7 @@ def moe_dispatch_fp8_quant(x: torch.Tensor, topk_ids: torch.Tensor, num_experts:
     needs, the same number each) are moe_dispatch's. On CPU tensors the op computes with the
     kernel's torch reference. Under torch.compile the call is the custom op
     cutetune::moe_dispatch_fp8_quant (cutetune::moe_dispatch_fp8_quant_into with `out`)."""
+    check_bool("validate", validate)  # here, as moe_dispatch checks it
     return dispatch_op._validated(_MOE_DISPATCH_FP8_QUANT((
         x, topk_ids, num_experts, pad, expert_range, validate, zero_padding, group_size,
         column_major_scales, ue8m0, out)), validate, num_experts)
@@ -100,8 +99,7 @@ def _prepared(x, topk_ids, num_experts, pad, expert_range, validate, zero_paddin
 
 def _checked(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding, group_size,
              column_major, ue8m0, out, allocated) -> Checked:
-    if not isinstance(zero_padding, bool):
-        raise TypeError(f"zero_padding must be True or False, got {zero_padding!r}")
+    check_bool("zero_padding", zero_padding)
     dtype, begin, end, device = dispatch_op._check_inputs(x, topk_ids, num_experts, pad,
                                                           expert_range)
     _check_quant(x, group_size, column_major, ue8m0)

@@ -7,6 +7,7 @@ import torch
 from cutetune.fast_call import Dim, DType, FastCall, Value
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.qk_norm import HEAD_DIMS, KERNEL, QKNormProblem
+from cutetune.ops.checks import check_norm_scalars, device_index
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 
@@ -29,13 +30,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
         name = next(n for n, t in named if t.dtype is not dtype)
         raise TypeError(f"{name} has dtype {dict(named)[name].dtype} but q has {dtype}: "
                         "they must match")
-    device = q.get_device()
-    if device < 0 and q.device.type != "cpu":
-        raise ValueError(f"q is on {q.device}: qk_norm runs on a CUDA device or the CPU")
-    if not (k.get_device() == device and q_weight.get_device() == device
-            and k_weight.get_device() == device):
-        name = next(n for n, t in named if t.get_device() != device)
-        raise ValueError(f"{name} is on {dict(named)[name].device} but q is on {q.device}")
+    device = device_index("qk_norm", "q", q, named[1:])
     q_shape, k_shape = tuple(q.shape), tuple(k.shape)
     if len(q_shape) != 3 or len(k_shape) != 3:
         raise ValueError(f"q and k must be (tokens, heads, head_dim), got shapes {q_shape} "
@@ -78,6 +73,7 @@ def qk_norm(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: 
 def _checked(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
              eps: float, weight_bias: float, allocated: None) -> Checked:
     device = _check_inputs(q, k, q_weight, k_weight)
+    check_norm_scalars(eps, weight_bias)
     tokens = q.shape[0]
     if tokens == 0:
         return Checked(None)

@@ -12,6 +12,7 @@ from cutetune.kernels.qk_norm_rope import KERNEL, UNSERVED_ROPE_FIELDS, QKNormRo
 from cutetune.kernels.rope import DEFAULT, GPTJ, MROPE_NONE, NEOX, RopeProblem
 from cutetune.ops import qk_norm as qk_norm_op
 from cutetune.ops import rope as rope_op
+from cutetune.ops.checks import check_norm_scalars
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 # The scalar arguments after the tensors, and what the fast path reads of every argument: the
@@ -56,6 +57,9 @@ def _checked(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_weight
     # rope's checks, then qk_norm's of the weights: one error for the first thing wrong.
     device = rope_op._check_inputs(positions, q, k, cos_sin_cache, rope_theta, MROPE_NONE)
     qk_norm_op._check_inputs(q, k, q_weight, k_weight)
+    rope_op.check_rotation(is_neox, scaling_factor, low_freq_factor, high_freq_factor,
+                           original_max_position)
+    check_norm_scalars(eps, weight_bias)
     # The problem's own checks name the scalar arguments (the fields have their names).
     problem = QKNormRopeProblem(
         num_tokens=max(1, q.shape[0]), dtype=DTYPE_NAMES[q.dtype], head_dim=q.shape[2],
@@ -92,7 +96,9 @@ _QK_NORM_ROPE = register(OpDef(
     fast_call=FastCall(
         arguments=("positions", "q", "k", "q_weight", "k_weight", "cos_sin_cache", *SCALARS),
         launched=6, tokens=Dim("q", 0),
-        fields=FIELDS),
+        fields=FIELDS,
+        # The key holds no row count: a cache without rows must reach the checks.
+        nonempty=(Dim("cos_sin_cache", 0),)),
     check=_checked,
     functions=(qk_norm_rope,),
     custom_ops=(CustomOp("qk_norm_rope", _qk_norm_rope_op, mutates=("q", "k")),),

@@ -8,6 +8,7 @@ from cutetune.fast_call import Dim, DType, FastCall
 from cutetune.kernels.qk_norm_rope_kv import CACHE_TORCH_DTYPES, KERNEL
 from cutetune.kernels.rope import DEFAULT, NEOX
 from cutetune.ops import qk_norm_rope as qk_norm_rope_op
+from cutetune.ops.checks import device_index
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 TENSORS = ("positions", "q", "k", "v", "q_weight", "k_weight", "cos_sin_cache", "slot_mapping",
@@ -56,9 +57,7 @@ def _check_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: t
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in named:
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    device_index("qk_norm_rope_kv", "q", q, named)
     tokens, kv_heads, head_dim = k.shape
     if v.dtype is not q.dtype:
         raise TypeError(f"v has dtype {v.dtype} but q has {q.dtype}: they must match")
@@ -84,6 +83,10 @@ def _check_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: t
     if len(shape) != 4 or shape[2:] != (kv_heads, head_dim) or shape[1] < 1:
         raise ValueError(f"key_cache must be (num_blocks, block_size, kv_heads {kv_heads}, "
                          f"head_dim {head_dim}), got shape {shape}")
+    if shape[0] < 1:
+        # Every slot would lie past the blocks: the kernel would write out of bounds.
+        raise ValueError(f"key_cache must hold at least one block of {shape[1]} slots, got "
+                         f"shape {shape}")
     if tuple(value_cache.shape) != shape:
         raise ValueError(f"value_cache must be key_cache's shape {shape} (its blocks of "
                          f"{shape[1]} slots), got {tuple(value_cache.shape)}")
@@ -145,7 +148,10 @@ _QK_NORM_ROPE_KV = register(OpDef(
         arguments=(*TENSORS, *qk_norm_rope_op.SCALARS), launched=len(TENSORS),
         tokens=Dim("q", 0),
         fields={**qk_norm_rope_op.FIELDS, "kv_cache_dtype": DType("key_cache"),
-                "block_size": Dim("key_cache", 1)}),
+                "block_size": Dim("key_cache", 1)},
+        # The key holds no row or block count: a call with none must reach the checks, not
+        # read or write past them.
+        nonempty=(Dim("cos_sin_cache", 0), Dim("key_cache", 0), Dim("value_cache", 0))),
     check=_checked,
     functions=(qk_norm_rope_kv,),
     custom_ops=(CustomOp("qk_norm_rope_kv", _qk_norm_rope_kv_op,

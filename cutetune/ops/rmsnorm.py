@@ -10,6 +10,7 @@ import torch
 from cutetune.fast_call import Dim, DType, FastCall, Value
 from cutetune.kernels.dtypes import DTYPE_BYTES, DTYPE_NAMES
 from cutetune.kernels.rmsnorm import KERNEL, MAX_HIDDEN, MIN_HIDDEN, MIN_VECTOR_BITS, RMSNormProblem
+from cutetune.ops.checks import check_norm_scalars, device_index
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 _VECTOR_BYTES = 16
@@ -89,15 +90,7 @@ def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.
                          f"and their row strides must be multiples of {align} elements (the "
                          f"widest vector that divides hidden size {hidden}), got strides "
                          + _row_strides(named))
-    device = x.get_device()
-    if device < 0 and x.device.type != "cpu":
-        raise ValueError(f"x is on {x.device}: rmsnorm runs on a CUDA device or the CPU")
-    if not (weight.get_device() == device
-            and (residual is None or residual.get_device() == device)
-            and (out is None or out.get_device() == device)):
-        name = next(n for n, t in named if t is not None and t.get_device() != device)
-        raise ValueError(f"{name} is on {dict(named)[name].device} but x is on {x.device}")
-    return out_dtype, device
+    return out_dtype, device_index("rmsnorm", "x", x, named[1:])
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_bias: float = 0.0,
@@ -140,6 +133,7 @@ def _checked(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
              out_dtype: torch.dtype | None, allocated: torch.Tensor | None) -> Checked:
     given_residual = residual if fused_add else None
     resolved_dtype, device = _check_inputs(x, given_residual, weight, out, out_dtype)
+    check_norm_scalars(eps, weight_bias)
     rows, hidden = x.shape
     if out is None:
         out = (torch.empty((rows, hidden), dtype=resolved_dtype, device=x.device)

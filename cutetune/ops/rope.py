@@ -21,6 +21,14 @@ from cutetune.kernels.rope import (
     RopeProblem,
     yarn_attention_factor,
 )
+from cutetune.ops.checks import (
+    check_bool,
+    check_int,
+    check_number,
+    device_index,
+    is_int,
+    is_number,
+)
 from cutetune.ops.registry import Checked, CustomOp, OpDef, register
 
 POSITION_DTYPE_NAMES = {torch.int32: "int32", torch.int64: "int64"}
@@ -57,13 +65,7 @@ def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if cos_sin_cache.dtype not in (dtype, torch.float32):
         raise TypeError(f"cos_sin_cache has dtype {cos_sin_cache.dtype}: use torch.float32 or "
                         f"q's dtype {dtype}")
-    device = q.get_device()
-    if device < 0 and q.device.type != "cpu":
-        raise ValueError(f"q is on {q.device}: rope runs on a CUDA device or the CPU")
-    for name, t in named:
-        # get_device is -1 for every device but CUDA's: on the CPU path the type tells.
-        if t.get_device() != device or (device < 0 and t.device.type != "cpu"):
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    device = device_index("rope", "q", q, named)
     q_shape, k_shape = tuple(q.shape), tuple(k.shape)
     if len(q_shape) != 3 or len(k_shape) != 3:
         raise ValueError(f"q and k must be (tokens, heads, head_dim), got shapes {q_shape} "
@@ -81,6 +83,10 @@ def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if cos_sin_cache.dim() != 2 or not cos_sin_cache.is_contiguous():
         raise ValueError("cos_sin_cache must be a contiguous (max_position, rotary_dim) tensor, "
                          f"got shape {tuple(cos_sin_cache.shape)}")
+    if cos_sin_cache.shape[0] < 1:
+        # Every position would lie past its rows.
+        raise ValueError("cos_sin_cache has no rows: it must hold one per position "
+                         f"(max_position, rotary_dim), got shape {tuple(cos_sin_cache.shape)}")
     rotary_dim = cos_sin_cache.shape[1]
     if rotary_dim % 2 or not 0 < rotary_dim <= d:
         raise ValueError(f"rotary_dim (cos_sin_cache's width) is {rotary_dim}: it must be even "
@@ -100,10 +106,22 @@ def _check_inputs(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         raise ValueError("q, k and cos_sin_cache must start 16-byte aligned, and the token and "
                          f"head strides of q and k ({q_stride[:2]}, {k_stride[:2]} elements) "
                          "must be multiples of 16 bytes")
-    if isinstance(rope_theta, bool) or not (isinstance(rope_theta, int | float)
-                                            and 1 < rope_theta < math.inf):
+    if not (is_number(rope_theta) and 1 < rope_theta < math.inf):
         raise ValueError(f"rope_theta must be a finite number above 1, got {rope_theta!r}")
     return device
+
+
+def check_rotation(is_neox: object, scaling_factor: object, low_freq_factor: object,
+                   high_freq_factor: object, original_max_position: object) -> None:
+    """One clear error for the first thing wrong with the scalar arguments of the rotation
+    that every rotating op takes (rope, qk_norm_rope, qk_norm_rope_kv) and that the problem
+    would otherwise convert silently (float('8'), a truthy 'no'); its own checks judge the
+    values."""
+    check_bool("is_neox", is_neox)
+    for name, value in (("scaling_factor", scaling_factor), ("low_freq_factor", low_freq_factor),
+                        ("high_freq_factor", high_freq_factor)):
+        check_number(name, value)
+    check_int("original_max_position", original_max_position, minimum=0)
 
 
 def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -149,17 +167,26 @@ def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 def _mrope_fields(mrope_section: tuple[int, int, int] | None,
                   mrope_interleaved: bool) -> tuple[str, tuple[int, int, int]]:
     """The problem's mrope fields of the op's arguments (scalars: the fast path keys them)."""
+    check_bool("mrope_interleaved", mrope_interleaved)
     if mrope_section is None:
         if mrope_interleaved:
             raise ValueError("mrope_interleaved is set but mrope_section is None: give the "
                              "pairs of each position stream")
         return MROPE_NONE, (0, 0, 0)
-    section = tuple(mrope_section)
-    if len(section) != STREAMS or not all(isinstance(n, int) and not isinstance(n, bool)
-                                          for n in section):
+    section = tuple(mrope_section) if isinstance(mrope_section, tuple | list) else ()
+    if len(section) != STREAMS or not all(is_int(n) for n in section):
         raise ValueError(f"mrope_section must be three counts of pairs (temporal, height, "
                          f"width), got {mrope_section!r}")
     return MROPE_INTERLEAVED if mrope_interleaved else MROPE_SECTIONS, section
+
+
+def _check_yarn(beta_fast: object, beta_slow: object, attention_factor: object) -> None:
+    """The YaRN arguments rope alone takes, numbers (attention_factor None: transformers'
+    default); the problem judges their values."""
+    check_number("beta_fast", beta_fast)
+    check_number("beta_slow", beta_slow)
+    if attention_factor is not None:
+        check_number("attention_factor", attention_factor)
 
 
 def _checked(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -169,6 +196,9 @@ def _checked(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
              attention_factor: float | None, mrope: str, mrope_t: int, mrope_h: int,
              mrope_w: int, allocated: None) -> Checked:
     device = _check_inputs(positions, q, k, cos_sin_cache, rope_theta, mrope)
+    check_rotation(is_neox, scaling_factor, low_freq_factor, high_freq_factor,
+                   original_max_position)
+    _check_yarn(beta_fast, beta_slow, attention_factor)
     if attention_factor is None:
         attention_factor = yarn_attention_factor(scaling_factor) if scaling == YARN else 1.0
     # The problem's own checks name the scaling's arguments (the fields have their names).
@@ -214,6 +244,8 @@ _ROPE = register(OpDef(
                    "original_max_position", "beta_fast", "beta_slow", "truncate",
                    "attention_factor", "mrope", "mrope_t", "mrope_h", "mrope_w"),
         launched=4, tokens=Dim("q", 0),
+        # The key holds no row count: a cache without rows must reach the checks.
+        nonempty=(Dim("cos_sin_cache", 0),),
         fields={**ROTATION_FIELDS, "beta_fast": Value("beta_fast"), "beta_slow": Value("beta_slow"),
                 "truncate": Value("truncate"),
                 # None (transformers' default) keys apart from the value it stands for: the

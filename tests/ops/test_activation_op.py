@@ -72,6 +72,10 @@ def test_valid_cpu_inputs_are_computed_with_the_reference(op, name):
      "the row stride of out (68 elements) must be a multiple of 16 bytes"),
     (_x(), torch.empty(3 * 64 + 1, dtype=torch.bfloat16)[1:].view(3, 64), ValueError,
      "out must start 16-byte aligned"),
+    # Zero is even and divides 16 bytes: named, not taken for a misaligned row.
+    (_x(width=0), None, ValueError, "x's last dim (2 * intermediate) must be positive, got 0"),
+    # get_device() is -1 for meta and CPU alike: the devices themselves are compared.
+    (_x(), _out().to("meta"), ValueError, "out is on meta but x is on cpu"),
 ], ids=lambda v: re.sub(r"\W+", "-", v)[:48].strip("-") if isinstance(v, str) else None)
 def test_bad_input_is_one_clear_error(op, name, x, out, error, message):
     with pytest.raises(error, match=re.escape(message)):

@@ -53,6 +53,10 @@ MX_BAD = [
     (dict(x=_x()[0]), ValueError, "x must be (tokens, hidden), got shape (256,)"),
     (dict(x=_x(hidden=80)), ValueError,
      "x's hidden size 80 must be a multiple of mxfp8's block of 32 elements"),
+    # Zero divides every block: named, not taken for a misaligned row.
+    (dict(x=_x(hidden=0)), ValueError, "x's hidden size (x.shape[1]) must be positive, got 0"),
+    (dict(x=_x(), q=torch.empty(5, 256, dtype=torch.float8_e4m3fn, device="meta")), ValueError,
+     "q is on meta but x is on cpu"),
     (dict(x=_x(), scale_layout="column_major"), ValueError,
      "scale_layout must be one of ('swizzled', 'row_major'), got 'column_major'"),
     (dict(x=_x(hidden=512)[:, ::2]), ValueError, "the rows of x must be contiguous"),
@@ -88,6 +92,9 @@ NV_BAD = [
     (dict(x=_x(), global_scale=torch.tensor([1.0, 2.0])), ValueError,
      "global_scale must have shape (1,), got (2,)"),
     (dict(x=_x(), global_scale=1.0), TypeError, "global_scale must be a torch.Tensor, got float"),
+    (dict(x=_x(), global_scale=None), TypeError,
+     "global_scale must be a torch.Tensor, got NoneType (a torch.float32 tensor of shape (1,))"),
+    (dict(x=_x(hidden=0)), ValueError, "x's hidden size (x.shape[1]) must be positive, got 0"),
     # Packed two per byte: q is half as wide as x.
     (dict(x=_x(), q=torch.empty(5, 256, dtype=torch.float4_e2m1fn_x2)), ValueError,
      "q must have shape (5, 128), got (5, 256)"),

@@ -99,8 +99,13 @@ BAD = [
     (dict(x=_x(dtype=torch.float32)), TypeError,
      "x has dtype torch.float32: use torch.bfloat16 or torch.float16"),
     (dict(x=_x()[0]), ValueError, "x must be 2-d (tokens, width), got shape (256,)"),
-    (dict(x=_x(), group_size=96), ValueError, "group_size must be one of (64, 128), got 96"),
-    (dict(x=_x(), group_size=True), ValueError, "group_size must be one of (64, 128), got True"),
+    (dict(x=_x(), group_size=96), ValueError, "group_size must be an int among (64, 128), got 96"),
+    (dict(x=_x(), group_size=True), ValueError,
+     "group_size must be an int among (64, 128), got True"),
+    # 128.0 == 128, but a float size would reach torch.empty.
+    (dict(x=_x(), group_size=128.0), ValueError,
+     "group_size must be an int among (64, 128), got 128.0"),
+    (dict(x=_x(width=0)), ValueError, "x's width (x.shape[1]) must be positive, got 0"),
     (dict(x=_x(width=320)), ValueError,
      "x's quantised width 320 must be a multiple of group_size 128"),
     (dict(x=_x(), ue8m0=1), TypeError, "ue8m0 must be True or False, got 1"),
@@ -126,6 +131,11 @@ BAD = [
      "scales must be row-major (strides (>= 2, 1)) with column_major_scales=False, got "
      "strides (1, 3)"),
     (dict(x=_x(), scales=[1.0]), TypeError, "scales must be a torch.Tensor, got list"),
+    # get_device() is -1 for meta and CPU alike: the devices themselves are compared.
+    (dict(x=_x(), out=torch.empty(3, 256, dtype=FP8, device="meta")), ValueError,
+     "out is on meta but x is on cpu"),
+    (dict(x=_x(), scales=torch.empty(3, 2, device="meta")), ValueError,
+     "scales is on meta but x is on cpu"),
 ]
 
 
@@ -158,3 +168,18 @@ def test_norm_inputs_are_checked_as_rmsnorm_checks_them():
         fused_add_rmsnorm_fp8_quant(_x(), None, weight)
     with pytest.raises(ValueError, match="x's quantised width 192 must be a multiple"):
         rmsnorm_fp8_quant(_x(width=192), torch.ones(192, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="weight is on meta but x is on cpu"):
+        rmsnorm_fp8_quant(_x(), weight.to("meta"))
+
+
+@pytest.mark.parametrize("eps", [float("inf"), float("nan"), 0.0, -1e-6, True, "1e-6"])
+def test_norm_eps_must_be_finite_and_positive(eps):
+    with pytest.raises(ValueError, match=re.escape(f"eps must be a finite number above 0, got "
+                                                   f"{eps!r}")):
+        rmsnorm_fp8_quant(_x(), torch.ones(256, dtype=torch.bfloat16), eps=eps)
+
+
+def test_silu_input_of_no_width_is_named():
+    with pytest.raises(ValueError, match=re.escape("x's width (x.shape[1]) must be positive, "
+                                                   "got 0")):
+        silu_and_mul_fp8_quant(_x(width=0))

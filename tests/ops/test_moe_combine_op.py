@@ -126,3 +126,22 @@ def test_valid_cpu_inputs_are_combined_with_the_reference():
 def test_bad_input_is_one_clear_error(args, out, error, message):
     with pytest.raises(error, match=re.escape(message)):
         moe_combine(*args, out=out)
+
+
+def test_an_out_on_another_device_is_named():
+    # get_device() is -1 for meta and CPU alike: the devices themselves are compared.
+    with pytest.raises(ValueError, match="out is on meta but expert_out is on cpu"):
+        moe_combine(_expert_out(), _row_of(), _weights(), _out().to("meta"))
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    (dict(experts=8.0), "experts must be a positive integer, got 8.0"),
+    (dict(experts=True), "experts must be a positive integer, got True"),
+    (dict(experts=8, pad=16.0), "pad must be a positive integer, got 16.0"),
+    (dict(experts=8, pad=True), "pad must be a positive integer, got True"),
+    (dict(experts=8, expert_begin=0.0), "expert_begin must be an integer of at least 0, got 0.0"),
+    (dict(experts=8, expert_end=8.0), "expert_end must be a positive integer, got 8.0"),
+])
+def test_the_dispatch_s_ints_must_be_ints(given, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        moe_combine(_expert_out(), _row_of(), _weights(), **given)

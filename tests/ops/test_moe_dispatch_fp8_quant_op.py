@@ -3,6 +3,8 @@ the routing's are moe_dispatch's, tested there): one clear error before anything
 (tested on CPU tensors: devices are checked last), and its CPU path (the kernel's torch
 reference): the bytes moe_dispatch followed by fp8_group_quant of its rows writes."""
 
+import re
+
 import pytest
 import torch
 
@@ -71,16 +73,26 @@ def test_no_tokens_clear_counts_offsets_and_the_error_flag():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"group_size": 32}, ValueError, "group_size must be one of"),
-    ({"group_size": True}, ValueError, "group_size must be one of"),
+    ({"group_size": 32}, ValueError, "group_size must be an int among"),
+    ({"group_size": True}, ValueError, "group_size must be an int among"),
     ({"ue8m0": 1}, TypeError, "ue8m0 must be True or False"),
     ({"column_major_scales": None}, TypeError, "column_major_scales must be True or False"),
     ({"zero_padding": "yes"}, TypeError, "zero_padding must be True or False"),
+    # 128.0 == 128, but a float size would reach torch.empty.
+    ({"group_size": 128.0}, ValueError, "group_size must be an int among (64, 128), got 128.0"),
+    ({"validate": "no"}, TypeError, "validate must be True or False, got 'no'"),
 ])
 def test_bad_quantisation_arguments_get_one_clear_error(kwargs, error, message):
     x, ids = inputs()
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=re.escape(message)):
         moe_dispatch_fp8_quant(x, ids, 8, **kwargs)
+
+
+def test_the_buffers_take_an_int_group_size():
+    x, ids = inputs()
+    with pytest.raises(ValueError, match=re.escape("group_size must be an int among (64, 128), "
+                                                   "got 128.0")):
+        moe_dispatch_fp8_quant_buffers(x, ids, 8, group_size=128.0)
 
 
 def test_hidden_must_split_into_groups_and_the_routing_checks_are_moe_dispatchs():

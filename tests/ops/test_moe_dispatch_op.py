@@ -121,6 +121,13 @@ X, IDS = inputs()
     ((X, IDS, True), {}, ValueError, "num_experts must be a positive integer, got True"),
     ((X, IDS, 8), {"pad": 0}, ValueError, "pad must be a positive integer, got 0"),
     ((X, IDS, 8), {"zero_padding": 1}, TypeError, "zero_padding must be True or False, got 1"),
+    # Read as truthy, 'no' would synchronise and check the flag.
+    ((X, IDS, 8), {"validate": "no"}, TypeError, "validate must be True or False, got 'no'"),
+    # Zero is a multiple of 4 bytes: named, not taken for a valid width.
+    ((torch.zeros(3, 0, dtype=torch.bfloat16), IDS, 8), {}, ValueError,
+     r"hidden \(x.shape\[1\]\) must be positive, got 0"),
+    # get_device() is -1 for meta and CPU alike: the devices themselves are compared.
+    ((X, IDS.to("meta"), 8), {}, ValueError, "topk_ids is on meta but x is on cpu"),
     ((X, IDS, 8), {"expert_range": (4, 4)}, ValueError,
      r"expert_range \[4, 4\) must be a non-empty range within \[0, 8\)"),
     ((X, IDS, 8), {"expert_range": (-1, 4)}, ValueError, r"expert_range \[-1, 4\)"),

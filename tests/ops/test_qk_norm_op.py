@@ -1,5 +1,7 @@
 """The public op's input checks that run before anything touches a GPU."""
 
+import re
+
 import pytest
 import torch
 
@@ -33,6 +35,20 @@ def test_tensors_on_another_device_are_refused():
     with pytest.raises(ValueError, match="q is on meta: qk_norm runs on a CUDA device or the "
                                          "CPU"):
         cutetune.qk_norm(q.to("meta"), k.to("meta"), w.to("meta"), w.to("meta"))
+    # get_device() is -1 for meta and CPU alike: the devices themselves are compared.
+    with pytest.raises(ValueError, match="q_weight is on meta but q is on cpu"):
+        cutetune.qk_norm(q, k, w.to("meta"), w)
+
+
+@pytest.mark.parametrize(("scalars", "message"), [
+    (dict(eps=float("inf")), "eps must be a finite number above 0, got inf"),
+    (dict(eps=float("nan")), "eps must be a finite number above 0, got nan"),
+    (dict(eps=0.0), "eps must be a finite number above 0, got 0.0"),
+    (dict(weight_bias=True), "weight_bias must be 0 or 1 (Gemma-style), got True"),
+])
+def test_bad_scalars_are_refused(scalars, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cutetune.qk_norm(*_cpu_inputs(), **scalars)
 
 
 def test_non_tensor_is_rejected():

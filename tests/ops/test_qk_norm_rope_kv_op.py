@@ -9,6 +9,7 @@ import torch
 
 import cutetune
 from cutetune.kernels.rope import cos_sin_table
+from cutetune.ops.registry import route_of
 
 TOKENS, Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK, BLOCKS = 7, 4, 2, 128, 4, 3
 FP8 = torch.float8_e4m3fn
@@ -104,11 +105,30 @@ def _replace(index, value):
     (_replace(11, lambda s: torch.ones(2)), ValueError,
      "v_scale must be a float32 tensor of one element, got torch.float32 of shape (2,)"),
     (_replace(9, lambda c: c.to("meta")), ValueError, "value_cache is on meta but q is on cpu"),
+    # No block to write into: every slot would lie past the caches.
+    (lambda inputs: (*inputs[:8], inputs[8][:0], inputs[9][:0], *inputs[10:]), ValueError,
+     "key_cache must hold at least one block of 4 slots, got shape (0, 4, 2, 128)"),
+    (_replace(6, lambda c: c[:0]), ValueError, "cos_sin_cache has no rows"),
 ])
 def test_bad_input_is_one_line_naming_the_argument(mutate, error, message):
     with pytest.raises(error, match=re.escape(message)) as info:
         cutetune.qk_norm_rope_kv(*mutate(_inputs()), 1e4)
     assert "\n" not in str(info.value)
+
+
+def test_the_fast_path_sends_empty_caches_to_the_checks():
+    # Its key holds no block or row count: without these a call with none would launch.
+    nonempty = {(d.argument, d.dim) for d in route_of("qk_norm_rope_kv").fast_call.nonempty}
+    assert {("key_cache", 0), ("value_cache", 0), ("cos_sin_cache", 0)} <= nonempty
+
+
+@pytest.mark.parametrize(("scalars", "error", "message"), [
+    (dict(is_neox="no"), TypeError, "is_neox must be True or False, got 'no'"),
+    (dict(eps=float("inf")), ValueError, "eps must be a finite number above 0, got inf"),
+])
+def test_bad_scalars_are_qk_norm_rope_s_errors(scalars, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        cutetune.qk_norm_rope_kv(*_inputs(), 1e4, **scalars)
 
 
 class Attention(torch.nn.Module):

@@ -79,7 +79,12 @@ def test_linear_scaling_reaches_the_rotation():
     (dict(scaling_factor=8.0), "the default scaling takes no factors"),
     (dict(scaling="linear", scaling_factor=-1.0), "linear scaling needs a finite "
                                                   "scaling_factor > 0"),
-    (dict(eps=0.0), "eps must be positive, got 0.0"),
+    (dict(eps=0.0), "eps must be a finite number above 0, got 0.0"),
+    (dict(eps=float("inf")), "eps must be a finite number above 0, got inf"),
+    (dict(weight_bias=True), "weight_bias must be 0 or 1 (Gemma-style), got True"),
+    (dict(scaling="llama3", scaling_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+          original_max_position=8192.0),
+     "original_max_position must be an integer of at least 0, got 8192.0"),
     (dict(weight_bias=0.5), "weight_bias must be 0 or 1"),
 ])
 def test_bad_scalars_are_refused(scalars, message):
@@ -128,6 +133,8 @@ def _replace(index, value):
     (_replace(1, lambda q: torch.cat((q, q), 2)[..., :128]), ValueError,
      "the heads of q and k must be contiguous"),
     (_replace(5, lambda c: c.to("meta")), ValueError, "cos_sin_cache is on meta but q is on cpu"),
+    (_replace(3, lambda w: w.to("meta")), ValueError, "q_weight is on meta but q is on cpu"),
+    (_replace(5, lambda c: c[:0]), ValueError, "cos_sin_cache has no rows"),
 ])
 def test_bad_input_is_one_line_naming_the_argument(mutate, error, message):
     with pytest.raises(error, match=re.escape(message)) as info:
@@ -139,3 +146,11 @@ def test_bad_input_is_one_line_naming_the_argument(mutate, error, message):
 def test_bad_theta_is_refused(theta):
     with pytest.raises(ValueError, match="rope_theta must be a finite number above 1"):
         cutetune.qk_norm_rope(*_inputs(), theta)
+
+
+@pytest.mark.parametrize("is_neox", ("no", None, 1))
+def test_is_neox_must_be_a_bool(is_neox):
+    # Read as truthy, 'no' or None would rotate NeoX-style.
+    with pytest.raises(TypeError, match=re.escape(f"is_neox must be True or False, got "
+                                                  f"{is_neox!r}")):
+        cutetune.qk_norm_rope(*_inputs(), 1e4, is_neox=is_neox)

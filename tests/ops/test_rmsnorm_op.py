@@ -105,6 +105,22 @@ def test_tensors_on_another_device_are_refused():
     # valid-input test above), but not 2-aligned ones.
     (lambda x, r, w: rmsnorm(_strided(3, 4096, 2), w, out_dtype=torch.float32), ValueError,
      "must start aligned to 4 elements"),
+    # get_device() is -1 for meta and CPU alike: the devices themselves are compared.
+    (lambda x, r, w: rmsnorm(x, w.to("meta")), ValueError, "weight is on meta but x is on cpu"),
+    (lambda x, r, w: rmsnorm(x, w, out=torch.empty_like(x, device="meta")), ValueError,
+     "out is on meta but x is on cpu"),
+    (lambda x, r, w: fused_add_rmsnorm(x, r.to("meta"), w), ValueError,
+     "residual is on meta but x is on cpu"),
+    (lambda x, r, w: rmsnorm(x, w, eps=float("inf")), ValueError,
+     "eps must be a finite number above 0, got inf"),
+    (lambda x, r, w: rmsnorm(x, w, eps=float("nan")), ValueError,
+     "eps must be a finite number above 0, got nan"),
+    (lambda x, r, w: rmsnorm(x, w, eps=True), ValueError,
+     "eps must be a finite number above 0, got True"),
+    (lambda x, r, w: rmsnorm(x, w, weight_bias="0"), ValueError,
+     "weight_bias must be 0 or 1 (Gemma-style), got '0'"),
+    (lambda x, r, w: rmsnorm(x, w, weight_bias=True), ValueError,
+     "weight_bias must be 0 or 1 (Gemma-style), got True"),
 ])
 def test_bad_input_is_one_clear_error(call, error, message):
     with pytest.raises(error, match=re.escape(message)):

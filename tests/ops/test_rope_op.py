@@ -192,6 +192,10 @@ def test_no_tokens_is_nothing_to_do():
      "multiples of 16 bytes"),
     (lambda p, q, k, c: (p, q, k, c.to("meta")), ValueError,
      "cos_sin_cache is on meta but q is on cpu"),
+    # Every position would lie past the rows.
+    (lambda p, q, k, c: (p, q, k, c[:0]), ValueError,
+     "cos_sin_cache has no rows: it must hold one per position (max_position, rotary_dim), "
+     "got shape (0, 128)"),
 ])
 def test_bad_input_is_one_line_naming_the_argument(mutate, error, message):
     with pytest.raises(error, match=re.escape(message)) as info:
@@ -203,6 +207,28 @@ def test_bad_input_is_one_line_naming_the_argument(mutate, error, message):
 def test_bad_theta_is_refused(theta):
     with pytest.raises(ValueError, match="rope_theta must be a finite number above 1"):
         cutetune.rope(*_inputs(), theta)
+
+
+@pytest.mark.parametrize(("scalars", "error", "message"), [
+    # Read as truthy, 'no' or None would rotate NeoX-style.
+    (dict(is_neox="no"), TypeError, "is_neox must be True or False, got 'no'"),
+    (dict(is_neox=None), TypeError, "is_neox must be True or False, got None"),
+    (dict(is_neox=1), TypeError, "is_neox must be True or False, got 1"),
+    (dict(mrope_section=(24, 20, 20), mrope_interleaved="yes"), TypeError,
+     "mrope_interleaved must be True or False, got 'yes'"),
+    (dict(scaling="linear", scaling_factor="8"), TypeError,
+     "scaling_factor must be a number (an int or a float), got '8'"),
+    (dict(YARN, beta_fast="32"), TypeError,
+     "beta_fast must be a number (an int or a float), got '32'"),
+    (dict(YARN, attention_factor=True), TypeError,
+     "attention_factor must be a number (an int or a float), got True"),
+    (dict(scaling="llama3", scaling_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+          original_max_position=8192.0), ValueError,
+     "original_max_position must be an integer of at least 0, got 8192.0"),
+])
+def test_bad_rotation_scalars_are_one_line_naming_the_argument(scalars, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        cutetune.rope(*_inputs(), 1e4, **scalars)
 
 
 def test_an_fp32_cache_serves_bf16_heads():
@@ -240,6 +266,8 @@ def test_mrope_rotates_each_pair_by_its_streams_position(section, interleaved, l
     ((3, TOKENS), {}, f"positions must be ({TOKENS},), one per token of q, got shape "
                       f"(3, {TOKENS})"),
     ((3, TOKENS), dict(mrope_section=(24, 20)), "mrope_section must be three counts of pairs"),
+    ((3, TOKENS), dict(mrope_section=64), "mrope_section must be three counts of pairs "
+                                          "(temporal, height, width), got 64"),
     ((3, TOKENS), dict(mrope_section=(24, 20, 19)), "must be at least 0 each and sum to "
                                                     "rotary_dim / 2 = 64"),
     ((TOKENS,), dict(mrope_interleaved=True), "mrope_interleaved is set but mrope_section is "
