@@ -214,7 +214,7 @@ def winner_repro_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
 
 def compared_runs(folder: Path) -> list[str]:
     """The comparison of the runs' CSVs in `folder` (benchmarks.winner_repro)."""
-    return winner_repro_lines(compare_files(sorted(folder.glob("*-run*.csv"))))
+    return winner_repro_lines(compare_files(sorted(folder.glob("*-run*.csv*"))))
 
 
 def shared_db_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
