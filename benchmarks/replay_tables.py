@@ -2,7 +2,9 @@
 on the CPU: the presets' measurements fit the calibration (cutetune/device/calibration_fit.py);
 each preset bucket's search is replayed (cutetune/tuner/replay.py) with the datasheet roofline
 and with the calibrated model; the other buckets (the held-out models' shapes, which no preset has:
-benchmarks.exhaustive.HELD_OUT) test the calibrated model fitted on the presets only.
+benchmarks.exhaustive.HELD_OUT) test the calibrated model fitted on the presets only. A bucket
+without a row for every valid point (the measurements span device calls, so each call may stop
+in one) is left out of the replays, and the count is printed.
 
     python3 -m benchmarks.replay_tables EXHAUSTIVE.csv --out benchmarks/results/replay-COMMIT.csv
 
@@ -23,6 +25,7 @@ import pandas as pd
 
 from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.calibration_fit import fit
+from cutetune.device.funnel import make_plan
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.spaces.models import PRESET_NAMES, load_model
@@ -73,6 +76,22 @@ def buckets_of(rows: Iterable[dict]) -> list[Bucket]:
     return [Bucket(k, s, b, times) for (k, s, b), times in grouped.items()]
 
 
+def complete(buckets: Sequence[Bucket]) -> tuple[list[Bucket], int]:
+    """The buckets with a row (a time or a failure) for every valid point, and how many lack
+    one: the exhaustive best of a bucket measured in part is not known, and measurements that
+    span several device calls leave the last bucket of each in part."""
+    spec = DEVICE_SPECS["H200"]
+    ceilings = Ceilings.from_datasheet(spec)
+    whole = []
+    for b in buckets:
+        kernel = get_kernel(b.kernel)
+        plan = make_plan(kernel, kernel.problem_type.from_static_key(b.static_key, b.bucket),
+                         spec, ceilings)
+        if all(p.config in b.times for p in plan.kept + plan.pruned):
+            whole.append(b)
+    return whole, len(buckets) - len(whole)
+
+
 def replay(buckets: Sequence[Bucket], calibrated: CalibratedModel | None
            ) -> list[tuple[str, BucketReplay]]:
     spec = DEVICE_SPECS["H200"]
@@ -111,8 +130,12 @@ def tables(exhaustive: Path) -> list[dict]:
     calibrated = fit(samples_of(({**r, "bucket": int(r["bucket"]),
                                   "median_us": float(r["median_us"]) if r["status"] == "ok"
                                   else None} for r in fitted), spec), spec, GPU_NAME)
-    known = buckets_of(fitted)
-    held_out = buckets_of(r for r in rows if (r["kernel_name"], r["static_key"]) not in presets)
+    known, known_partial = complete(buckets_of(fitted))
+    held_out, held_out_partial = complete(
+        buckets_of(r for r in rows if (r["kernel_name"], r["static_key"]) not in presets))
+    if known_partial or held_out_partial:
+        print(f"left out, not every valid point measured: {known_partial} preset buckets, "
+              f"{held_out_partial} held-out buckets")
     out = summary_rows("datasheet", "presets", replay(known, None), "")
     out += summary_rows("calibrated", "presets", replay(known, calibrated),
                         calibrated.describe())

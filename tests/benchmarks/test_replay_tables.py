@@ -86,3 +86,19 @@ def test_tables_recover_the_known_model_and_score_it(exhaustive, tmp_path, monke
     with exhaustive.open() as f:
         points = sum(1 for _ in f) - 1
     assert exhaustive_table(exhaustive)[2] == f"| rmsnorm | 8 | {points} | 0 |"
+
+
+def test_a_bucket_measured_in_part_is_left_out_and_counted(exhaustive, tmp_path, capsys):
+    with exhaustive.open() as f:
+        rows = list(csv.DictReader(f))
+    partial = tmp_path / "partial.csv"
+    with partial.open("w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows[1:])  # the first bucket lacks one point
+    by_scope = {(r["cost_model"], r["scope"]): r["buckets"] for r in tables(partial)
+                if r["kernel"] == "all"}
+    assert by_scope[("calibrated", "presets")] == 3 * 2 * 2 - 1
+    assert by_scope[("calibrated", "held-out")] == 2 * 2
+    assert ("left out, not every valid point measured: 1 preset buckets, 0 held-out buckets"
+            in capsys.readouterr().out)
