@@ -6,6 +6,8 @@ NaN and Inf blocks; and the public ops."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -130,3 +132,24 @@ def test_public_ops_match_the_reference(layout):
         again_q, again_scales = op()
         assert torch.equal(again_q.view(torch.uint8), want_q.view(torch.uint8))
         assert torch.equal(again_scales.view(torch.uint8), want_scales.view(torch.uint8))
+
+
+@pytest.mark.parametrize(("bad", "error", "message"), [
+    (lambda: {"q": torch.empty(5, 256, device=CUDA, dtype=torch.bfloat16)}, TypeError,
+     "q has dtype torch.bfloat16: it must be torch.float8_e4m3fn"),
+    (lambda: {"q": torch.empty(4, 256, device=CUDA, dtype=torch.float8_e4m3fn)}, ValueError,
+     "q must have shape (5, 256), got (4, 256)"),
+    (lambda: {"scales": torch.empty(128, 8, device=CUDA, dtype=torch.uint8)}, TypeError,
+     "scales has dtype torch.uint8: it must be torch.float8_e8m0fnu"),
+    (lambda: {"scales": torch.empty(5, 8, device=CUDA, dtype=torch.float8_e8m0fnu)}, ValueError,
+     "scales must have shape (128, 8), got (5, 8)"),
+], ids=["q-dtype", "q-shape", "scales-dtype", "scales-shape"])
+def test_public_op_refuses_bad_buffers_after_a_good_call(bad, error, message):
+    # The good calls make the route serve this key; a buffer of the wrong dtype or shape must
+    # still meet the op's checks, not be written past its end.
+    x = torch.randn(5, 256, device=CUDA).to(torch.bfloat16)
+    for _ in range(2):
+        mxfp8_quant(x, q=torch.empty(5, 256, device=CUDA, dtype=torch.float8_e4m3fn),
+                    scales=torch.empty(128, 8, device=CUDA, dtype=torch.float8_e8m0fnu))
+    with pytest.raises(error, match=re.escape(message)):
+        mxfp8_quant(x, **bad())

@@ -10,6 +10,8 @@ fp8_quant.check_fused's rounding step, its reduction order being each config's).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -223,3 +225,24 @@ def test_public_op_writes_given_buffers():
     cpu_q, cpu_scales = fp8_group_quant(x.cpu(), 128)
     _same(out.cpu(), cpu_q.float())
     _same(scales.cpu(), cpu_scales)
+
+
+@pytest.mark.parametrize(("bad", "error", "message"), [
+    (lambda: {"out": torch.empty(37, 1024, device=CUDA)}, TypeError,
+     "out has dtype torch.float32: it must be torch.float8_e4m3fn"),
+    (lambda: {"out": torch.empty(38, 1024, device=CUDA, dtype=FP8_DTYPE)}, ValueError,
+     "out must have shape (37, 1024), got (38, 1024)"),
+    (lambda: {"scales": torch.empty(37, 8, device=CUDA, dtype=torch.float64)}, TypeError,
+     "scales has dtype torch.float64: it must be torch.float32"),
+    (lambda: {"scales": torch.empty(37, 16, device=CUDA)}, ValueError,
+     "scales must have shape (37, 8) (tokens, width / group_size), got (37, 16)"),
+], ids=["out-dtype", "out-shape", "scales-dtype", "scales-shape"])
+def test_public_op_refuses_bad_buffers_after_a_good_call(bad, error, message):
+    # The good calls make the route serve this key; a buffer of the wrong dtype or shape must
+    # still meet the op's checks, not be written past its end.
+    x = _x(37)
+    for _ in range(2):
+        fp8_group_quant(x, 128, out=torch.empty(37, 1024, device=CUDA, dtype=FP8_DTYPE),
+                        scales=torch.empty(37, 8, device=CUDA))
+    with pytest.raises(error, match=re.escape(message)):
+        fp8_group_quant(x, 128, **bad())
