@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import tempfile
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -109,7 +109,7 @@ def replay(pending: Sequence[PendingBucket], queued: Sequence[tuple[int, bool, F
     points = {kernel: list(futures) for kernel, futures in by_kernel.items()}
     finished = sorted((float(c["finished_at"]), float(c["seconds"]), c["kernel"])
                       for c in compiles)
-    finishes, taken = [], defaultdict(int)
+    finishes, taken = deque(), defaultdict(int)
     for finished_at, seconds, kernel in finished:
         if taken[kernel] < len(points.get(kernel, ())):
             finishes.append((finished_at, seconds, points[kernel][taken[kernel]]))
@@ -118,7 +118,7 @@ def replay(pending: Sequence[PendingBucket], queued: Sequence[tuple[int, bool, F
     def at(moment: float) -> None:
         now[0] = moment
         while finishes and finishes[0][0] <= moment:
-            _, seconds, future = finishes.pop(0)
+            _, seconds, future = finishes.popleft()
             future.set_result(CompileResult(None, seconds))
 
     out, current, last = [], None, 0.0

@@ -25,7 +25,6 @@ import pandas as pd
 
 from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.calibration_fit import fit
-from cutetune.device.funnel import make_plan
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.spaces.models import PRESET_NAMES, load_model
@@ -81,13 +80,11 @@ def complete(buckets: Sequence[Bucket]) -> tuple[list[Bucket], int]:
     one: the exhaustive best of a bucket measured in part is not known, and measurements that
     span several device calls leave the last bucket of each in part."""
     spec = DEVICE_SPECS["H200"]
-    ceilings = Ceilings.from_datasheet(spec)
     whole = []
     for b in buckets:
         kernel = get_kernel(b.kernel)
-        plan = make_plan(kernel, kernel.problem_type.from_static_key(b.static_key, b.bucket),
-                         spec, ceilings)
-        if all(p.config in b.times for p in plan.kept + plan.pruned):
+        problem = kernel.problem_type.from_static_key(b.static_key, b.bucket)
+        if all(c in b.times for c in kernel.space.valid_points(problem, spec)):
             whole.append(b)
     return whole, len(buckets) - len(whole)
 

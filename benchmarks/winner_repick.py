@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.winner_repro import problem_label
+from benchmarks.winner_repro import problem_label, read_runs
 from cutetune.device.measure import Measurement
 from cutetune.device.specs import DEVICE_SPECS, Ceilings, DeviceSpec
 from cutetune.kernels.registry import get_kernel
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--floors", default=",".join(map(str, FLOORS_PERCENT)),
                         help="band floors to try, in percent")
     args = parser.parse_args()
-    runs = pd.concat([pd.read_csv(path, dtype={"config": str}) for path in args.runs])
+    runs = read_runs(args.runs)
     floors = [float(f) / 100 for f in args.floors.split(",")]
     results, left_out = repick(runs, DEVICE_SPECS[args.device], floors)
     for r in results:

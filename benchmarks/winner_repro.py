@@ -210,8 +210,13 @@ def _gap_in_run(in_run: pd.DataFrame, own: str, other: str) -> tuple[float, str]
 
 
 def compare_files(paths: Sequence[Path]) -> pd.DataFrame:
-    """The runs' CSVs compared; each must hold runs no other file holds (a run's rows are told
-    apart by model and run number, which the file's name does not set)."""
+    """The runs' CSVs compared (read_runs)."""
+    return compare(read_runs(paths))
+
+
+def read_runs(paths: Sequence[Path]) -> pd.DataFrame:
+    """The rows of the runs' CSVs; each must hold runs no other file holds (a run's rows are
+    told apart by model and run number, which the file's name does not set)."""
     frames, holder = [], {}
     for path in paths:
         frame = pd.read_csv(path, dtype={"config": str, "winner": str})
@@ -221,7 +226,7 @@ def compare_files(paths: Sequence[Path]) -> pd.DataFrame:
                                  f"{model}: each run must be in one file only")
             holder[model, run] = path
         frames.append(frame)
-    return compare(pd.concat(frames, ignore_index=True))
+    return pd.concat(frames, ignore_index=True)
 
 
 # -- BENCHMARKS.md ------------------------------------------------------------------------------
