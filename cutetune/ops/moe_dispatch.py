@@ -143,8 +143,6 @@ def moe_dispatch(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad:
     a CUDA graph, call the op once on the capture stream (the usual warm-up), so that its
     workspace is not allocated inside the capture. Under torch.compile the call is the custom
     op cutetune::moe_dispatch (cutetune::moe_dispatch_into with `out`)."""
-    # validate is no argument of the route, whose calls skip the checked path: checked here.
-    check_bool("validate", validate)
     return _validated(_MOE_DISPATCH((x, topk_ids, num_experts, pad, expert_range, validate,
                                      zero_padding, out)), validate, num_experts)
 
@@ -180,6 +178,7 @@ def _checked(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, pad: int
              expert_range: tuple[int, int] | None, validate: bool, zero_padding: bool,
              out: DispatchResult | None, allocated: DispatchResult | None) -> Checked:
     check_bool("zero_padding", zero_padding)
+    check_bool("validate", validate)
     dtype, begin, end, device = _check_inputs(x, topk_ids, num_experts, pad, expert_range)
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]

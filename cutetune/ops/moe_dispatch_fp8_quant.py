@@ -69,7 +69,6 @@ def moe_dispatch_fp8_quant(x: torch.Tensor, topk_ids: torch.Tensor, num_experts:
     needs, the same number each) are moe_dispatch's. On CPU tensors the op computes with the
     kernel's torch reference. Under torch.compile the call is the custom op
     cutetune::moe_dispatch_fp8_quant (cutetune::moe_dispatch_fp8_quant_into with `out`)."""
-    check_bool("validate", validate)  # here, as moe_dispatch checks it
     return dispatch_op._validated(_MOE_DISPATCH_FP8_QUANT((
         x, topk_ids, num_experts, pad, expert_range, validate, zero_padding, group_size,
         column_major_scales, ue8m0, out)), validate, num_experts)
@@ -100,6 +99,7 @@ def _prepared(x, topk_ids, num_experts, pad, expert_range, validate, zero_paddin
 def _checked(x, topk_ids, num_experts, pad, expert_range, validate, zero_padding, group_size,
              column_major, ue8m0, out, allocated) -> Checked:
     check_bool("zero_padding", zero_padding)
+    check_bool("validate", validate)
     dtype, begin, end, device = dispatch_op._check_inputs(x, topk_ids, num_experts, pad,
                                                           expert_range)
     _check_quant(x, group_size, column_major, ue8m0)

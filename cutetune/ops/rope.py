@@ -166,13 +166,14 @@ def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 def _mrope_fields(mrope_section: tuple[int, int, int] | None,
                   mrope_interleaved: bool) -> tuple[str, tuple[int, int, int]]:
-    """The problem's mrope fields of the op's arguments (scalars: the fast path keys them)."""
-    check_bool("mrope_interleaved", mrope_interleaved)
+    """The problem's mrope fields of the op's arguments (scalars: the fast path keys them).
+    Every call makes them, so the common call (no mrope) does no more than test for one."""
     if mrope_section is None:
         if mrope_interleaved:
             raise ValueError("mrope_interleaved is set but mrope_section is None: give the "
                              "pairs of each position stream")
         return MROPE_NONE, (0, 0, 0)
+    check_bool("mrope_interleaved", mrope_interleaved)
     section = tuple(mrope_section) if isinstance(mrope_section, tuple | list) else ()
     if len(section) != STREAMS or not all(is_int(n) for n in section):
         raise ValueError(f"mrope_section must be three counts of pairs (temporal, height, "
