@@ -1,6 +1,6 @@
-"""benchmarks/eta_replay.py: the ETA of a real run, recorded by `tune_eta` on an H100 (a
-Kimi-K2 config at 1, 64 and 4096 tokens, commit 6c12bd4; tests/data/eta), played again through
-the current tuner/eta.py on the CPU."""
+"""benchmarks/eta_replay.py: the ETA of real runs, recorded by `tune_eta` on an H100 (a Kimi-K2
+config at 1, 64 and 4096 tokens, commit 6c12bd4) and on an H200 (the same, commit 8928b03;
+tests/data/eta), played again through the current tuner/eta.py on the CPU."""
 
 from __future__ import annotations
 
@@ -36,6 +36,16 @@ def test_the_recorded_h100_run_replays_within_30_percent_from_5_percent(planned)
     # The run's own ETA read +31% at 5%: each bucket's first trial was learnt as every trial's.
     assert eta_replay.at_shares(replayed)[0].recorded_eta_s > 1.3 * 212
     assert len(eta_replay.outside_band(replayed)) <= 0.02 * len(replayed)
+
+
+def test_the_recorded_h200_run_replays_within_30_percent_from_5_percent():
+    planned = eta_replay.planned_run(MODEL, [1, 64, 4096], "H200")
+    replayed = eta_replay.replay(*planned, read(DATA / "eta" / "kimi-k2-h200-readings.csv"),
+                                 read(DATA / "eta" / "kimi-k2-h200-compiles.csv"), processes=12)
+    assert len(replayed) == 1014
+    for reading in eta_replay.at_shares(replayed):
+        assert abs(reading.error) < eta_replay.BAND, reading
+    assert eta_replay.outside_band(replayed) == []
 
 
 def test_a_reading_of_a_bucket_the_plan_lacks_is_refused(planned):
