@@ -50,10 +50,10 @@ class Bucket:
     times: dict  # config -> median_us, or None where it failed
 
 
-def preset_problems() -> set[tuple[str, str]]:
-    """(kernel, static key) of every problem a preset uses."""
+def problems_of(models: Sequence[str]) -> set[tuple[str, str]]:
+    """(kernel, static key) of every problem the models use."""
     keys = set()
-    for model in PRESET_NAMES:
+    for model in models:
         shape = load_model(model)
         for name in kernel_names():
             try:
@@ -121,7 +121,7 @@ def summary_rows(cost_model: str, scope: str, replays: Sequence[tuple[str, Bucke
 def tables(exhaustive: Path) -> list[dict]:
     with exhaustive.open() as f:
         rows = list(csv.DictReader(f))
-    presets = preset_problems()
+    presets = problems_of(PRESET_NAMES)
     spec = DEVICE_SPECS["H200"]
     fitted = [r for r in rows if (r["kernel_name"], r["static_key"]) in presets]
     calibrated = fit(samples_of(({**r, "bucket": int(r["bucket"]),

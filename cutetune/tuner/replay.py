@@ -10,10 +10,17 @@ Per bucket, against the exhaustive best (the fastest verified point of every val
   best, as a share of the valid points (an exhaustive search's trials);
 - zero-shot: the gap of the cost model's top pick (what serving picks for an untuned problem)
   to the exhaustive best.
+
+Fresh runs replayed (issue 38 item 1): the same search several times over the stored times as
+fresh runs would read them (RunNoise), to count the buckets where every run names one winner.
+A change to the search or the finals is then compared on the exhaustive measurements in CPU
+time, not in ten fresh runs on the GPU per try.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,11 +33,13 @@ from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
 from cutetune.tuner.defaults import DEFAULT_BUDGET
+from cutetune.tuner.finals import TIE_BAND_FLOOR
 from cutetune.tuner.study import TrialFailure, TrialOutcome, run_study
 
 SEARCH_BAND = 0.02  # "within 2% of the exhaustive best"
 ZERO_SHOT_BAND = 0.03  # "the top pick within 3% of the exhaustive winner"
 REGRET_BAND = 0.01  # "regret at most 1%"
+IQR_PER_SIGMA = 1.349  # a normal distribution's interquartile range, in sigmas
 
 
 class ReplayRunner:
@@ -52,6 +61,70 @@ class ReplayRunner:
 
     def remeasure(self, configs: Sequence[Any]) -> list[Measurement]:
         return [self.measure(c) for c in configs]
+
+
+@dataclass(frozen=True)
+class RunNoise:
+    """How a fresh run's times differ from the stored ones, as lognormal factors of these
+    sigmas: `drift`, drawn once per run and point (where the run's input sets sit, the GPU's
+    state that minute: what moves the ratio of the same two finalists between runs), and
+    `jitter`, drawn per measurement (what one set of rounds sees)."""
+
+    drift: float
+    jitter: float
+
+
+class FreshRunRunner(ReplayRunner):
+    """The stored times as fresh run `run` reads them (RunNoise). A point's drift depends on the
+    run and the point alone, so the run reads it alike in its search and its finals, and the
+    replay of a run is the same whenever it is made."""
+
+    def __init__(self, times: Mapping[Any, float | None], noise: RunNoise, run: int):
+        super().__init__(times)
+        self.noise = noise
+        self.run = run
+        self._jitter = random.Random(f"jitter {run}")
+
+    def measure(self, config: Any) -> Measurement:
+        drift = random.Random(f"drift {self.run} {config!r}").gauss(0.0, self.noise.drift)
+        us = self._time(config) * math.exp(drift + self._jitter.gauss(0.0, self.noise.jitter))
+        return Measurement(us, us * IQR_PER_SIGMA * self.noise.jitter, 1)
+
+
+@dataclass(frozen=True)
+class FreshRuns:
+    """One bucket searched by replayed fresh runs: each run's winner, and its stored time."""
+
+    winners: tuple[Any, ...]
+    winner_us: tuple[float, ...]
+
+    @property
+    def one_winner(self) -> bool:
+        return len(set(self.winners)) == 1
+
+    @property
+    def spread(self) -> float:
+        """How much slower the slowest run's winner is than the fastest's, by stored times."""
+        return max(self.winner_us) / min(self.winner_us) - 1
+
+
+def fresh_runs(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | None],
+               spec: DeviceSpec, ceilings: Ceilings, calibrated: CalibratedModel | None,
+               noise: RunNoise, runs: int, budget: int = DEFAULT_BUDGET,
+               tie_band: float = TIE_BAND_FLOOR) -> FreshRuns:
+    """The tuner's plan and search of `problem` replayed as `runs` fresh runs over `times`,
+    each reading them through its own RunNoise draws (module docstring)."""
+    plan = make_plan(kernel, problem, spec, ceilings, calibrated)
+    default = kernel.default_config(problem, spec)
+    winners = []
+    for run in range(runs):
+        result = run_study(kernel, plan, default, FreshRunRunner(times, noise, run), budget,
+                           f"fresh run {run} {kernel.name} {problem.static_key()} "
+                           f"{problem.num_tokens}", tie_band=tie_band)
+        if result.winner is None:
+            raise ValueError(f"no point of {kernel.name} {problem.describe()} verified")
+        winners.append(result.winner.config)
+    return FreshRuns(tuple(winners), tuple(times[c] for c in winners))
 
 
 @dataclass(frozen=True)

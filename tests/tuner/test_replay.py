@@ -10,12 +10,16 @@ import math
 import pytest
 
 from cutetune.device.funnel import make_plan
+from cutetune.device.measure import Measurement
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.registry import get_kernel
 from cutetune.spaces.models import load_model
 from cutetune.tuner.replay import (
     BucketReplay,
+    FreshRunRunner,
     ReplayRunner,
+    RunNoise,
+    fresh_runs,
     replay_bucket,
     summarize,
     trials_to_band,
@@ -137,3 +141,34 @@ def test_summarize_takes_medians_maxima_and_shares():
     assert summary.zero_shot_within_band == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="no bucket"):
         summarize([])
+
+
+def test_a_fresh_run_reads_each_point_through_its_own_drift():
+    times = {"a": 2.0, "b": 3.0}
+    assert FreshRunRunner(times, RunNoise(0.0, 0.0), run=0).measure("a") == Measurement(
+        2.0, 0.0, 1)
+    drifting = RunNoise(drift=0.05, jitter=0.0)
+    run0, again, run1 = (FreshRunRunner(times, drifting, run) for run in (0, 0, 1))
+    first = run0.measure("a").median_us
+    assert first != 2.0
+    assert run0.remeasure(["a"])[0].median_us == first  # its finals read its search's drift
+    assert again.measure("a").median_us == first  # a run replays alike whenever it is made
+    assert run1.measure("a").median_us != first
+    assert run0.measure("b").median_us / 3.0 != first / 2.0  # each point drifts on its own
+    jittery = FreshRunRunner(times, RunNoise(drift=0.0, jitter=0.01), run=0)
+    readings = [jittery.measure("a") for _ in range(2)]
+    assert readings[0].median_us != readings[1].median_us
+    assert readings[0].iqr_us == pytest.approx(readings[0].median_us * 1.349 * 0.01)
+
+
+def test_fresh_runs_name_one_winner_without_noise_and_several_with_it(plan):
+    times = known_times(plan)
+    still = fresh_runs(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN, RunNoise(0.0, 0.0), 3)
+    assert still.one_winner and still.spread == 0.0
+    assert len(still.winners) == 3
+    # Drifts far wider than the band: the runs' searches and finals read different points
+    # fastest, each run's winner is one of the stored times.
+    noisy = fresh_runs(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN, RunNoise(0.2, 0.0), 5,
+                       tie_band=0.0)
+    assert not noisy.one_winner and noisy.spread > 0
+    assert noisy.winner_us == tuple(times[c] for c in noisy.winners)

@@ -1,0 +1,84 @@
+"""Fresh runs replayed over exhaustive measurements (issue 38 item 1, on the CPU): each preset
+bucket of `benchmarks.exhaustive`'s CSV searched --runs times by the tuner (datasheet roofline,
+the default budget and band), each run reading the stored times through its own noise
+(cutetune/tuner/replay.py, RunNoise); the share of buckets where every run names one winner,
+and the largest gap between two runs' winners by stored times.
+
+    python3 -m benchmarks.fresh_run_replay EXHAUSTIVE.csv [--runs 5] [--models qwen3-8b,...]
+        [--drift-pct 0.96] [--jitter-pct 0.25] [--tie-band 3]
+
+The default noise is what fresh H200 runs measured (tuner/finals.py): the ratio of the same two
+finalists moved by 2.7% at p95 between runs, which two points' independent lognormal drifts of
+sigma s give at 1.96 * sqrt(2) * s, so s = 0.96%; the IQR of one set of rounds is 0.33% of the
+median for half the trials, a sigma of 0.25%. It answers how a change to the search or the
+finals moves the share, not what fresh runs on the GPU measure (benchmarks.winner_repro).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.replay_tables import Bucket, buckets_of, complete, problems_of
+from cutetune.device.specs import DEVICE_SPECS, Ceilings
+from cutetune.kernels.registry import get_kernel
+from cutetune.tuner.defaults import DEFAULT_TIE_BAND_PERCENT
+from cutetune.tuner.replay import FreshRuns, RunNoise, fresh_runs
+
+MODELS = ("qwen3-8b", "qwen3-30b-a3b")  # issue 38's dense and MoE presets
+P95_BETWEEN_RUNS = 0.027  # the ratio of the same two finalists, p95 over fresh H200 runs
+DRIFT = math.log(1 + P95_BETWEEN_RUNS) / (1.96 * math.sqrt(2))
+JITTER = 0.0033 / 1.349  # the median IQR / median of one set of rounds, as a sigma
+
+
+def replay_runs(buckets: Sequence[Bucket], noise: RunNoise, runs: int, tie_band: float
+                ) -> list[tuple[str, FreshRuns]]:
+    spec = DEVICE_SPECS["H200"]
+    ceilings = Ceilings.from_datasheet(spec)
+    out = []
+    for b in buckets:
+        kernel = get_kernel(b.kernel)
+        problem = kernel.problem_type.from_static_key(b.static_key, b.bucket)
+        out.append((b.kernel, fresh_runs(kernel, problem, b.times, spec, ceilings, None, noise,
+                                         runs, tie_band=tie_band)))
+    return out
+
+
+def summary_lines(replays: Sequence[tuple[str, FreshRuns]]) -> list[str]:
+    lines = ["| kernel | buckets | one winner | largest gap between winners |",
+             "|---|---:|---:|---:|"]
+    for kernel in ["all", *sorted({k for k, _ in replays})]:
+        chosen = [r for k, r in replays if kernel in ("all", k)]
+        one = sum(r.one_winner for r in chosen)
+        lines.append(f"| {kernel} | {len(chosen)} | {one} ({100 * one / len(chosen):.0f}%) | "
+                     f"{100 * max(r.spread for r in chosen):.2f}% |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("exhaustive", type=Path)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--drift-pct", type=float, default=100 * DRIFT)
+    parser.add_argument("--jitter-pct", type=float, default=100 * JITTER)
+    parser.add_argument("--tie-band", type=float, default=DEFAULT_TIE_BAND_PERCENT,
+                        help="the band's floor, in percent")
+    args = parser.parse_args()
+    wanted = problems_of([m for m in args.models.split(",") if m])
+    with args.exhaustive.open() as f:
+        rows = [r for r in csv.DictReader(f) if (r["kernel_name"], r["static_key"]) in wanted]
+    buckets, partial = complete(buckets_of(rows))
+    if partial:
+        print(f"left out, not every valid point measured: {partial} buckets")
+    if not buckets:
+        raise SystemExit(f"{args.exhaustive}: no bucket of {args.models} measured in full")
+    noise = RunNoise(args.drift_pct / 100, args.jitter_pct / 100)
+    print("\n".join(summary_lines(replay_runs(buckets, noise, args.runs, args.tie_band / 100))))
+
+
+if __name__ == "__main__":
+    main()
