@@ -24,7 +24,6 @@ from pathlib import Path
 
 from benchmarks.replay_tables import Bucket, buckets_of, complete, problems_of
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
-from cutetune.kernels.registry import get_kernel
 from cutetune.tuner.defaults import DEFAULT_TIE_BAND_PERCENT
 from cutetune.tuner.replay import FreshRuns, RunNoise, fresh_runs
 
@@ -38,13 +37,8 @@ def replay_runs(buckets: Sequence[Bucket], noise: RunNoise, runs: int, tie_band:
                 ) -> list[tuple[str, FreshRuns]]:
     spec = DEVICE_SPECS["H200"]
     ceilings = Ceilings.from_datasheet(spec)
-    out = []
-    for b in buckets:
-        kernel = get_kernel(b.kernel)
-        problem = kernel.problem_type.from_static_key(b.static_key, b.bucket)
-        out.append((b.kernel, fresh_runs(kernel, problem, b.times, spec, ceilings, None, noise,
-                                         runs, tie_band=tie_band)))
-    return out
+    return [(b.kernel, fresh_runs(*b.kernel_and_problem(), b.times, spec, ceilings, None,
+                                  noise, runs, tie_band=tie_band)) for b in buckets]
 
 
 def summary_lines(replays: Sequence[tuple[str, FreshRuns]]) -> list[str]:

@@ -26,8 +26,9 @@ import pandas as pd
 from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.calibration_fit import fit
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
-from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
+from cutetune.kernels.registry import KernelDef, NotApplicableError, get_kernel, kernel_names
 from cutetune.spaces.models import PRESET_NAMES, load_model
+from cutetune.spaces.problem import Problem
 from cutetune.tuner.calibrate import samples_of
 from cutetune.tuner.replay import BucketReplay, replay_bucket, summarize
 
@@ -48,6 +49,10 @@ class Bucket:
     static_key: str
     bucket: int
     times: dict  # config -> median_us, or None where it failed
+
+    def kernel_and_problem(self) -> tuple[KernelDef, Problem]:
+        kernel = get_kernel(self.kernel)
+        return kernel, kernel.problem_type.from_static_key(self.static_key, self.bucket)
 
 
 def problems_of(models: Sequence[str]) -> set[tuple[str, str]]:
@@ -82,8 +87,7 @@ def complete(buckets: Sequence[Bucket]) -> tuple[list[Bucket], int]:
     spec = DEVICE_SPECS["H200"]
     whole = []
     for b in buckets:
-        kernel = get_kernel(b.kernel)
-        problem = kernel.problem_type.from_static_key(b.static_key, b.bucket)
+        kernel, problem = b.kernel_and_problem()
         if all(c in b.times for c in kernel.space.valid_points(problem, spec)):
             whole.append(b)
     return whole, len(buckets) - len(whole)
@@ -93,13 +97,8 @@ def replay(buckets: Sequence[Bucket], calibrated: CalibratedModel | None
            ) -> list[tuple[str, BucketReplay]]:
     spec = DEVICE_SPECS["H200"]
     ceilings = Ceilings.from_datasheet(spec)
-    out = []
-    for b in buckets:
-        kernel = get_kernel(b.kernel)
-        problem = kernel.problem_type.from_static_key(b.static_key, b.bucket)
-        out.append((b.kernel, replay_bucket(kernel, problem, b.times, spec, ceilings,
-                                            calibrated)))
-    return out
+    return [(b.kernel, replay_bucket(*b.kernel_and_problem(), b.times, spec, ceilings,
+                                     calibrated)) for b in buckets]
 
 
 def summary_rows(cost_model: str, scope: str, replays: Sequence[tuple[str, BucketReplay]],

@@ -13,32 +13,19 @@ from pathlib import Path
 import pytest
 
 from benchmarks.benchmarks_md import exhaustive_table
-from benchmarks.exhaustive import COLUMNS, HELD_OUT, done_keys, models_of, row_key, work
+from benchmarks.exhaustive import COLUMNS, HELD_OUT, done_keys, models_of, row_key
 from benchmarks.replay_tables import markdown_lines, tables
-from cutetune.device.specs import DEVICE_SPECS
 from cutetune.spaces.models import PRESET_NAMES
-from cutetune.spaces.space import config_to_json
-from testkit.known_cost_model import KNOWN
+from testkit.known_exhaustive import write_known_exhaustive
 
-SPEC = DEVICE_SPECS["H200"]
 MODELS = ("qwen3-0.6b", "qwen3-8b", "llama-3.1-70b", "tests/data/hf_configs/"
           "Qwen2.5-7B-Instruct.json")
 
 
 @pytest.fixture(scope="module")
 def exhaustive(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("replay") / "exhaustive.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS)
-        writer.writeheader()
-        for model, kernel, problem, config in work(MODELS, ["rmsnorm"], (8, 4096), SPEC):
-            writer.writerow({"model": model, "kernel_name": kernel.name,
-                             "static_key": problem.static_key(), "bucket": problem.num_tokens,
-                             "config_json": config_to_json(config), "status": "ok",
-                             "median_us": KNOWN.predict_us(kernel.cost(problem, config, SPEC),
-                                                           SPEC),
-                             "iqr_us": 0.01, "failure_reason": ""})
-    return path
+    return write_known_exhaustive(tmp_path_factory.mktemp("replay") / "exhaustive.csv",
+                                  MODELS, ["rmsnorm"], (8, 4096))
 
 
 def test_work_lists_each_problem_once_and_done_keys_read_back(exhaustive):
