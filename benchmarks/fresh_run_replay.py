@@ -62,6 +62,12 @@ def main() -> None:
     parser.add_argument("--tie-band", type=float, default=DEFAULT_TIE_BAND_PERCENT,
                         help="the band's floor, in percent")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
+    for name in ("drift_pct", "jitter_pct", "tie_band"):
+        if not 0 <= getattr(args, name) < 100:
+            parser.error(f"--{name.replace('_', '-')} must be a percentage from 0 to below 100,"
+                         f" got {getattr(args, name)}")
     wanted = problems_of([m for m in args.models.split(",") if m])
     with args.exhaustive.open() as f:
         rows = [r for r in csv.DictReader(f) if (r["kernel_name"], r["static_key"]) in wanted]

@@ -34,3 +34,14 @@ def test_a_csv_without_the_models_buckets_is_refused(tmp_path, monkeypatch, caps
                                   (8,))
     with pytest.raises(SystemExit, match="no bucket of llama-3.1-8b measured in full"):
         run(monkeypatch, capsys, str(path), "--models", "llama-3.1-8b")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--runs", "0"), "--runs must be at least 1, got 0"),
+    (("--drift-pct", "-1"), "--drift-pct must be a percentage from 0 to below 100, got -1.0"),
+    (("--tie-band", "nan"), "--tie-band must be a percentage from 0 to below 100, got nan"),
+])
+def test_bad_settings_are_refused_in_one_line(tmp_path, monkeypatch, capsys, args, message):
+    with pytest.raises(SystemExit):
+        run(monkeypatch, capsys, str(tmp_path / "absent.csv"), *args)
+    assert message in capsys.readouterr().err
