@@ -4,7 +4,7 @@ the default budget and band), each run reading the stored times through its own 
 (cutetune/tuner/replay.py, RunNoise); the share of buckets where every run names one winner,
 and the largest gap between two runs' winners by stored times.
 
-    python3 -m benchmarks.fresh_run_replay EXHAUSTIVE.csv [--runs 5] [--models qwen3-8b,...]
+    python3 -m benchmarks.fresh_run_replay EXHAUSTIVE.csv [--runs 5] [--models M,M|presets|held-out]
         [--drift-pct 0.96] [--jitter-pct 0.25] [--tie-band 3]
 
 The default noise is what fresh H200 runs measured (tuner/finals.py): the ratio of the same two
@@ -22,15 +22,16 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.exhaustive import models_of
 from benchmarks.replay_tables import Bucket, buckets_of, complete, problems_of
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.tuner.defaults import DEFAULT_TIE_BAND_PERCENT
-from cutetune.tuner.replay import FreshRuns, RunNoise, fresh_runs
+from cutetune.tuner.replay import IQR_PER_SIGMA, FreshRuns, RunNoise, fresh_runs
 
 MODELS = ("qwen3-8b", "qwen3-30b-a3b")  # issue 38's dense and MoE presets
 P95_BETWEEN_RUNS = 0.027  # the ratio of the same two finalists, p95 over fresh H200 runs
 DRIFT = math.log(1 + P95_BETWEEN_RUNS) / (1.96 * math.sqrt(2))
-JITTER = 0.0033 / 1.349  # the median IQR / median of one set of rounds, as a sigma
+JITTER = 0.0033 / IQR_PER_SIGMA  # the median IQR / median of one set of rounds, as a sigma
 
 
 def replay_runs(buckets: Sequence[Bucket], noise: RunNoise, runs: int, tie_band: float
@@ -56,7 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("exhaustive", type=Path)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="models (as benchmarks.exhaustive takes them)")
     parser.add_argument("--drift-pct", type=float, default=100 * DRIFT)
     parser.add_argument("--jitter-pct", type=float, default=100 * JITTER)
     parser.add_argument("--tie-band", type=float, default=DEFAULT_TIE_BAND_PERCENT,
@@ -68,7 +70,7 @@ def main() -> None:
         if not 0 <= getattr(args, name) < 100:
             parser.error(f"--{name.replace('_', '-')} must be a percentage from 0 to below 100,"
                          f" got {getattr(args, name)}")
-    wanted = problems_of([m for m in args.models.split(",") if m])
+    wanted = problems_of(models_of(args.models))
     with args.exhaustive.open() as f:
         rows = [r for r in csv.DictReader(f) if (r["kernel_name"], r["static_key"]) in wanted]
     buckets, partial = complete(buckets_of(rows))
