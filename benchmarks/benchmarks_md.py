@@ -142,11 +142,14 @@ def tuned_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
              "call (% roof), and the largest and smallest speedup over the default among the "
              f"buckets tuned in that run (all 16 buckets from 1 to 32768; shown: "
              f"{', '.join(map(str, SHOWN_BUCKETS))}).\n"]
-    for _, source in rows.iterrows():
-        model = source["file"].removeprefix("shipped-").rsplit("-", 1)[0]
-        lines = winners_table(RESULTS / source["file"])
-        parts.append(f"### {model}\n\nSource: {provenance(source)}.\n\n" + "\n".join(lines)
-                     + "\n")
+    # A model's winners may come from several runs (kernels added later are tuned on their
+    # own), each a file "shipped-MODEL-COMMIT.txt": one heading per model, a table per file.
+    models = rows["file"].str.removeprefix("shipped-").str.rsplit("-", n=1).str[0]
+    for model, sources in rows.groupby(models, sort=False):
+        tables = [f"Source: {provenance(source)}.\n\n"
+                  + "\n".join(winners_table(RESULTS / source["file"]))
+                  for _, source in sources.iterrows()]
+        parts.append(f"### {model}\n\n" + "\n\n".join(tables) + "\n")
     return "\n".join(parts)
 
 

@@ -138,6 +138,20 @@ def test_a_tuned_table_states_its_shared_fields_once():
     assert "dtype=bfloat16 " not in section.replace("out_dtype=bfloat16 ", "")
 
 
+def test_a_model_tuned_in_two_runs_has_one_heading_and_a_table_per_run(results_copy):
+    summary = ("kernel  problem  tokens  status  us  % roof  vs default  trials  failed  winner\n"
+               "rope  dtype=bfloat16 head_dim=128  1  tuned  1.50  0.5  1.04x  16  0  "
+               "vector_bits=64\ntime: 1m00s wall\n")
+    add_listed_file(results_copy, "shipped-qwen3-8b-abc1234.txt", "tuned", summary,
+                    "cutetune tune rope --model qwen3-8b")
+    text = generator.benchmarks_md()
+    assert text.count("### qwen3-8b\n") == 1
+    section = section_of(text, "### qwen3-8b")
+    assert "`shipped-qwen3-8b-3a94d99.txt`" in section
+    assert "`shipped-qwen3-8b-abc1234.txt`" in section
+    assert "| rope |  | 1.50 (0.5%) | 1.04-1.04x |" in section
+
+
 def test_the_peers_sources_are_a_list_of_one_file_a_line():
     section = section_of(generator.benchmarks_md(), "## Kernels against the peers")
     index = generator.read_index()
