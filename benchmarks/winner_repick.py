@@ -2,7 +2,9 @@
 winner_repro's CSVs hold them (re-measured side by side), are picked again by the tuner's own
 rule (tuner/finals.pick: the preferred of the finalists tied with the fastest) at each band
 floor, and the buckets where every run names one winner are counted, with the price: how much
-slower than its run's fastest finalist the picked point measured.
+slower than its run's fastest finalist the picked point measured. Of the buckets that still
+differ, it counts those where a run names a point another run did not re-measure: there the
+runs' searches and finalists, not the band, keep them apart.
 
     python3 -m benchmarks.winner_repick OUT/*-run*.csv [--device H200] [--floors 2,2.5,3,4,5]
 
@@ -41,6 +43,9 @@ class Repick:
     floor: float
     buckets: int
     same_winner: int
+    # Of the buckets whose runs differ: those where a run names a point another run did not
+    # re-measure (untried there, or tried and not a finalist), so no band could tie them there.
+    unshared: int
     price_median_pct: float
     price_max_pct: float
 
@@ -83,13 +88,17 @@ def repick(runs: pd.DataFrame, spec: DeviceSpec, floors: Sequence[float]
             buckets.append(found)
     results = []
     for floor in floors:
-        same, prices = 0, []
+        same, unshared, prices = 0, 0, []
         for by_run, default in buckets:
             picked = [finals.pick(outcomes, default, floor) for outcomes in by_run.values()]
-            same += len({config_to_json(p.winner.config) for p in picked}) == 1
+            winners = {config_to_json(p.winner.config) for p in picked}
+            same += len(winners) == 1
+            unshared += any(not winners <= {config_to_json(t.config) for t in outcomes}
+                            for outcomes in by_run.values())
             prices += [p.winner.measurement.median_us
                        / min(t.measurement.median_us for t in p.finalists) - 1 for p in picked]
-        results.append(Repick(floor, len(buckets), same, 100 * statistics.median(prices),
+        results.append(Repick(floor, len(buckets), same, unshared,
+                              100 * statistics.median(prices),
                               100 * max(prices)))
     return results, left_out
 
@@ -106,8 +115,9 @@ def main() -> None:
     floors = [float(f) / 100 for f in args.floors.split(",")]
     results, left_out = repick(runs, DEVICE_SPECS[args.device], floors)
     for r in results:
-        print(f"floor {100 * r.floor:g}%: one winner in {r.same_winner} of {r.buckets} buckets; "
-              f"the picked point's price over its run's fastest finalist {r.price_median_pct:.2f}% "
+        print(f"floor {100 * r.floor:g}%: one winner in {r.same_winner} of {r.buckets} buckets "
+              f"({r.unshared} of the rest name a point another run did not re-measure); the "
+              f"picked point's price over its run's fastest finalist {r.price_median_pct:.2f}% "
               f"at the median, {r.price_max_pct:.2f}% at most")
     if left_out:
         print(f"{left_out} buckets left out: their problem is no longer described alike")
