@@ -86,15 +86,17 @@ def repick(runs: pd.DataFrame, spec: DeviceSpec, floors: Sequence[float]
             left_out += 1
         else:
             buckets.append(found)
+    # Each run's finalists by canonical JSON, the same at every floor.
+    remeasured = [[{config_to_json(t.config) for t in outcomes} for outcomes in by_run.values()]
+                  for by_run, _ in buckets]
     results = []
     for floor in floors:
         same, unshared, prices = 0, 0, []
-        for by_run, default in buckets:
+        for (by_run, default), finalists_of_runs in zip(buckets, remeasured, strict=True):
             picked = [finals.pick(outcomes, default, floor) for outcomes in by_run.values()]
             winners = {config_to_json(p.winner.config) for p in picked}
             same += len(winners) == 1
-            unshared += any(not winners <= {config_to_json(t.config) for t in outcomes}
-                            for outcomes in by_run.values())
+            unshared += any(not winners <= names for names in finalists_of_runs)
             prices += [p.winner.measurement.median_us
                        / min(t.measurement.median_us for t in p.finalists) - 1 for p in picked]
         results.append(Repick(floor, len(buckets), same, unshared,
