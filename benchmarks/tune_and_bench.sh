@@ -1,23 +1,67 @@
 #!/usr/bin/env bash
-# Tune, then bench, each KERNEL:MODEL pair in turn on the visible GPU; every log, the tuned DB
-# and the bench CSVs go to OUTDIR (benchmarks/bench_presets.sh writes the ones BENCHMARKS.md is
-# generated from).
-#   benchmarks/tune_and_bench.sh OUTDIR TRIALS KERNEL:MODEL ...
+# Tune kernels into one database and bench each against it, kernel by kernel, so that a device
+# call that ends early leaves whole kernels done; resumable across calls. Each UNIT is
+# KERNEL:TUNE_MODELS[:BENCH_MODELS], the models comma-separated (presets or config.json paths):
+# the kernel is tuned for each of TUNE_MODELS at $TOKENS, then benched on each of BENCH_MODELS
+# at $TOKENS; once every unit is done, FULL=1 tunes every pair at every bucket too (the buckets
+# tuned already are skipped).
+#
+#   [DEADLINE_S=540] [TOKENS=1,8,...] [FULL=1] benchmarks/tune_and_bench.sh OUT_DIR UNIT ...
+#
+# Writes OUT_DIR/tuned.db, tune-MODEL-KERNEL.txt (full-MODEL-KERNEL.txt for FULL), and
+# bench-MODEL-KERNEL.csv with its .log; OUT_DIR/done.txt lists the finished steps, which the
+# same command skips, so it continues where a call stopped (bring OUT_DIR back and pass it
+# again). A step starts only with 40 s (a bench 60 s) of DEADLINE_S left and is stopped with
+# Ctrl-C 20 s before it; a stopped tune continues from its stored trials.
 set -uo pipefail
-out=$1 trials=$2
-shift 2
+out=$1
+shift
 mkdir -p "$out"
-cli=(python3 -m cutetune.cli.main --db "sqlite:///$out/tuned.db")
-# TOKENS="1,8,64" limits the buckets tuned and benched (default: every bucket).
-tokens=(${TOKENS:+--tokens "$TOKENS"})
-for pair in "$@"; do
-    kernel=${pair%%:*} model=${pair#*:}
-    tag=$kernel-$(basename "$(dirname "$model/x")")
-    echo "$(date +%T) tune $pair"
-    "${cli[@]}" tune "$kernel" --model "$model" --trials "$trials" "${tokens[@]}" > "$out/tune-$tag.log" 2>&1 ||
-        echo "tune $pair failed: see tune-$tag.log"
-    echo "$(date +%T) bench $pair"
-    "${cli[@]}" bench "$kernel" --model "$model" "${tokens[@]}" --out "$out/bench-$tag.csv" \
-        > "$out/bench-$tag.log" 2>&1 || echo "bench $pair failed: see bench-$tag.log"
+touch "$out/done.txt"
+deadline=$(( $(date +%s) + ${DEADLINE_S:-1000000000} ))
+tokens=${TOKENS:-1,8,64,512,4096,32768}
+cli=(python3 -m cutetune.cli.main --db "sqlite:///$(realpath "$out")/tuned.db")
+
+# step NAME LOG MIN_SECONDS COMMAND...: run COMMAND (output to OUT_DIR/LOG) unless NAME is done;
+# fails when less than MIN_SECONDS are left.
+step() {
+    local name=$1 log=$2 need=$3 left
+    shift 3
+    grep -qxF "$name" "$out/done.txt" && return 0
+    left=$(( deadline - $(date +%s) ))
+    if (( left < need )); then
+        echo "$(date +%T) stopped for time before $name (${left} s left)"
+        return 1
+    fi
+    echo "$(date +%T) $name"
+    if timeout -s INT -k 15 $(( left - 20 )) "$@" > "$out/$log" 2>&1; then
+        echo "$name" >> "$out/done.txt"
+    else
+        echo "$(date +%T) $name failed or was stopped: see $log"
+    fi
+}
+
+tag() { basename "$1" .json; }  # a preset's name, or a config file's
+
+for pass in first full; do
+    [ "$pass" = full ] && [ -z "${FULL:-}" ] && break
+    for unit in "$@"; do
+        IFS=: read -r kernel tune_models bench_models <<< "$unit"
+        for model in ${tune_models//,/ }; do
+            if [ "$pass" = first ]; then
+                step "tune-$(tag "$model")-$kernel" "tune-$(tag "$model")-$kernel.txt" 40 \
+                    "${cli[@]}" tune "$kernel" --model "$model" --tokens "$tokens" || exit 0
+            else
+                step "full-$(tag "$model")-$kernel" "full-$(tag "$model")-$kernel.txt" 40 \
+                    "${cli[@]}" tune "$kernel" --model "$model" || exit 0
+            fi
+        done
+        [ "$pass" = full ] && continue
+        for model in ${bench_models//,/ }; do
+            step "bench-$(tag "$model")-$kernel" "bench-$(tag "$model")-$kernel.log" 60 \
+                "${cli[@]}" bench "$kernel" --model "$model" --tokens "$tokens" \
+                --out "$out/bench-$(tag "$model")-$kernel.csv" || exit 0
+        done
+    done
 done
-echo "$(date +%T) done"
+echo "$(date +%T) done: $(wc -l < "$out/done.txt") steps"
