@@ -3,7 +3,7 @@
 # call that ends early leaves whole kernels done; resumable across calls. Each UNIT is
 # KERNEL:TUNE_MODELS[:BENCH_MODELS], the models comma-separated (presets or config.json paths):
 # the kernel is tuned for each of TUNE_MODELS at $TOKENS, then benched on each of BENCH_MODELS
-# at $TOKENS; once every unit is done, FULL=1 tunes every pair at every bucket too (the buckets
+# at $TOKENS; after all the units, FULL=1 tunes every pair again at every bucket (the buckets
 # tuned already are skipped).
 #
 #   [DEADLINE_S=540] [TOKENS=1,8,...] [FULL=1] benchmarks/tune_and_bench.sh OUT_DIR UNIT ...
