@@ -43,25 +43,26 @@ step() {
 
 tag() { basename "$1" .json; }  # a preset's name, or a config file's
 
-for pass in first full; do
-    [ "$pass" = full ] && [ -z "${FULL:-}" ] && break
-    for unit in "$@"; do
-        IFS=: read -r kernel tune_models bench_models <<< "$unit"
-        for model in ${tune_models//,/ }; do
-            if [ "$pass" = first ]; then
-                step "tune-$(tag "$model")-$kernel" "tune-$(tag "$model")-$kernel.txt" 40 \
-                    "${cli[@]}" tune "$kernel" --model "$model" --tokens "$tokens" || exit 0
-            else
-                step "full-$(tag "$model")-$kernel" "full-$(tag "$model")-$kernel.txt" 40 \
-                    "${cli[@]}" tune "$kernel" --model "$model" || exit 0
-            fi
-        done
-        [ "$pass" = full ] && continue
-        for model in ${bench_models//,/ }; do
-            step "bench-$(tag "$model")-$kernel" "bench-$(tag "$model")-$kernel.log" 60 \
-                "${cli[@]}" bench "$kernel" --model "$model" --tokens "$tokens" \
-                --out "$out/bench-$(tag "$model")-$kernel.csv" || exit 0
-        done
+for unit in "$@"; do
+    IFS=: read -r kernel tune_models bench_models <<< "$unit"
+    for model in ${tune_models//,/ }; do
+        name=tune-$(tag "$model")-$kernel
+        step "$name" "$name.txt" 40 \
+            "${cli[@]}" tune "$kernel" --model "$model" --tokens "$tokens" || exit 0
+    done
+    for model in ${bench_models//,/ }; do
+        name=bench-$(tag "$model")-$kernel
+        step "$name" "$name.log" 60 "${cli[@]}" bench "$kernel" --model "$model" \
+            --tokens "$tokens" --out "$out/$name.csv" || exit 0
     done
 done
+if [ -n "${FULL:-}" ]; then
+    for unit in "$@"; do
+        IFS=: read -r kernel tune_models _ <<< "$unit"
+        for model in ${tune_models//,/ }; do
+            name=full-$(tag "$model")-$kernel
+            step "$name" "$name.txt" 40 "${cli[@]}" tune "$kernel" --model "$model" || exit 0
+        done
+    done
+fi
 echo "$(date +%T) done: $(wc -l < "$out/done.txt") steps"
