@@ -4,8 +4,8 @@ the default budget and band), each run reading the stored times through its own 
 (cutetune/tuner/replay.py, RunNoise); the share of buckets where every run names one winner,
 and the largest gap between two runs' winners by stored times.
 
-    python3 -m benchmarks.fresh_run_replay EXHAUSTIVE.csv [--runs 5] [--models M,M|presets|held-out]
-        [--drift-pct 0.96] [--jitter-pct 0.25] [--tie-band 3]
+    python3 -m benchmarks.fresh_run_replay EXHAUSTIVE.csv[.xz] [--runs 5] [--device H200]
+        [--models M,M|presets|held-out] [--drift-pct 0.96] [--jitter-pct 0.25] [--tie-band 3]
 
 The default noise is what fresh H200 runs measured (tuner/finals.py): the ratio of the same two
 finalists moved by 2.7% at p95 between runs, which two points' independent lognormal drifts of
@@ -17,14 +17,13 @@ finals moves the share, not what fresh runs on the GPU measure (benchmarks.winne
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.exhaustive import models_of
-from benchmarks.replay_tables import Bucket, buckets_of, complete, problems_of
-from cutetune.device.specs import DEVICE_SPECS, Ceilings
+from benchmarks.replay_tables import Bucket, buckets_of, complete, problems_of, read_rows
+from cutetune.device.specs import DEVICE_SPECS, Ceilings, DeviceSpec
 from cutetune.tuner.defaults import DEFAULT_TIE_BAND_PERCENT
 from cutetune.tuner.replay import IQR_PER_SIGMA, FreshRuns, RunNoise, fresh_runs
 
@@ -34,9 +33,8 @@ DRIFT = math.log(1 + P95_BETWEEN_RUNS) / (1.96 * math.sqrt(2))
 JITTER = 0.0033 / IQR_PER_SIGMA  # the median IQR / median of one set of rounds, as a sigma
 
 
-def replay_runs(buckets: Sequence[Bucket], noise: RunNoise, runs: int, tie_band: float
-                ) -> list[tuple[str, FreshRuns]]:
-    spec = DEVICE_SPECS["H200"]
+def replay_runs(buckets: Sequence[Bucket], spec: DeviceSpec, noise: RunNoise, runs: int,
+                tie_band: float) -> list[tuple[str, FreshRuns]]:
     ceilings = Ceilings.from_datasheet(spec)
     return [(b.kernel, fresh_runs(*b.kernel_and_problem(), b.times, spec, ceilings, None,
                                   noise, runs, tie_band=tie_band)) for b in buckets]
@@ -57,6 +55,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("exhaustive", type=Path)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--device", default="H200", choices=sorted(DEVICE_SPECS),
+                        help="the GPU the measurements were made on")
     parser.add_argument("--models", default=",".join(MODELS),
                         help="models (as benchmarks.exhaustive takes them)")
     parser.add_argument("--drift-pct", type=float, default=100 * DRIFT)
@@ -71,15 +71,16 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')} must be a percentage from 0 to below 100,"
                          f" got {getattr(args, name)}")
     wanted = problems_of(models_of(args.models))
-    with args.exhaustive.open() as f:
-        rows = [r for r in csv.DictReader(f) if (r["kernel_name"], r["static_key"]) in wanted]
-    buckets, partial = complete(buckets_of(rows))
+    spec = DEVICE_SPECS[args.device]
+    rows = [r for r in read_rows(args.exhaustive) if (r["kernel_name"], r["static_key"]) in wanted]
+    buckets, partial = complete(buckets_of(rows), spec)
     if partial:
         print(f"left out, not every valid point measured: {partial} buckets")
     if not buckets:
         raise SystemExit(f"{args.exhaustive}: no bucket of {args.models} measured in full")
     noise = RunNoise(args.drift_pct / 100, args.jitter_pct / 100)
-    print("\n".join(summary_lines(replay_runs(buckets, noise, args.runs, args.tie_band / 100))))
+    replays = replay_runs(buckets, spec, noise, args.runs, args.tie_band / 100)
+    print("\n".join(summary_lines(replays)))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,11 @@ benchmarks.exhaustive.HELD_OUT) test the calibrated model fitted on the presets 
 without a row for every valid point (the measurements span device calls, so each call may stop
 in one) is left out of the replays, and the count is printed.
 
-    python3 -m benchmarks.replay_tables EXHAUSTIVE.csv --out benchmarks/results/replay-COMMIT.csv
+    python3 -m benchmarks.replay_tables EXHAUSTIVE.csv[.xz] [--device H200]
+        --out benchmarks/results/replay-COMMIT.csv
+
+--device names the GPU the measurements were made on (its datasheet spec plans the searches);
+a committed CSV is xz-compressed and read as it is.
 
 One row per (cost model, scope, kernel), "all" kernels first: the medians and shares BENCHMARKS.md
 shows against the targets (TARGETS).
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import lzma
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +30,13 @@ import pandas as pd
 
 from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.calibration_fit import fit
-from cutetune.device.specs import DEVICE_SPECS, Ceilings
+from cutetune.device.specs import DEVICE_SPECS, Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef, NotApplicableError, get_kernel, kernel_names
 from cutetune.spaces.models import PRESET_NAMES, load_model
 from cutetune.spaces.problem import Problem
 from cutetune.tuner.calibrate import samples_of
 from cutetune.tuner.replay import BucketReplay, replay_bucket, summarize
 
-GPU_NAME = "NVIDIA H200"
 COLUMNS = ("cost_model", "scope", "kernel", "buckets", "median_kept_pct", "max_regret_pct",
            "regret_within_1pct_share", "median_search_pct", "zero_shot_within_3pct_share",
            "calibration")
@@ -53,6 +57,13 @@ class Bucket:
     def kernel_and_problem(self) -> tuple[KernelDef, Problem]:
         kernel = get_kernel(self.kernel)
         return kernel, kernel.problem_type.from_static_key(self.static_key, self.bucket)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of an exhaustive CSV, plain or xz-compressed (by its suffix)."""
+    with (lzma.open(path, "rt", newline="") if path.suffix == ".xz"
+          else path.open(newline="")) as f:
+        return list(csv.DictReader(f))
 
 
 def problems_of(models: Sequence[str]) -> set[tuple[str, str]]:
@@ -80,11 +91,10 @@ def buckets_of(rows: Iterable[dict]) -> list[Bucket]:
     return [Bucket(k, s, b, times) for (k, s, b), times in grouped.items()]
 
 
-def complete(buckets: Sequence[Bucket]) -> tuple[list[Bucket], int]:
-    """The buckets with a row (a time or a failure) for every valid point, and how many lack
-    one: the exhaustive best of a bucket measured in part is not known, and measurements that
-    span several device calls leave the last bucket of each in part."""
-    spec = DEVICE_SPECS["H200"]
+def complete(buckets: Sequence[Bucket], spec: DeviceSpec) -> tuple[list[Bucket], int]:
+    """The buckets with a row (a time or a failure) for every valid point on `spec`, and how
+    many lack one: the exhaustive best of a bucket measured in part is not known, and
+    measurements that span several device calls leave the last bucket of each in part."""
     whole = []
     for b in buckets:
         kernel, problem = b.kernel_and_problem()
@@ -93,9 +103,8 @@ def complete(buckets: Sequence[Bucket]) -> tuple[list[Bucket], int]:
     return whole, len(buckets) - len(whole)
 
 
-def replay(buckets: Sequence[Bucket], calibrated: CalibratedModel | None
+def replay(buckets: Sequence[Bucket], spec: DeviceSpec, calibrated: CalibratedModel | None
            ) -> list[tuple[str, BucketReplay]]:
-    spec = DEVICE_SPECS["H200"]
     ceilings = Ceilings.from_datasheet(spec)
     return [(b.kernel, replay_bucket(*b.kernel_and_problem(), b.times, spec, ceilings,
                                      calibrated)) for b in buckets]
@@ -117,26 +126,25 @@ def summary_rows(cost_model: str, scope: str, replays: Sequence[tuple[str, Bucke
     return rows
 
 
-def tables(exhaustive: Path) -> list[dict]:
-    with exhaustive.open() as f:
-        rows = list(csv.DictReader(f))
+def tables(exhaustive: Path, spec: DeviceSpec = DEVICE_SPECS["H200"]) -> list[dict]:
+    """The summary rows of measurements made on `spec`'s GPU."""
+    rows = read_rows(exhaustive)
     presets = problems_of(PRESET_NAMES)
-    spec = DEVICE_SPECS["H200"]
     fitted = [r for r in rows if (r["kernel_name"], r["static_key"]) in presets]
     calibrated = fit(samples_of(({**r, "bucket": int(r["bucket"]),
                                   "median_us": float(r["median_us"]) if r["status"] == "ok"
-                                  else None} for r in fitted), spec), spec, GPU_NAME)
-    known, known_partial = complete(buckets_of(fitted))
+                                  else None} for r in fitted), spec), spec, f"NVIDIA {spec.name}")
+    known, known_partial = complete(buckets_of(fitted), spec)
     held_out, held_out_partial = complete(
-        buckets_of(r for r in rows if (r["kernel_name"], r["static_key"]) not in presets))
+        buckets_of(r for r in rows if (r["kernel_name"], r["static_key"]) not in presets), spec)
     if known_partial or held_out_partial:
         print(f"left out, not every valid point measured: {known_partial} preset buckets, "
               f"{held_out_partial} held-out buckets")
-    out = summary_rows("datasheet", "presets", replay(known, None), "")
-    out += summary_rows("calibrated", "presets", replay(known, calibrated),
+    out = summary_rows("datasheet", "presets", replay(known, spec, None), "")
+    out += summary_rows("calibrated", "presets", replay(known, spec, calibrated),
                         calibrated.describe())
     if held_out:
-        out += summary_rows("calibrated", "held-out", replay(held_out, calibrated),
+        out += summary_rows("calibrated", "held-out", replay(held_out, spec, calibrated),
                             "fitted on the presets only")
     return out
 
@@ -172,8 +180,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("exhaustive", type=Path)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="H200", choices=sorted(DEVICE_SPECS),
+                        help="the GPU the measurements were made on")
     args = parser.parse_args()
-    rows = tables(args.exhaustive)
+    rows = tables(args.exhaustive, DEVICE_SPECS[args.device])
     with args.out.open("w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS)
         writer.writeheader()

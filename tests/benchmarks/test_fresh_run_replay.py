@@ -3,6 +3,7 @@ answer is known: rmsnorm's points of qwen3-8b timed by a known cost model."""
 
 from __future__ import annotations
 
+import lzma
 import sys
 
 import pytest
@@ -27,6 +28,18 @@ def test_runs_without_noise_name_one_winner_in_every_bucket(tmp_path, monkeypatc
     assert "left out, not every valid point measured: 1 buckets" in out
     assert "| all | 3 | 3 (100%) | 0.00% |" in out
     assert "| rmsnorm | 3 | 3 (100%) | 0.00% |" in out
+
+
+def test_an_xz_csv_of_another_device_replays_like_the_plain_one(tmp_path, monkeypatch, capsys):
+    path = write_known_exhaustive(tmp_path / "exhaustive.csv", ("qwen3-8b",), ["rmsnorm"],
+                                  (8, 4096))
+    packed = tmp_path / "exhaustive.csv.xz"
+    packed.write_bytes(lzma.compress(path.read_bytes()))
+    args = ("--runs", "2", "--models", "qwen3-8b", "--drift-pct", "0", "--jitter-pct", "0",
+            "--device", "H100 SXM")
+    out = run(monkeypatch, capsys, str(packed), *args)
+    assert "| all | 4 | 4 (100%) | 0.00% |" in out
+    assert out == run(monkeypatch, capsys, str(path), *args)
 
 
 def test_a_csv_without_the_models_buckets_is_refused(tmp_path, monkeypatch, capsys):
