@@ -6,6 +6,7 @@ and the largest gap between two runs' winners by stored times.
 
     python3 -m benchmarks.fresh_run_replay EXHAUSTIVE.csv[.xz] [--runs 5] [--device H200]
         [--models M,M|presets|held-out] [--drift-pct 0.96] [--jitter-pct 0.25] [--tie-band 3]
+        [--warm-start-share 4]
 
 The default noise is what fresh H200 runs measured (tuner/finals.py): the ratio of the same two
 finalists moved by 2.7% at p95 between runs, which two points' independent lognormal drifts of
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from benchmarks.replay_tables import Bucket, buckets_of, complete, problems_of, 
 from cutetune.device.specs import DEVICE_SPECS, Ceilings, DeviceSpec
 from cutetune.tuner.defaults import DEFAULT_TIE_BAND_PERCENT
 from cutetune.tuner.replay import IQR_PER_SIGMA, FreshRuns, RunNoise, fresh_runs
+from cutetune.tuner.study import WARM_START_SHARE
 
 MODELS = ("qwen3-8b", "qwen3-30b-a3b")  # issue 38's dense and MoE presets
 P95_BETWEEN_RUNS = 0.027  # the ratio of the same two finalists, p95 over fresh H200 runs
@@ -34,20 +37,27 @@ JITTER = 0.0033 / IQR_PER_SIGMA  # the median IQR / median of one set of rounds,
 
 
 def replay_runs(buckets: Sequence[Bucket], spec: DeviceSpec, noise: RunNoise, runs: int,
-                tie_band: float) -> list[tuple[str, FreshRuns]]:
+                tie_band: float, warm_start_share: int = WARM_START_SHARE
+                ) -> list[tuple[str, FreshRuns]]:
     ceilings = Ceilings.from_datasheet(spec)
     return [(b.kernel, fresh_runs(*b.kernel_and_problem(), b.times, spec, ceilings, None,
-                                  noise, runs, tie_band=tie_band)) for b in buckets]
+                                  noise, runs, tie_band=tie_band,
+                                  warm_start_share=warm_start_share)) for b in buckets]
 
 
 def summary_lines(replays: Sequence[tuple[str, FreshRuns]]) -> list[str]:
-    lines = ["| kernel | buckets | one winner | largest gap between winners |",
-             "|---|---:|---:|---:|"]
+    """Per kernel: the buckets whose runs all name one winner, the largest gap between two
+    runs' winners, and what the winners cost against the exhaustive best (over every run)."""
+    lines = ["| kernel | buckets | one winner | largest gap between winners | "
+             "winner over the best: median | max |",
+             "|---|---:|---:|---:|---:|---:|"]
     for kernel in ["all", *sorted({k for k, _ in replays})]:
         chosen = [r for k, r in replays if kernel in ("all", k)]
         one = sum(r.one_winner for r in chosen)
+        prices = [p for r in chosen for p in r.prices]
         lines.append(f"| {kernel} | {len(chosen)} | {one} ({100 * one / len(chosen):.0f}%) | "
-                     f"{100 * max(r.spread for r in chosen):.2f}% |")
+                     f"{100 * max(r.spread for r in chosen):.2f}% | "
+                     f"{100 * statistics.median(prices):.2f}% | {100 * max(prices):.2f}% |")
     return lines
 
 
@@ -63,9 +73,14 @@ def main() -> None:
     parser.add_argument("--jitter-pct", type=float, default=100 * JITTER)
     parser.add_argument("--tie-band", type=float, default=DEFAULT_TIE_BAND_PERCENT,
                         help="the band's floor, in percent")
+    parser.add_argument("--warm-start-share", type=int, default=WARM_START_SHARE,
+                        help="1/N of the trial budget goes to the roofline's best-ranked "
+                             "points (1: all of it, no TPE)")
     args = parser.parse_args()
-    if args.runs < 1:
-        parser.error(f"--runs must be at least 1, got {args.runs}")
+    for name in ("runs", "warm_start_share"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got "
+                         f"{getattr(args, name)}")
     for name in ("drift_pct", "jitter_pct", "tie_band"):
         if not 0 <= getattr(args, name) < 100:
             parser.error(f"--{name.replace('_', '-')} must be a percentage from 0 to below 100,"
@@ -79,7 +94,8 @@ def main() -> None:
     if not buckets:
         raise SystemExit(f"{args.exhaustive}: no bucket of {args.models} measured in full")
     noise = RunNoise(args.drift_pct / 100, args.jitter_pct / 100)
-    replays = replay_runs(buckets, spec, noise, args.runs, args.tie_band / 100)
+    replays = replay_runs(buckets, spec, noise, args.runs, args.tie_band / 100,
+                          args.warm_start_share)
     print("\n".join(summary_lines(replays)))
 
 

@@ -34,7 +34,7 @@ from cutetune.kernels.registry import KernelDef
 from cutetune.spaces.problem import Problem
 from cutetune.tuner.defaults import DEFAULT_BUDGET
 from cutetune.tuner.finals import TIE_BAND_FLOOR
-from cutetune.tuner.study import TrialFailure, TrialOutcome, run_study
+from cutetune.tuner.study import WARM_START_SHARE, TrialFailure, TrialOutcome, run_study
 
 SEARCH_BAND = 0.02  # "within 2% of the exhaustive best"
 ZERO_SHOT_BAND = 0.03  # "the top pick within 3% of the exhaustive winner"
@@ -93,10 +93,12 @@ class FreshRunRunner(ReplayRunner):
 
 @dataclass(frozen=True)
 class FreshRuns:
-    """One bucket searched by replayed fresh runs: each run's winner, and its stored time."""
+    """One bucket searched by replayed fresh runs: each run's winner, its stored time, and the
+    bucket's exhaustive best (the fastest verified point's stored time)."""
 
     winners: tuple[Any, ...]
     winner_us: tuple[float, ...]
+    best_us: float
 
     @property
     def one_winner(self) -> bool:
@@ -107,11 +109,17 @@ class FreshRuns:
         """How much slower the slowest run's winner is than the fastest's, by stored times."""
         return max(self.winner_us) / min(self.winner_us) - 1
 
+    @property
+    def prices(self) -> tuple[float, ...]:
+        """How much slower each run's winner is than the exhaustive best, by stored times."""
+        return tuple(us / self.best_us - 1 for us in self.winner_us)
+
 
 def fresh_runs(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | None],
                spec: DeviceSpec, ceilings: Ceilings, calibrated: CalibratedModel | None,
                noise: RunNoise, runs: int, budget: int = DEFAULT_BUDGET,
-               tie_band: float = TIE_BAND_FLOOR) -> FreshRuns:
+               tie_band: float = TIE_BAND_FLOOR,
+               warm_start_share: int = WARM_START_SHARE) -> FreshRuns:
     """The tuner's plan and search of `problem` replayed as `runs` fresh runs over `times`,
     each reading them through its own RunNoise draws (module docstring)."""
     plan = make_plan(kernel, problem, spec, ceilings, calibrated)
@@ -120,11 +128,13 @@ def fresh_runs(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | 
     for run in range(runs):
         result = run_study(kernel, plan, default, FreshRunRunner(times, noise, run), budget,
                            f"fresh run {run} {kernel.name} {problem.static_key()} "
-                           f"{problem.num_tokens}", tie_band=tie_band)
+                           f"{problem.num_tokens}", tie_band=tie_band,
+                           warm_start_share=warm_start_share)
         if result.winner is None:
             raise ValueError(f"no point of {kernel.name} {problem.describe()} verified")
         winners.append(result.winner.config)
-    return FreshRuns(tuple(winners), tuple(times[c] for c in winners))
+    best = min(us for us in times.values() if us is not None)
+    return FreshRuns(tuple(winners), tuple(times[c] for c in winners), best)
 
 
 @dataclass(frozen=True)

@@ -108,34 +108,40 @@ def ranked_candidates(plan: Plan, default: Any) -> list[Any]:
     return [default] + [p.config for p in plan.kept if p.config != default]
 
 
-def candidate_order(plan: Plan, default: Any, budget: int) -> list[Any]:
-    """The points to enqueue, in order: the default first, then the best-ranked ones; all of
+def candidate_order(plan: Plan, default: Any, budget: int,
+                    warm_start_share: int = WARM_START_SHARE) -> list[Any]:
+    """The points to enqueue, in order: the default first, then the best-ranked ones (one
+    `warm_start_share`-th of the budget; 1 gives the whole budget to them, no TPE); all of
     them when the candidates fit the budget."""
     ranked = ranked_candidates(plan, default)
     if len(ranked) <= budget:
         return ranked
-    head = [p.config for p in plan.kept[: max(1, budget // WARM_START_SHARE)]]
-    return [default] + [c for c in head if c != default]
+    head = [p.config for p in plan.kept[: max(1, budget // warm_start_share)]]
+    return ([default] + [c for c in head if c != default])[:budget]
 
 
 def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, budget: int,
               study_name: str, storage: BaseStorage | str | None = None, seed: int = 0,
               on_trial: Callable[[TrialOutcome], None] | None = None,
               excluded: Collection[Any] = (), retry_failed: bool = False,
-              tie_band: float = TIE_BAND_FLOOR) -> StudyResult:
+              tie_band: float = TIE_BAND_FLOOR,
+              warm_start_share: int = WARM_START_SHARE) -> StudyResult:
     """Search `plan`'s candidates (less `excluded`) within `budget` trials, continuing the
     study of that name where one is stored. `retry_failed` tries again the points of a stored
     study that took their process down; `tie_band` is the least band within which finalists
-    are tied (finals.py)."""
+    are tied (finals.py); `warm_start_share` as in candidate_order."""
     if budget < 1:
         raise ValueError(f"the trial budget must be at least 1, got {budget}")
+    if warm_start_share < 1:
+        raise ValueError(f"the warm start's share must be at least 1, got {warm_start_share}")
     if not 0 <= tie_band < 1:
         raise ValueError(f"the tie band must be a fraction from 0 to below 1, got {tie_band}")
     started = datetime.now(UTC)
     predicted = {p.config: p.prediction.predicted_us for p in plan.kept + plan.pruned}
     candidates = candidates_of(plan, default, excluded)
     ranked = [c for c in ranked_candidates(plan, default) if c in candidates]
-    warm_start = [c for c in candidate_order(plan, default, budget) if c in candidates]
+    warm_start = [c for c in candidate_order(plan, default, budget, warm_start_share)
+                  if c in candidates]
     exhaustive = len(warm_start) == len(candidates)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -12,7 +12,13 @@ from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import Database, trials_frame, winners
 from cutetune.spaces.models import load_model
 from cutetune.tuner.finals import preference
-from cutetune.tuner.study import TrialFailure, run_study
+from cutetune.tuner.study import (
+    WARM_START_SHARE,
+    TrialFailure,
+    candidate_order,
+    ranked_candidates,
+    run_study,
+)
 from cutetune.tuner.tune import plan_bucket, tune_bucket
 from testkit.fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
 
@@ -55,6 +61,24 @@ def test_budget_bounds_measurements_and_warm_start_comes_first(tmp_path):
     assert runner.measured[1] == plan.kept[0].config or plan.kept[0].config == default
     kept = {p.config for p in plan.kept} | {default}
     assert set(runner.measured) <= kept  # nothing outside the pruned space is timed
+
+
+def test_a_warm_start_share_of_one_spends_the_budget_on_the_ranked_points():
+    problem, plan = _plan(4096)
+    default = qk.default_config(problem, SPEC)
+    ranked = ranked_candidates(plan, default)
+    assert len(ranked) > 10
+    assert candidate_order(plan, default, 10) == ranked[:1] + [
+        c for c in [p.config for p in plan.kept[:10 // WARM_START_SHARE]] if c != default]
+    assert candidate_order(plan, default, 10, warm_start_share=1) == ranked[:10]
+    runner = FakeRunner()
+    result = run_study(qk.KERNEL, plan, default, runner, budget=10, study_name="t",
+                       warm_start_share=1)
+    assert runner.measured[:10] == ranked[:10]  # no point of TPE's: the same in every run
+    assert len(result.trials) == 10
+    with pytest.raises(ValueError, match="the warm start's share must be at least 1, got 0"):
+        run_study(qk.KERNEL, plan, default, runner, budget=10, study_name="u",
+                  warm_start_share=0)
 
 
 def test_every_point_failing_names_no_winner():
