@@ -53,7 +53,7 @@ from cutetune.results_db import (
     shipped_winners,
     winners_to_serve,
 )
-from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, ServingPlan, say_skipped
+from cutetune.serving.plan import BORROWED, DEFAULT, NEAREST, SHIPPED, ServingPlan, say_skipped
 from cutetune.serving.warmup import artifact_store
 from cutetune.spaces.buckets import bucket_of
 from cutetune.spaces.problem import Problem
@@ -164,6 +164,7 @@ def candidates(kernel: KernelDef, problem: Problem, plan: ServingPlan,
                           f"{bucket_of(problem.num_tokens)} on this device (cutetune tune first)")
     else:
         origin = {NEAREST: f" (winner of bucket {entry.tuned_bucket})",
+                  BORROWED: f" (winner of {entry.lender} at this bucket)",
                   SHIPPED: " (shipped with cutetune)"}.get(entry.source, "")
         tuned = Candidate(TUNED_NAME, ours_runner(kernel, problem, entry.config, points),
                           config_to_json(entry.config) + origin)

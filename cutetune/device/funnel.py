@@ -5,7 +5,7 @@ otherwise."""
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -108,6 +108,28 @@ def predicted_best(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
     # Rounding apart, a tie is within any band.
     band = predicted[best] * max(calibrated.prune_factor, 1.0) * (1 + 1e-9)
     return default if predicted.get(default, math.inf) <= band else best
+
+
+def borrowed_pick(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
+                  lenders: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """Of `lenders` (static key -> the winner of that problem of `kernel` at `problem`'s
+    bucket), the one whose winner is a valid point of `problem`, from the problem nearest it in
+    the bytes its default moves (then by static key): (static key, config); None where none is.
+    Nearby problems of one kernel share their best points where the model's terms cannot tell
+    the candidates apart (serving/plan.py measures the rule)."""
+    own = problem.static_key()
+    valid = [(key, config) for key, config in lenders.items()
+             if key != own and kernel.space.first_violation(problem, config, spec) is None]
+    if not valid:
+        return None
+
+    def moved(p: Problem) -> int:
+        return kernel.cost(p, kernel.default_config(p, spec), spec).bytes_moved
+
+    here = moved(problem)
+    return min(valid, key=lambda lender: (abs(math.log(moved(
+        kernel.problem_type.from_static_key(lender[0], problem.num_tokens)) / here)),
+        lender[0]))
 
 
 def candidates_of(plan: Plan, default: Any, excluded: Collection[Any] = ()) -> set[Any]:

@@ -26,10 +26,10 @@ from cutetune.report.tables import (
     section,
     speedups,
 )
-from cutetune.serving.plan import DEFAULT, NEAREST, PREDICTED, SHIPPED, TUNED
+from cutetune.serving.plan import BORROWED, DEFAULT, NEAREST, PREDICTED, SHIPPED, TUNED
 
-SOURCES = (TUNED, SHIPPED, NEAREST, PREDICTED, DEFAULT)
-SOURCE_COLOURS = ("#2ca02c", "#1f77b4", "#ffbf00", "#9467bd", "#d62728")
+SOURCES = (TUNED, SHIPPED, NEAREST, BORROWED, PREDICTED, DEFAULT)
+SOURCE_COLOURS = ("#2ca02c", "#1f77b4", "#ffbf00", "#17becf", "#9467bd", "#d62728")
 
 
 def draw_coverage(data: ReportData) -> Figure:

@@ -12,7 +12,7 @@ import pandas as pd
 from cutetune.bench import COPY_NAME, DEFAULT_NAME, OURS, TUNED_NAME
 from cutetune.device.funnel import PRUNE_FACTOR
 from cutetune.report.data import ReportData, is_device, knob_columns
-from cutetune.serving.plan import DEFAULT, NEAREST, PREDICTED, SHIPPED, TUNED
+from cutetune.serving.plan import BORROWED, DEFAULT, NEAREST, PREDICTED, SHIPPED, TUNED
 
 # The trial counts after which the search table reads the best found so far.
 SEARCH_CHECKPOINTS = (1, 4, 8)
@@ -36,12 +36,12 @@ def environment(data: ReportData) -> pd.DataFrame:
 
 
 def coverage(data: ReportData) -> pd.DataFrame:
-    """Problem x bucket: T tuned, S shipped, N<b> served by tuned bucket b, P the calibrated
-    model's predicted best, D default; with
+    """Problem x bucket: T tuned, S shipped, N<b> served by tuned bucket b, B borrowed from
+    another problem's winner, P the calibrated model's predicted best, D default; with
     the winners stored for an older kernel source, which the dispatcher no longer serves."""
     if data.coverage.empty:
         return pd.DataFrame()
-    letters = {TUNED: "T", SHIPPED: "S", PREDICTED: "P", DEFAULT: "D"}
+    letters = {TUNED: "T", SHIPPED: "S", BORROWED: "B", PREDICTED: "P", DEFAULT: "D"}
     cells = data.coverage.assign(cell=[
         f"N{int(row.tuned_bucket)}" if row.source == NEAREST else letters[row.source]
         for row in data.coverage.itertuples()])
@@ -205,8 +205,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("environment", "Environment and measured ceilings", environment,
             "No device in the database: nothing was tuned or benched yet."),
     Section("coverage", "Coverage: what each bucket is served (T tuned, S shipped, N<b> the "
-            "nearest tuned bucket b, P the calibrated cost model's predicted best, D the "
-            "heuristic default)", coverage,
+            "nearest tuned bucket b, B borrowed from another problem's winner, P the calibrated "
+            "cost model's predicted best, D the heuristic default)", coverage,
             "No coverage: the database holds no device to plan for."),
     Section("rejected", "Coverage: stored winners the plan rejects (today's space refuses "
             "them), with the constraint's reason", rejected_winners,

@@ -2,13 +2,19 @@
 
 Per bucket: the winner tuned there (the user's database first, then the winners shipped with
 the package), else the nearest such bucket's winner where it is a valid point at this bucket,
-else the device's calibrated cost model's pick (device/funnel.py `predicted_best`: where
-`cutetune calibrate` fitted one, and only for problems planned at warmup: a miss on the call
-path enumerates no space), else the seed heuristic's default. A stored winner of the kernel's
-current source that today's space rejects (a bucket outside the policy, a config a constraint
-now refuses) is not served; the plan keeps it with the reason, so that the warmup and the
-report can say why. Planning compiles nothing: the dispatcher, the bench, `cache build` and the
-report all read it.
+else a winner of another problem of the kernel at this bucket (borrowed: of the problems whose
+winner is a valid point here, the one nearest in bytes moved), else the device's calibrated
+cost model's pick (device/funnel.py `predicted_best`: where `cutetune calibrate` fitted one),
+else the seed heuristic's default. Borrowed and predicted points serve problems planned at
+warmup only: a miss on the call path costs no more than reading its own winners.
+
+Borrowing is the zero-shot rule the measurements favour ("Replayed searches" in BENCHMARKS.md:
+the top pick of an untuned problem, borrowed where another problem lends a valid point).
+
+A stored winner of the kernel's current source that today's space rejects (a bucket outside
+the policy, a config a constraint now refuses) is not served; the plan keeps it with the
+reason, so that the warmup and the report can say why. Planning compiles nothing: the
+dispatcher, the bench, `cache build` and the report all read it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cutetune.device.calibrated import CalibratedModel
+from cutetune.device.funnel import borrowed_pick
 from cutetune.kernels.registry import KernelDef
 from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.serving.predicted import PredictedPicks
@@ -28,17 +35,18 @@ from cutetune.spaces.problem import Problem
 
 log = logging.getLogger("cutetune.serving")
 
-TUNED, SHIPPED, NEAREST, PREDICTED, DEFAULT = (
-    "tuned", "shipped", "nearest", "predicted", "default")
+TUNED, SHIPPED, NEAREST, BORROWED, PREDICTED, DEFAULT = (
+    "tuned", "shipped", "nearest", "borrowed", "predicted", "default")
 
 
 @dataclass(frozen=True)
 class BucketEntry:
     bucket: int
     config: Any
-    source: str  # TUNED (the user's database), SHIPPED (the package's), NEAREST, PREDICTED
-    # or DEFAULT
+    source: str  # TUNED (the user's database), SHIPPED (the package's), NEAREST, BORROWED,
+    # PREDICTED or DEFAULT
     tuned_bucket: int | None
+    lender: str | None = None  # BORROWED: the static key of the problem whose winner serves
 
 
 @dataclass(frozen=True)
@@ -77,17 +85,19 @@ class ServingPlan:
         self.winners = _by_problem(winners)
         self.shipped = _by_problem(shipped)
         self._on_rejected = on_rejected
-        # Planned once per static problem (and whether predicted points may serve it): the
-        # winners do not change.
+        # Planned once per static problem (and whether it is planned at warmup): the winners
+        # do not change.
         self._planned: dict[tuple[str, str, bool], tuple[BucketEntry, ...]] = {}
         self._rejected: dict[tuple[str, str], tuple[RejectedWinner, ...]] = {}
+        self._lenders: dict[str, dict[int, dict[str, Any]]] = {}
 
     def entries(self, kernel: KernelDef, problem: Problem,
                 predicted: bool = True) -> tuple[BucketEntry, ...]:
         """What serves each bucket of BUCKETS for `problem`'s static part; without
-        `predicted`, the heuristic default stands in for the calibrated model's picks (a miss
-        on the call path: enumerating the space there would cost the call)."""
-        key = (kernel.name, problem.static_key(), predicted and self._picks is not None)
+        `predicted`, the heuristic default stands in for borrowed points and the calibrated
+        model's picks (a miss on the call path: looking beyond its own winners would cost the
+        call)."""
+        key = (kernel.name, problem.static_key(), predicted)
         if key not in self._planned:
             self._planned[key] = self._plan(kernel, problem.with_tokens(1), key[2])
         return self._planned[key]
@@ -146,13 +156,37 @@ class ServingPlan:
             if near is not None and kernel.space.first_violation(
                     at_bucket, tuned[near], self.spec) is None:
                 entries.append(BucketEntry(bucket, tuned[near], NEAREST, near))
-            elif predicted:
+            elif predicted and (lent := borrowed_pick(kernel, at_bucket, self.spec,
+                                                      self._lenders_of(kernel).get(bucket, {}))):
+                entries.append(BucketEntry(bucket, lent[1], BORROWED, None, lent[0]))
+            elif predicted and self._picks is not None:
                 picks = picks or self._picks.for_problem(kernel, problem)
                 entries.append(BucketEntry(bucket, picks[index], PREDICTED, None))
             else:
                 entries.append(BucketEntry(bucket, kernel.default_config(at_bucket, self.spec),
                                            DEFAULT, None))
         return tuple(entries)
+
+    def _lenders_of(self, kernel: KernelDef) -> dict[int, dict[str, Any]]:
+        """The current winners of every problem of `kernel`, by bucket and static key (the
+        user's over the shipped ones); winners today's space rejects lend nothing (their own
+        problem's plan reports them)."""
+        if kernel.name not in self._lenders:
+            current = kernel.source_hash()
+            by_bucket: dict[int, dict[str, Any]] = {}
+            for winners in (self.shipped, self.winners):
+                for (name, static_key), stored in winners.items():
+                    for w in stored if name == kernel.name else ():
+                        if w.source_hash != current:
+                            continue
+                        try:
+                            point = stored_point(kernel, static_key, w.bucket, w.config_json,
+                                                 self.spec)
+                        except UnusablePoint:
+                            continue
+                        by_bucket.setdefault(w.bucket, {})[static_key] = point.config
+            self._lenders[kernel.name] = by_bucket
+        return self._lenders[kernel.name]
 
 
 def say_skipped(kernel: KernelDef, problem: Problem, rejected: RejectedWinner) -> None:

@@ -36,6 +36,7 @@ from cutetune.build.compiled import CompiledPoints, compile_here
 from cutetune.fast_path import forget_all
 from cutetune.kernels.registry import KernelDef
 from cutetune.serving.plan import (
+    BORROWED,
     DEFAULT,
     NEAREST,
     PREDICTED,
@@ -287,7 +288,7 @@ class Dispatcher:
         lines.append(self.cache_summary())
         for (name, static_tuple), table in self._tables.items():
             by_source: dict[str, list[int]] = {TUNED: [], SHIPPED: [], NEAREST: [],
-                                               PREDICTED: [], DEFAULT: []}
+                                               BORROWED: [], PREDICTED: [], DEFAULT: []}
             for entry in table.entries:
                 by_source[entry.source].append(entry.bucket)
             calls = sum(n for (k, s, _), n in self._default_calls.items()
@@ -298,6 +299,7 @@ class Dispatcher:
                 f"{name} {table.problem.describe()}: {state}; tuned buckets "
                 f"{_ranges(by_source[TUNED])}; shipped {_ranges(by_source[SHIPPED])}; "
                 f"nearest-tuned {_ranges(by_source[NEAREST])}; "
+                f"borrowed {_ranges(by_source[BORROWED])}; "
                 f"predicted {_ranges(by_source[PREDICTED])}; "
                 f"default {_ranges(by_source[DEFAULT])}; calls served by default: {calls}"
                 + (f"; calls beyond {MAX_BUCKET} tokens, served by that bucket: {beyond}"

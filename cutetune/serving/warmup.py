@@ -70,11 +70,12 @@ def _current_device_spec():
 def warmup(model: str | ModelShape, dtype: str = "bfloat16",
            kernels: Sequence[str] | None = None, db_url: str | None = None) -> Dispatcher:
     """Load this device's winners for every kernel `model` uses (and, for the buckets none
-    covers, the calibrated cost model's best point where `cutetune calibrate` fitted one for
-    this device), compile them, and make the result the dispatcher that `cutetune.qk_norm`
-    and the other ops call through. `model` is a preset name, the path of a Hugging Face
-    config.json, or a ModelShape (e.g. `cutetune.spaces.models.model_from_hf_config` of a
-    loaded model's config)."""
+    covers, a winner borrowed from another problem of the kernel, else the calibrated cost
+    model's best point where `cutetune calibrate` fitted one for this device), compile them,
+    and make the result the dispatcher that `cutetune.qk_norm` and the other ops call
+    through. `model` is a preset name, the path of a Hugging Face config.json, or a
+    ModelShape (e.g. `cutetune.spaces.models.model_from_hf_config` of a loaded model's
+    config)."""
     from cutetune.device.specs import device_spec_for
     from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
     from cutetune.results_db import (

@@ -26,7 +26,9 @@ def test_an_untuned_model_is_served_the_calibrated_picks(tmp_path, monkeypatch):
     (done,) = calibrate(db)
     db.dispose()
     assert done.model is not None, done.refused
-    # qwen3-0.6b: no winner stored or shipped for its norms.
+    # qwen3-0.6b: no winner stored for its norms, and none shipped to lend one (borrowing:
+    # tests/serving/test_borrowed.py).
+    monkeypatch.setattr("cutetune.results_db.shipped_winners", lambda fingerprint: [])
     served = cutetune.warmup("qwen3-0.6b", kernels=["rmsnorm"], db_url=url)
     try:
         for table in served.tables():

@@ -19,7 +19,7 @@ import pytest
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.registry import KernelDef
-from cutetune.serving.plan import DEFAULT, NEAREST, SHIPPED, TUNED, nearest_tuned
+from cutetune.serving.plan import BORROWED, DEFAULT, NEAREST, SHIPPED, TUNED, nearest_tuned
 from cutetune.serving.table import Dispatcher
 from cutetune.spaces.buckets import BUCKETS, MAX_BUCKET
 from cutetune.spaces.models import load_model
@@ -254,7 +254,8 @@ def test_current_winner_survives_a_stale_winner_of_the_same_bucket(qwen3_8b, qk_
     assert stats.stale_winners == 1
 
 
-def test_winners_of_another_problem_or_kernel_are_not_served(qwen3_8b, qk_fake_compile):
+def test_another_problems_winner_is_borrowed_and_another_kernels_never(qwen3_8b,
+                                                                       qk_fake_compile):
     kernel, _ = qk_fake_compile
     other = dataclasses.replace(qwen3_8b, q_heads=16)
     tiny, _ = tiny_kernel()
@@ -263,7 +264,11 @@ def test_winners_of_another_problem_or_kernel_are_not_served(qwen3_8b, qk_fake_c
         winner(tiny, TinyProblem(num_tokens=1, width=4), 8, TinyConfig(block=8)),
     ])
     dispatcher.warmup(kernel, [qwen3_8b])
-    assert {e.source for e in entries_by_bucket(dispatcher).values()} == {DEFAULT}
+    entries = entries_by_bucket(dispatcher)
+    assert (entries[8].source, entries[8].config, entries[8].lender) == (
+        BORROWED, LARGE, other.static_key())
+    assert {e.source for b, e in entries.items() if b != 8} == {DEFAULT}
+    assert "borrowed 8" in dispatcher.report()
 
 
 # -- constraints at other buckets ------------------------------------------------------------

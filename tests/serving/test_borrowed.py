@@ -1,0 +1,68 @@
+"""Untuned problems served a winner borrowed from another problem of the kernel at the same
+bucket (serving/plan.py, device/funnel.py `borrowed_pick`): the nearest problem in bytes moved
+whose winner is valid there lends it; planned at warmup only; stale, rejected and invalid
+winners lend nothing; the user's winner of a problem over the shipped one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cutetune.device.specs import DEVICE_SPECS
+from cutetune.kernels import qk_norm as qk
+from cutetune.serving.plan import BORROWED, DEFAULT, ServingPlan
+from cutetune.spaces.buckets import BUCKETS
+from cutetune.spaces.models import load_model
+from testkit.stored_winners import winner
+
+SPEC = DEVICE_SPECS["H200"]
+KERNEL = qk.KERNEL
+SMALL = qk.QKNormConfig(vector_bits=128, heads_per_warp=2, warps_per_block=1)
+LARGE = qk.QKNormConfig(vector_bits=128, heads_per_warp=4, warps_per_block=8)
+
+
+@pytest.fixture(scope="module")
+def qwen3_8b() -> qk.QKNormProblem:
+    (problem,) = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")
+    return problem
+
+
+def served(plan: ServingPlan, problem, predicted: bool = True) -> dict[int, tuple]:
+    return {e.bucket: (e.source, e.config, e.lender)
+            for e in plan.entries(KERNEL, problem, predicted=predicted)}
+
+
+def test_the_nearest_problem_in_bytes_lends_its_winner_at_each_bucket(qwen3_8b):
+    # 32 + 8 heads: 16 + 8 heads move 0.6x the bytes, 64 + 8 heads 1.8x.
+    fewer = dataclasses.replace(qwen3_8b, q_heads=16)
+    more = dataclasses.replace(qwen3_8b, q_heads=64)
+    plan = ServingPlan(SPEC, [winner(KERNEL, fewer, 8, LARGE), winner(KERNEL, more, 8, SMALL),
+                              winner(KERNEL, more, 64, SMALL)])
+    entries = served(plan, qwen3_8b)
+    assert entries[8] == (BORROWED, LARGE, fewer.static_key())
+    assert entries[64] == (BORROWED, SMALL, more.static_key())
+    assert {entries[b][0] for b in BUCKETS if b not in (8, 64)} == {DEFAULT}
+    # A miss on the call path reads no other problem's winners.
+    assert {source for source, _, _ in served(plan, qwen3_8b, predicted=False).values()} == {
+        DEFAULT}
+
+
+def test_a_winner_invalid_here_lends_nothing_and_a_farther_valid_one_does(qwen3_8b):
+    narrow = dataclasses.replace(qwen3_8b, head_dim=64)  # SMALL splits no 64-wide head
+    near = dataclasses.replace(qwen3_8b, q_heads=24)
+    far = dataclasses.replace(qwen3_8b, q_heads=64)
+    assert KERNEL.space.first_violation(narrow.with_tokens(8), SMALL, SPEC) is not None
+    plan = ServingPlan(SPEC, [winner(KERNEL, near, 8, SMALL)])
+    assert served(plan, narrow)[8][0] == DEFAULT
+    plan = ServingPlan(SPEC, [winner(KERNEL, near, 8, SMALL), winner(KERNEL, far, 8, LARGE)])
+    assert served(plan, narrow)[8] == (BORROWED, LARGE, far.static_key())
+
+
+def test_stale_winners_lend_nothing_and_the_users_winner_lends_over_the_shipped(qwen3_8b):
+    other = dataclasses.replace(qwen3_8b, q_heads=16)
+    stale = ServingPlan(SPEC, [winner(KERNEL, other, 8, LARGE, source_hash="0" * 16)])
+    assert served(stale, qwen3_8b)[8][0] == DEFAULT
+    both = ServingPlan(SPEC, [winner(KERNEL, other, 8, SMALL)],
+                       shipped=[winner(KERNEL, other, 8, LARGE)])
+    assert served(both, qwen3_8b)[8] == (BORROWED, SMALL, other.static_key())
