@@ -447,10 +447,12 @@ def replay_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         "measured time (cutetune/tuner/replay.py). Kept: the share of valid points the cost "
         "model keeps (target at most 20%); regret: the best kept point over the exhaustive "
         "best (at most 1%); trials to 2%: trials until one is within 2% of the exhaustive best, "
-        "as a share of the valid points (at most 25%); top pick: the calibrated model's "
-        "predicted-best point within 3% of the exhaustive best (at least 90% of the held-out "
-        "buckets). The calibration is fitted on the presets' measurements only; figures past "
-        "a target in bold.", rows, replay_lines)
+        "as a share of the valid points (at most 25%); top pick: what serving picks for the "
+        "problem untuned, within 3% of the exhaustive best (at least 90% of the held-out "
+        "buckets): the winner another problem of the kernel lends at that bucket (its "
+        "exhaustive best; a preset problem borrows from the other presets' only), else the "
+        "cost model's own pick (the last column). The calibration is fitted on the presets' "
+        "measurements only; figures past a target in bold.", rows, replay_lines)
 
 
 # Each section is written from its kind's rows of the index; it gets the whole index too (the

@@ -2,7 +2,9 @@
 on the CPU: the presets' measurements fit the calibration (cutetune/device/calibration_fit.py);
 each preset bucket's search is replayed (cutetune/tuner/replay.py) with the datasheet roofline
 and with the calibrated model; the other buckets (the held-out models' shapes, which no preset has:
-benchmarks.exhaustive.HELD_OUT) test the calibrated model fitted on the presets only. A bucket
+benchmarks.exhaustive.HELD_OUT) test the calibrated model fitted on the presets only. Serving's
+pick for an untuned problem borrows the presets' exhaustive bests (the winners tuning would
+store) of the kernel at the bucket, a preset problem the other presets' only. A bucket
 without a row for every valid point (the measurements span device calls, so each call may stop
 in one) is left out of the replays, and the count is printed.
 
@@ -25,6 +27,7 @@ import lzma
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -39,7 +42,7 @@ from cutetune.tuner.replay import BucketReplay, replay_bucket, summarize
 
 COLUMNS = ("cost_model", "scope", "kernel", "buckets", "median_kept_pct", "max_regret_pct",
            "regret_within_1pct_share", "median_search_pct", "zero_shot_within_3pct_share",
-           "calibration")
+           "model_pick_within_3pct_share", "calibration")
 # Issue 42's targets: kept at most 20% of the valid points, regret at most 1%, within 2% of the
 # exhaustive best in at most 25% of its trials (median over buckets), the top pick within 3%
 # in at least 90% of (problem, bucket) pairs.
@@ -103,11 +106,26 @@ def complete(buckets: Sequence[Bucket], spec: DeviceSpec) -> tuple[list[Bucket],
     return whole, len(buckets) - len(whole)
 
 
-def replay(buckets: Sequence[Bucket], spec: DeviceSpec, calibrated: CalibratedModel | None
-           ) -> list[tuple[str, BucketReplay]]:
+def exhaustive_bests(buckets: Sequence[Bucket]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each bucket's fastest point, by (kernel, bucket) and static key: the winners tuning
+    would store, which serving lends to the kernel's other problems at that bucket."""
+    bests: dict[tuple[str, int], dict[str, Any]] = {}
+    for b in buckets:
+        measured = {c: us for c, us in b.times.items() if us is not None}
+        bests.setdefault((b.kernel, b.bucket), {})[b.static_key] = min(measured,
+                                                                       key=measured.get)
+    return bests
+
+
+def replay(buckets: Sequence[Bucket], spec: DeviceSpec, calibrated: CalibratedModel | None,
+           lenders: dict[tuple[str, int], dict[str, Any]]) -> list[tuple[str, BucketReplay]]:
+    """Each bucket replayed; its problem may borrow the `lenders` of its kernel and bucket
+    (its own, by static key, is never lent to it: each preset problem is served as untuned by
+    the others)."""
     ceilings = Ceilings.from_datasheet(spec)
     return [(b.kernel, replay_bucket(*b.kernel_and_problem(), b.times, spec, ceilings,
-                                     calibrated)) for b in buckets]
+                                     calibrated, lenders=lenders.get((b.kernel, b.bucket))))
+            for b in buckets]
 
 
 def summary_rows(cost_model: str, scope: str, replays: Sequence[tuple[str, BucketReplay]],
@@ -122,6 +140,7 @@ def summary_rows(cost_model: str, scope: str, replays: Sequence[tuple[str, Bucke
                      "regret_within_1pct_share": s.within_regret_band,
                      "median_search_pct": 100 * s.median_search_fraction,
                      "zero_shot_within_3pct_share": s.zero_shot_within_band,
+                     "model_pick_within_3pct_share": s.model_pick_within_band,
                      "calibration": calibration if kernel == "all" else ""})
     return rows
 
@@ -140,11 +159,13 @@ def tables(exhaustive: Path, spec: DeviceSpec = DEVICE_SPECS["H200"]) -> list[di
     if known_partial or held_out_partial:
         print(f"left out, not every valid point measured: {known_partial} preset buckets, "
               f"{held_out_partial} held-out buckets")
-    out = summary_rows("datasheet", "presets", replay(known, spec, None), "")
-    out += summary_rows("calibrated", "presets", replay(known, spec, calibrated),
+    lenders = exhaustive_bests(known)
+    out = summary_rows("datasheet", "presets", replay(known, spec, None, lenders), "")
+    out += summary_rows("calibrated", "presets", replay(known, spec, calibrated, lenders),
                         calibrated.describe())
     if held_out:
-        out += summary_rows("calibrated", "held-out", replay(held_out, spec, calibrated),
+        out += summary_rows("calibrated", "held-out",
+                            replay(held_out, spec, calibrated, lenders),
                             "fitted on the presets only")
     return out
 
@@ -161,8 +182,9 @@ def markdown_lines(path: Path) -> list[str]:
 
     frame = pd.read_csv(path, keep_default_na=False)
     lines = ["| cost model | buckets of | kernel | buckets | kept (median) | regret (max) | "
-             "regret <= 1% | trials to 2% (median) | top pick within 3% |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "regret <= 1% | trials to 2% (median) | top pick within 3% | "
+             "the model's own pick within 3% |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in frame.itertuples():
         lines.append(
             f"| {r.cost_model} | {r.scope} | {r.kernel} | {r.buckets} | "
@@ -170,7 +192,8 @@ def markdown_lines(path: Path) -> list[str]:
             f"{cell('max_regret_pct', r.max_regret_pct)} | "
             f"{cell('regret_within_1pct_share', r.regret_within_1pct_share)} | "
             f"{cell('median_search_pct', r.median_search_pct)} | "
-            f"{cell('zero_shot_within_3pct_share', r.zero_shot_within_3pct_share)} |")
+            f"{cell('zero_shot_within_3pct_share', r.zero_shot_within_3pct_share)} | "
+            f"{100 * r.model_pick_within_3pct_share:.0f}% |")
     fits = [f"- {r.cost_model}, {r.scope}: {r.calibration}" for r in frame.itertuples()
             if r.calibration]
     return lines + ([""] + fits if fits else [])

@@ -8,8 +8,9 @@ Per bucket, against the exhaustive best (the fastest verified point of every val
   the default the study always times, over the exhaustive best, less one);
 - search: how many trials the study took before one came within SEARCH_BAND of the exhaustive
   best, as a share of the valid points (an exhaustive search's trials);
-- zero-shot: the gap of the cost model's top pick (what serving picks for an untuned problem)
-  to the exhaustive best.
+- zero-shot: the gap to the exhaustive best of what serving picks for an untuned problem (a
+  winner borrowed from another problem at the bucket, where one lends a valid point, else the
+  cost model's top pick), and of the cost model's own pick.
 
 Fresh runs replayed (issue 38 item 1): the same search several times over the stored times as
 fresh runs would read them (RunNoise), to count the buckets where every run names one winner.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import make_plan, predicted_best
+from cutetune.device.funnel import borrowed_pick, make_plan, predicted_best
 from cutetune.device.measure import Measurement
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
@@ -148,7 +149,8 @@ class BucketReplay:
     best_kept_us: float
     trials: int
     trials_to_band: int | None
-    top_pick_us: float | None  # None: the top pick failed when measured
+    top_pick_us: float | None  # serving's pick; None: it failed when measured
+    model_pick_us: float | None  # the cost model's own pick; None: it failed when measured
 
     @property
     def kept_fraction(self) -> float:
@@ -167,6 +169,11 @@ class BucketReplay:
     def zero_shot_gap(self) -> float:
         return float("inf") if self.top_pick_us is None else self.top_pick_us / self.best_us - 1
 
+    @property
+    def model_pick_gap(self) -> float:
+        return (float("inf") if self.model_pick_us is None
+                else self.model_pick_us / self.best_us - 1)
+
 
 def trials_to_band(measured_in_order: Sequence[float | None], best_us: float,
                    band: float = SEARCH_BAND) -> int | None:
@@ -180,9 +187,11 @@ def trials_to_band(measured_in_order: Sequence[float | None], best_us: float,
 
 def replay_bucket(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | None],
                   spec: DeviceSpec, ceilings: Ceilings, calibrated: CalibratedModel | None,
-                  budget: int = DEFAULT_BUDGET, seed: int = 0) -> BucketReplay:
+                  budget: int = DEFAULT_BUDGET, seed: int = 0,
+                  lenders: Mapping[str, Any] | None = None) -> BucketReplay:
     """The tuner's plan and search of `problem` (at its bucket's token count) replayed over
-    `times`, the exhaustive measurements of its valid points."""
+    `times`, the exhaustive measurements of its valid points; `lenders` are the winners of
+    the kernel's other problems at this bucket (static key -> config) serving may borrow."""
     plan = make_plan(kernel, problem, spec, ceilings, calibrated)
     valid = [p.config for p in plan.kept + plan.pruned]
     ok = {c: times[c] for c in valid if times.get(c) is not None}
@@ -200,20 +209,22 @@ def replay_bucket(kernel: KernelDef, problem: Problem, times: Mapping[Any, float
         pick = predicted_best(kernel, problem, spec, calibrated, default)
     else:
         pick = plan.kept[0].config
+    lent = borrowed_pick(kernel, problem, spec, lenders or {})
     return BucketReplay(
         valid=len(valid), kept=len(plan.kept), best_us=best,
         best_kept_us=min((ok[c] for c in kept if c in ok), default=float("inf")),
         trials=len(taken),
         trials_to_band=trials_to_band(
             [t.measurement.median_us if t.ok else None for t in taken], best),
-        top_pick_us=ok.get(pick))
+        top_pick_us=ok.get(pick if lent is None else lent[1]), model_pick_us=ok.get(pick))
 
 
 @dataclass(frozen=True)
 class ReplaySummary:
     """Over buckets: the median kept share, the largest and median regret and the share of
     buckets within REGRET_BAND, the median search share (infinite where most never came within
-    the band), and the share of buckets whose top pick is within ZERO_SHOT_BAND."""
+    the band), and the shares of buckets whose serving pick (borrowed, else the model's) and
+    whose cost model's own pick are within ZERO_SHOT_BAND."""
 
     buckets: int
     median_kept_fraction: float
@@ -222,6 +233,7 @@ class ReplaySummary:
     within_regret_band: float
     median_search_fraction: float
     zero_shot_within_band: float
+    model_pick_within_band: float
 
 
 def summarize(replays: Sequence[BucketReplay]) -> ReplaySummary:
@@ -235,4 +247,6 @@ def summarize(replays: Sequence[BucketReplay]) -> ReplaySummary:
         within_regret_band=sum(g <= REGRET_BAND for g in regrets) / len(replays),
         median_search_fraction=statistics.median(r.search_fraction for r in replays),
         zero_shot_within_band=sum(r.zero_shot_gap <= ZERO_SHOT_BAND
-                                  for r in replays) / len(replays))
+                                  for r in replays) / len(replays),
+        model_pick_within_band=sum(r.model_pick_gap <= ZERO_SHOT_BAND
+                                   for r in replays) / len(replays))

@@ -122,15 +122,30 @@ def test_without_a_calibration_the_datasheet_plan_is_replayed(plan):
     assert replay.top_pick_us == times[datasheet.kept[0].config]
 
 
+def test_a_lent_winner_valid_here_is_the_top_pick_and_the_models_pick_stays(plan):
+    times = known_times(plan)
+    alone = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN)
+    slowest = max((c for c in times if times[c] is not None), key=times.get)
+    other = dataclasses.replace(PROBLEM, hidden=2 * PROBLEM.hidden).static_key()
+    lent = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN,
+                         lenders={other: slowest, PROBLEM.static_key(): slowest})
+    assert lent.top_pick_us == times[slowest] > alone.top_pick_us
+    assert lent.model_pick_us == alone.model_pick_us == alone.top_pick_us
+    # Its own winner is never lent to a problem: alone, it lends nothing.
+    own = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN,
+                        lenders={PROBLEM.static_key(): slowest})
+    assert own.top_pick_us == alone.top_pick_us
+
+
 def test_no_stored_time_is_one_clear_error():
     with pytest.raises(ValueError, match="no valid point of rmsnorm .* has a stored time"):
         replay_bucket(KERNEL, PROBLEM, {}, SPEC, CEILINGS, KNOWN)
 
 
 def test_summarize_takes_medians_maxima_and_shares():
-    replays = [BucketReplay(100, 10, 1.0, 1.0, 16, 5, 1.0),  # kept 10%, found at 5%
-               BucketReplay(100, 30, 1.0, 1.02, 16, None, 1.05),  # 2% regret, never found
-               BucketReplay(50, 10, 2.0, 2.0, 16, 25, 2.02)]  # kept 20%, found at 50%
+    replays = [BucketReplay(100, 10, 1.0, 1.0, 16, 5, 1.0, 1.1),  # kept 10%, found at 5%
+               BucketReplay(100, 30, 1.0, 1.02, 16, None, 1.05, 1.0),  # 2% regret, never found
+               BucketReplay(50, 10, 2.0, 2.0, 16, 25, 2.02, None)]  # kept 20%, found at 50%
     summary = summarize(replays)
     assert summary.buckets == 3
     assert summary.median_kept_fraction == 0.2
@@ -139,6 +154,7 @@ def test_summarize_takes_medians_maxima_and_shares():
     assert summary.within_regret_band == pytest.approx(2 / 3)
     assert summary.median_search_fraction == 0.5
     assert summary.zero_shot_within_band == pytest.approx(2 / 3)
+    assert summary.model_pick_within_band == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="no bucket"):
         summarize([])
 
