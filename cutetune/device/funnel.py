@@ -116,7 +116,7 @@ def borrowed_pick(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
     bucket), the one whose winner is a valid point of `problem`, from the problem nearest it in
     the bytes its default moves (then by static key): (static key, config); None where none is.
     Nearby problems of one kernel share their best points where the model's terms cannot tell
-    the candidates apart (serving/plan.py measures the rule)."""
+    the candidates apart (the replay measures the rule: "Replayed searches" in BENCHMARKS.md)."""
     own = problem.static_key()
     valid = [(key, config) for key, config in lenders.items()
              if key != own and kernel.space.first_violation(problem, config, spec) is None]
