@@ -5,7 +5,7 @@ otherwise."""
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -14,6 +14,7 @@ from cutetune.device.roofline import Prediction, predict
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.cost import Cost
 from cutetune.kernels.registry import KernelDef
+from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.spaces.problem import Problem
 
 # A point predicted slower than this multiple of the best prediction is not measured: the
@@ -110,26 +111,49 @@ def predicted_best(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
     return default if predicted.get(default, math.inf) <= band else best
 
 
-def borrowed_pick(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
-                  lenders: Mapping[str, Any]) -> tuple[str, Any] | None:
+def lenders_by_bucket(kernel: KernelDef, winners: Iterable[Any],
+                      spec: DeviceSpec) -> dict[int, dict[str, Any]]:
+    """The configs of `winners` (results_db Winner records) of `kernel`'s current source, by
+    bucket and static key, a later record over an earlier one of the same bucket and problem;
+    a winner today's space rejects lends nothing (its own problem's plan reports it)."""
+    current = kernel.source_hash()
+    by_bucket: dict[int, dict[str, Any]] = {}
+    for w in winners:
+        if w.kernel_name != kernel.name or w.source_hash != current:
+            continue
+        try:
+            point = stored_point(kernel, w.static_key, w.bucket, w.config_json, spec)
+        except UnusablePoint:
+            continue
+        by_bucket.setdefault(w.bucket, {})[w.static_key] = point.config
+    return by_bucket
+
+
+def lent_points(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
+                lenders: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """Of `lenders` (static key -> the winner of that problem of `kernel` at `problem`'s
-    bucket), the one whose winner is a valid point of `problem`, from the problem nearest it in
-    the bytes its default moves (then by static key): (static key, config); None where none is.
-    Nearby problems of one kernel share their best points where the model's terms cannot tell
-    the candidates apart (the replay measures the rule: "Replayed searches" in BENCHMARKS.md)."""
+    bucket), those whose winner is a valid point of `problem`, as (static key, config), the
+    problem nearest it in the bytes its default moves first (then by static key). Nearby
+    problems of one kernel share their best points where the model's terms cannot tell the
+    candidates apart (the replay measures it: "Replayed searches" in BENCHMARKS.md)."""
     own = problem.static_key()
     valid = [(key, config) for key, config in lenders.items()
              if key != own and kernel.space.first_violation(problem, config, spec) is None]
-    if not valid:
-        return None
 
     def moved(p: Problem) -> int:
         return kernel.cost(p, kernel.default_config(p, spec), spec).bytes_moved
 
-    here = moved(problem)
-    return min(valid, key=lambda lender: (abs(math.log(moved(
+    here = moved(problem) if valid else 0
+    return sorted(valid, key=lambda lender: (abs(math.log(moved(
         kernel.problem_type.from_static_key(lender[0], problem.num_tokens)) / here)),
         lender[0]))
+
+
+def borrowed_pick(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
+                  lenders: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """The nearest of `lent_points`: (static key, config); None where none lends."""
+    lent = lent_points(kernel, problem, spec, lenders)
+    return lent[0] if lent else None
 
 
 def candidates_of(plan: Plan, default: Any, excluded: Collection[Any] = ()) -> set[Any]:

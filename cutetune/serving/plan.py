@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import borrowed_pick
+from cutetune.device.funnel import borrowed_pick, lenders_by_bucket
 from cutetune.kernels.registry import KernelDef
 from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.serving.predicted import PredictedPicks
@@ -169,23 +169,12 @@ class ServingPlan:
 
     def _lenders_of(self, kernel: KernelDef) -> dict[int, dict[str, Any]]:
         """The current winners of every problem of `kernel`, by bucket and static key (the
-        user's over the shipped ones); winners today's space rejects lend nothing (their own
-        problem's plan reports them)."""
+        user's over the shipped ones)."""
         if kernel.name not in self._lenders:
-            current = kernel.source_hash()
-            by_bucket: dict[int, dict[str, Any]] = {}
-            for winners in (self.shipped, self.winners):
-                for (name, static_key), stored in winners.items():
-                    for w in stored if name == kernel.name else ():
-                        if w.source_hash != current:
-                            continue
-                        try:
-                            point = stored_point(kernel, static_key, w.bucket, w.config_json,
-                                                 self.spec)
-                        except UnusablePoint:
-                            continue
-                        by_bucket.setdefault(w.bucket, {})[static_key] = point.config
-            self._lenders[kernel.name] = by_bucket
+            self._lenders[kernel.name] = lenders_by_bucket(kernel, [
+                w for winners in (self.shipped, self.winners)
+                for (name, _), stored in winners.items() if name == kernel.name
+                for w in stored], self.spec)
         return self._lenders[kernel.name]
 
 

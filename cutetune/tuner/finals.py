@@ -31,7 +31,9 @@ fresh run differs from the last in where its inputs sit (and so in their L2 sets
 channels) as well as in time. Pooled, the fastest's IQR spans the placements the draws
 caught, and so does the band built from it.
 
-The fixed order is the default first, then the cost model's best-ranked (the lowest predicted
+The fixed order is the lent points first (the winners other problems of the kernel lend at
+this bucket: device/funnel.py `lent_points`, each run's alike, being read from the winners
+stored before it), then the default, then the cost model's best-ranked (the lowest predicted
 time, to PREDICTION_DIGITS significant digits, as the ceilings a fresh run measures move the
 predictions a little), then canonical JSON. The best-ranked points are the warm start, which
 every run tries whatever its search proposes after it, so where one of them is among the
@@ -39,7 +41,13 @@ near-ties, every run has timed the one the order picks; and the order leans towa
 points, so the point it picks tends to sit well inside the band rather than at its edge, where
 noise flips it. Picking again among the stored finalists of four fresh H200 runs of two presets
 (72 buckets, their finalists admitted by canonical JSON alone), this order named one winner in
-49 buckets at a 2% band, and canonical JSON alone in 46.
+49 buckets at a 2% band, and canonical JSON alone in 46. The lent points lead because they
+sit nearest the best: other problems' winners come within 3% of a bucket's best in 84% of the
+H100's preset buckets ("Replayed searches"), the default in 43%, so the order's pick is seldom
+at the band's edge; the warm start tries them in every run. Replayed over those measurements
+(`python3 -m benchmarks.fresh_run_replay ... --lend`), five runs with the other presets' bests
+lent name one winner in 76% of 132 buckets, 0.13% slower than the best at the median, against
+39% and 0.87% without them.
 
 Which points are finalists is fixed as far as the search's times allow: the fastest few by
 (median, canonical JSON), so that equal times rank the same way in every run; the default; and
@@ -52,7 +60,7 @@ timed it near the top.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,10 +105,12 @@ def tie_band(fastest: Measurement, floor: float = TIE_BAND_FLOOR) -> float:
     return max(floor, fastest.iqr_us / fastest.median_us)
 
 
-def preference(config: Any, default: Any, predicted_us: float) -> tuple[bool, float, str]:
-    """The fixed order among tied points (module docstring): the default first, then the
-    lowest predicted time, then canonical JSON."""
-    return config != default, float(f"{predicted_us:.{PREDICTION_DIGITS}g}"), config_to_json(config)
+def preference(config: Any, default: Any, predicted_us: float,
+               lent: Collection[Any] = ()) -> tuple[bool, bool, float, str]:
+    """The fixed order among tied points (module docstring): the lent points first, then the
+    default, then the lowest predicted time, then canonical JSON."""
+    return (config not in lent, config != default,
+            float(f"{predicted_us:.{PREDICTION_DIGITS}g}"), config_to_json(config))
 
 
 def by_speed(outcomes: Sequence[TrialOutcome]) -> list[TrialOutcome]:
@@ -109,8 +119,8 @@ def by_speed(outcomes: Sequence[TrialOutcome]) -> list[TrialOutcome]:
     return sorted(outcomes, key=lambda t: (t.measurement.median_us, config_to_json(t.config)))
 
 
-def finalists(ok: Sequence[TrialOutcome], default: Any,
-              floor: float = TIE_BAND_FLOOR) -> list[TrialOutcome]:
+def finalists(ok: Sequence[TrialOutcome], default: Any, floor: float = TIE_BAND_FLOOR,
+              lent: Collection[Any] = ()) -> list[TrialOutcome]:
     """The points to re-measure, fastest first (module docstring), from the verified ones."""
     ranked = by_speed(ok)
     if not ranked:
@@ -118,19 +128,19 @@ def finalists(ok: Sequence[TrialOutcome], default: Any,
     fastest = ranked[0].measurement
     window = fastest.median_us * (1 + ADMISSION * tie_band(fastest, floor))
     near = sorted((t for t in ranked if t.measurement.median_us <= window),
-                  key=lambda t: preference(t.config, default, t.predicted_us))
+                  key=lambda t: preference(t.config, default, t.predicted_us, lent))
     chosen = ranked[:FASTEST] + near[:PREFERRED] + [t for t in ranked if t.config == default]
     return list({t.config: t for t in chosen}.values())
 
 
-def pick(remeasured: Sequence[TrialOutcome], default: Any,
-         floor: float = TIE_BAND_FLOOR) -> Finals:
+def pick(remeasured: Sequence[TrialOutcome], default: Any, floor: float = TIE_BAND_FLOOR,
+         lent: Collection[Any] = ()) -> Finals:
     """The winner among `remeasured` finalists (at least one): the preferred of those tied
     with the fastest. Each keeps its own measurement, so the winner's is its own times."""
     fastest = by_speed(remeasured)[0].measurement
     band = tie_band(fastest, floor)
     tied = [t for t in remeasured if t.measurement.median_us <= fastest.median_us * (1 + band)]
-    winner = min(tied, key=lambda t: preference(t.config, default, t.predicted_us))
+    winner = min(tied, key=lambda t: preference(t.config, default, t.predicted_us, lent))
     return Finals(tuple(remeasured), band, winner,
                   next((t for t in remeasured if t.config == default), None))
 

@@ -35,7 +35,7 @@ from optuna.storages import BaseStorage
 from cutetune.build.interrupt import request_stop, safe_points
 from cutetune.build.supervised import ProcessLost
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import candidates_of
+from cutetune.device.funnel import candidates_of, lenders_by_bucket
 from cutetune.device.roofline import percent_of_roofline
 from cutetune.device.specs import Ceilings, DeviceSpec, device_spec_for
 from cutetune.kernels.registry import KernelDef
@@ -50,7 +50,9 @@ from cutetune.results_db import (
     quarantined_points,
     record_ceilings,
     record_quarantine,
+    shipped_winners,
     stored_runs,
+    winners_to_serve,
 )
 from cutetune.spaces.problem import Problem
 from cutetune.spaces.space import config_to_json
@@ -238,14 +240,21 @@ def plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
     """The summaries of the buckets stored already, and the buckets left to tune. A bucket
     counts as stored when its latest run took the trials asked for, or every candidate."""
     stored_summaries, pending = [], []
+    # What the winners stored before the run lend (never this run's own, which would make one
+    # bucket's search depend on another's outcome), by kernel.
+    stored_winners = [*shipped_winners(fingerprint), *winners_to_serve(db, fingerprint)]
+    lenders: dict[str, dict[int, dict[str, Any]]] = {}
     for unit in units:
+        if unit.kernel.name not in lenders:
+            lenders[unit.kernel.name] = lenders_by_bucket(unit.kernel, stored_winners, spec)
         source, static_key = unit.kernel.source_hash(), unit.problem.static_key()
         if options.retry_failed:
             clear_quarantine(db, fingerprint, unit.kernel.name, source, static_key)
         stored = stored_runs(db, fingerprint, unit.kernel.name, source, static_key)
         quarantined = frozenset(_quarantined(db, fingerprint, unit))
         for bucket in buckets:
-            planned = plan_bucket(unit.kernel, unit.problem, bucket, spec, ceilings, calibrated)
+            planned = plan_bucket(unit.kernel, unit.problem, bucket, spec, ceilings, calibrated,
+                                  lenders[unit.kernel.name])
             trials = min(options.budget,
                          len(candidates_of(planned.plan, planned.default, quarantined)))
             run = stored.get(planned.bucket)
@@ -264,7 +273,8 @@ def compile_order(pending: Sequence[PendingBucket], budget: int
     for warm_start_only in (True, False):
         for index, bucket in enumerate(pending):
             plan, default = bucket.planned.plan, bucket.planned.default
-            order = (candidate_order(plan, default, budget) if warm_start_only
+            order = (candidate_order(plan, default, budget, lent=bucket.planned.lent)
+                     if warm_start_only
                      else ranked_candidates(plan, default))
             yield index, warm_start_only, [c for c in order if c not in bucket.quarantined]
 

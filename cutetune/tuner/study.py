@@ -109,15 +109,19 @@ def ranked_candidates(plan: Plan, default: Any) -> list[Any]:
 
 
 def candidate_order(plan: Plan, default: Any, budget: int,
-                    warm_start_share: int = WARM_START_SHARE) -> list[Any]:
-    """The points to enqueue, in order: the default first, then the best-ranked ones (one
-    `warm_start_share`-th of the budget; 1 gives the whole budget to them, no TPE); all of
-    them when the candidates fit the budget."""
+                    warm_start_share: int = WARM_START_SHARE,
+                    lent: Sequence[Any] = ()) -> list[Any]:
+    """The points to enqueue, in order: the default first, then the `lent` ones the roofline
+    kept (finals.py), then the best-ranked ones (one `warm_start_share`-th of the budget; 1
+    gives the whole budget to them, no TPE); all of them when the candidates fit the
+    budget."""
     ranked = ranked_candidates(plan, default)
     if len(ranked) <= budget:
         return ranked
-    head = [p.config for p in plan.kept[: max(1, budget // warm_start_share)]]
-    return ([default] + [c for c in head if c != default])[:budget]
+    kept = {p.config for p in plan.kept}
+    head = [c for c in lent if c in kept] + [
+        p.config for p in plan.kept[: max(1, budget // warm_start_share)]]
+    return list(dict.fromkeys([default] + head))[:budget]
 
 
 def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, budget: int,
@@ -125,11 +129,12 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
               on_trial: Callable[[TrialOutcome], None] | None = None,
               excluded: Collection[Any] = (), retry_failed: bool = False,
               tie_band: float = TIE_BAND_FLOOR,
-              warm_start_share: int = WARM_START_SHARE) -> StudyResult:
+              warm_start_share: int = WARM_START_SHARE, lent: Sequence[Any] = ()) -> StudyResult:
     """Search `plan`'s candidates (less `excluded`) within `budget` trials, continuing the
     study of that name where one is stored. `retry_failed` tries again the points of a stored
     study that took their process down; `tie_band` is the least band within which finalists
-    are tied (finals.py); `warm_start_share` as in candidate_order."""
+    are tied (finals.py); `warm_start_share` and `lent` (the winners other problems of the
+    kernel lend at this bucket) as in candidate_order; the finals prefer the lent points."""
     if budget < 1:
         raise ValueError(f"the trial budget must be at least 1, got {budget}")
     if warm_start_share < 1:
@@ -140,7 +145,7 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
     predicted = {p.config: p.prediction.predicted_us for p in plan.kept + plan.pruned}
     candidates = candidates_of(plan, default, excluded)
     ranked = [c for c in ranked_candidates(plan, default) if c in candidates]
-    warm_start = [c for c in candidate_order(plan, default, budget, warm_start_share)
+    warm_start = [c for c in candidate_order(plan, default, budget, warm_start_share, lent)
                   if c in candidates]
     exhaustive = len(warm_start) == len(candidates)
 
@@ -198,7 +203,7 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
             on_trial(outcome)
 
     trials = tuple(sorted(outcomes.values(), key=lambda t: t.number))
-    picked = _pick_winner(trials, runner, default, tie_band)
+    picked = _pick_winner(trials, runner, default, tie_band, frozenset(lent))
     if picked is None:
         return StudyResult(plan.problem, study_name, exhaustive, trials, None,
                            outcomes.get(default), resumed, started, datetime.now(UTC))
@@ -238,15 +243,15 @@ def _stored_outcomes(study: optuna.Study, kernel: KernelDef) -> dict[Any, TrialO
 
 
 def _pick_winner(trials: Sequence[TrialOutcome], runner: TrialRunner, default: Any,
-                 tie_band: float) -> Finals | None:
+                 tie_band: float, lent: frozenset = frozenset()) -> Finals | None:
     """The finalists re-measured side by side, and the winner among them (finals.py); None
     where no point verified. The default is always among them: timed in the same rounds, a
     tuned point cannot lose to it by the drift between two moments of a search."""
-    chosen = finals.finalists([t for t in trials if t.ok], default, tie_band)
+    chosen = finals.finalists([t for t in trials if t.ok], default, tie_band, lent)
     if not chosen:
         return None
     if len(chosen) == 1:
         (only,) = chosen
         return Finals(tuple(chosen), finals.tie_band(only.measurement, tie_band), only, None)
     measured = runner.remeasure([t.config for t in chosen])
-    return finals.pick(finals.remeasured(chosen, measured), default, tie_band)
+    return finals.pick(finals.remeasured(chosen, measured), default, tie_band, lent)

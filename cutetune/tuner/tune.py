@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import optuna
 
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import Plan, make_plan
+from cutetune.device.funnel import Plan, lent_points, make_plan
 from cutetune.device.roofline import achieved_gbps, percent_of_roofline, predict
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
@@ -31,7 +31,8 @@ from cutetune.tuner.study import StudyResult, TrialOutcome, TrialRunner, run_stu
 @dataclass(frozen=True)
 class BucketPlan:
     """What tuning one bucket starts from: the problem at the bucket's own token count (the
-    size the dispatcher serves it for), the cost model's plan and the heuristic default."""
+    size the dispatcher serves it for), the cost model's plan, the heuristic default, and the
+    points other problems' winners lend it, nearest first (study.py, finals.py)."""
 
     kernel: KernelDef
     problem: Problem
@@ -39,6 +40,7 @@ class BucketPlan:
     default: Any
     spec: DeviceSpec
     ceilings: Ceilings
+    lent: tuple[Any, ...] = ()
 
     @property
     def bucket(self) -> int:
@@ -52,14 +54,17 @@ def bucket_key(planned: BucketPlan) -> tuple:
 
 
 def plan_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spec: DeviceSpec,
-                ceilings: Ceilings, calibrated: CalibratedModel | None = None) -> BucketPlan:
+                ceilings: Ceilings, calibrated: CalibratedModel | None = None,
+                lenders: Mapping[int, Mapping[str, Any]] | None = None) -> BucketPlan:
     """The plan of the bucket that serves `num_tokens`, ranked and pruned by `calibrated`
-    (the device's fitted model) where given, else by the datasheet roofline."""
+    (the device's fitted model) where given, else by the datasheet roofline; `lenders` are the
+    kernel's stored winners by bucket and static key (funnel.lenders_by_bucket)."""
     problem = static_problem.with_tokens(bucket_of(num_tokens))
     default = kernel.default_config(problem, spec)
     kernel.space.check(problem, default, spec)
+    lent = lent_points(kernel, problem, spec, (lenders or {}).get(problem.num_tokens, {}))
     return BucketPlan(kernel, problem, make_plan(kernel, problem, spec, ceilings, calibrated),
-                      default, spec, ceilings)
+                      default, spec, ceilings, tuple(config for _, config in lent))
 
 
 def study_name(kernel: KernelDef, problem: Problem, fingerprint: DeviceFingerprint) -> str:
@@ -119,7 +124,7 @@ def tune_bucket(planned: BucketPlan, runner: TrialRunner, db: Database,
         optuna.delete_study(study_name=name, storage=storage)
     result = run_study(kernel, planned.plan, planned.default, runner, budget, name,
                        storage=storage, seed=seed, on_trial=on_trial, excluded=excluded,
-                       retry_failed=retry_failed, tie_band=tie_band)
+                       retry_failed=retry_failed, tie_band=tie_band, lent=planned.lent)
     # The winner's trial is stored with its own interleaved re-measurement (not the fastest
     # finalist's, where the tie band named another): the numbers the winner row carries.
     winner = result.winner.number if result.winner is not None else None

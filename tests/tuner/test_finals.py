@@ -98,6 +98,18 @@ def test_the_default_wins_its_ties():
     assert winners_over(base, [POINTS[0]], (0.0,), tie_band=0.0) == {POINTS[0]}
 
 
+def test_a_lent_point_wins_its_ties_before_the_default():
+    # The lent point 1% behind the fastest and the default 2%: all tied, the lent one first.
+    lent = POINTS[2]
+    base = {POINTS[0]: 10.0, lent: 10.1, DEFAULT: 10.2}
+    assert winners_over(base, [POINTS[0], lent], (0.0, 0.05), lent=[lent]) == {lent}
+    # 6% behind, it ties with nothing: the default wins its tie as without it.
+    base = {POINTS[0]: 10.0, lent: 10.6, DEFAULT: 10.2}
+    assert winners_over(base, [POINTS[0]], (0.0,), lent=[lent]) == {DEFAULT}
+    assert preference(lent, DEFAULT, PREDICTED[lent], {lent}) < preference(
+        DEFAULT, DEFAULT, PREDICTED[DEFAULT], {lent})
+
+
 def test_the_band_widens_with_the_fastest_finalists_spread():
     def outcome(config, median_us, iqr_us):
         return TrialOutcome(0, config, Measurement(median_us, iqr_us, 25), None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from cutetune.device.measure import Measurement
 from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import Database, trials_frame, winners
 from cutetune.spaces.models import load_model
+from cutetune.tuner import model_run
 from cutetune.tuner.finals import preference
 from cutetune.tuner.study import (
     WARM_START_SHARE,
@@ -21,6 +23,7 @@ from cutetune.tuner.study import (
 )
 from cutetune.tuner.tune import plan_bucket, tune_bucket
 from testkit.fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
+from testkit.stored_winners import winner
 
 
 def _plan(tokens):
@@ -79,6 +82,48 @@ def test_a_warm_start_share_of_one_spends_the_budget_on_the_ranked_points():
     with pytest.raises(ValueError, match="the warm start's share must be at least 1, got 0"):
         run_study(qk.KERNEL, plan, default, runner, budget=10, study_name="u",
                   warm_start_share=0)
+
+
+def test_lent_points_the_roofline_kept_follow_the_default_in_the_warm_start():
+    problem, plan = _plan(4096)
+    default = qk.default_config(problem, SPEC)
+    kept = [p.config for p in plan.kept if p.config != default]
+    lent = [kept[-1], kept[-2]]  # the roofline's last-ranked: in no head of the ranking
+    pruned = [p.config for p in plan.pruned]
+    order = candidate_order(plan, default, 10, lent=lent + pruned[:1])
+    assert order[:3] == [default, *lent] and len(order) <= 10
+    assert not set(pruned) & set(order)
+    runner = FakeRunner()
+    run_study(qk.KERNEL, plan, default, runner, budget=10, study_name="t", lent=lent)
+    assert runner.measured[:3] == [default, *lent]
+
+
+def test_a_bucket_is_lent_the_other_problems_winners_nearest_first():
+    static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
+    near, far = (dataclasses.replace(static, q_heads=h) for h in (24, 64))
+    small = qk.QKNormConfig(vector_bits=128, heads_per_warp=2, warps_per_block=1)
+    large = qk.QKNormConfig(vector_bits=128, heads_per_warp=4, warps_per_block=8)
+    lenders = {8: {far.static_key(): large, near.static_key(): small,
+                   static.static_key(): large}}  # its own winner lends it nothing
+    assert plan_bucket(qk.KERNEL, static, 8, SPEC, CEILINGS, lenders=lenders).lent == (
+        small, large)
+    assert plan_bucket(qk.KERNEL, static, 64, SPEC, CEILINGS, lenders=lenders).lent == ()
+
+
+def test_a_run_is_lent_the_winners_stored_and_shipped_before_it(tmp_path, monkeypatch):
+    static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
+    stored, shipped = (dataclasses.replace(static, q_heads=h) for h in (24, 64))
+    small = qk.QKNormConfig(vector_bits=128, heads_per_warp=2, warps_per_block=1)
+    large = qk.QKNormConfig(vector_bits=128, heads_per_warp=4, warps_per_block=8)
+    monkeypatch.setattr(model_run, "winners_to_serve",
+                        lambda db, here: [winner(qk.KERNEL, stored, 8, small)])
+    monkeypatch.setattr(model_run, "shipped_winners",
+                        lambda here: [winner(qk.KERNEL, shipped, 8, large)])
+    db = Database.open(f"sqlite:///{tmp_path / 'results.db'}")
+    _, pending = model_run.plan_run([model_run.Unit(qk.KERNEL, static)], [8, 64], db,
+                                    FINGERPRINT, SPEC, CEILINGS, None,
+                                    model_run.RunOptions(budget=16))
+    assert [b.planned.lent for b in pending] == [(small, large), ()]
 
 
 def test_every_point_failing_names_no_winner():
