@@ -6,7 +6,7 @@ and the largest gap between two runs' winners by stored times.
 
     python3 -m benchmarks.fresh_run_replay EXHAUSTIVE.csv[.xz] [--runs 5] [--device H200]
         [--models M,M|presets|held-out] [--drift-pct 0.96] [--jitter-pct 0.25] [--tie-band 3]
-        [--warm-start-share 4]
+        [--warm-start-share 4] [--lend]
 
 The default noise is what fresh H200 runs measured (tuner/finals.py): the ratio of the same two
 finalists moved by 2.7% at p95 between runs, which two points' independent lognormal drifts of
@@ -24,7 +24,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.exhaustive import models_of
-from benchmarks.replay_tables import Bucket, buckets_of, complete, problems_of, read_rows
+from benchmarks.replay_tables import (
+    Bucket,
+    buckets_of,
+    complete,
+    exhaustive_bests,
+    problems_of,
+    read_rows,
+)
 from cutetune.device.specs import DEVICE_SPECS, Ceilings, DeviceSpec
 from cutetune.tuner.defaults import DEFAULT_TIE_BAND_PERCENT
 from cutetune.tuner.replay import IQR_PER_SIGMA, FreshRuns, RunNoise, fresh_runs
@@ -37,12 +44,17 @@ JITTER = 0.0033 / IQR_PER_SIGMA  # the median IQR / median of one set of rounds,
 
 
 def replay_runs(buckets: Sequence[Bucket], spec: DeviceSpec, noise: RunNoise, runs: int,
-                tie_band: float, warm_start_share: int = WARM_START_SHARE
-                ) -> list[tuple[str, FreshRuns]]:
+                tie_band: float, warm_start_share: int = WARM_START_SHARE,
+                lend: bool = False) -> list[tuple[str, FreshRuns]]:
+    """Each bucket's fresh runs; with `lend`, each problem is lent the other problems'
+    exhaustive bests at its bucket, as the winners stored before a run lend theirs."""
     ceilings = Ceilings.from_datasheet(spec)
+    lenders = exhaustive_bests(buckets) if lend else {}
     return [(b.kernel, fresh_runs(*b.kernel_and_problem(), b.times, spec, ceilings, None,
                                   noise, runs, tie_band=tie_band,
-                                  warm_start_share=warm_start_share)) for b in buckets]
+                                  warm_start_share=warm_start_share,
+                                  lenders=lenders.get((b.kernel, b.bucket))))
+            for b in buckets]
 
 
 def summary_lines(replays: Sequence[tuple[str, FreshRuns]]) -> list[str]:
@@ -76,6 +88,9 @@ def main() -> None:
     parser.add_argument("--warm-start-share", type=int, default=WARM_START_SHARE,
                         help="1/N of the trial budget goes to the roofline's best-ranked "
                              "points (1: all of it, no TPE)")
+    parser.add_argument("--lend", action="store_true",
+                        help="lend each problem the other problems' exhaustive bests at its "
+                             "bucket, as stored winners lend theirs to a tuning run")
     args = parser.parse_args()
     for name in ("runs", "warm_start_share"):
         if getattr(args, name) < 1:
@@ -95,7 +110,7 @@ def main() -> None:
         raise SystemExit(f"{args.exhaustive}: no bucket of {args.models} measured in full")
     noise = RunNoise(args.drift_pct / 100, args.jitter_pct / 100)
     replays = replay_runs(buckets, spec, noise, args.runs, args.tie_band / 100,
-                          args.warm_start_share)
+                          args.warm_start_share, args.lend)
     print("\n".join(summary_lines(replays)))
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import borrowed_pick, make_plan, predicted_best
+from cutetune.device.funnel import borrowed_pick, lent_points, make_plan, predicted_best
 from cutetune.device.measure import Measurement
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
@@ -120,17 +120,20 @@ def fresh_runs(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | 
                spec: DeviceSpec, ceilings: Ceilings, calibrated: CalibratedModel | None,
                noise: RunNoise, runs: int, budget: int = DEFAULT_BUDGET,
                tie_band: float = TIE_BAND_FLOOR,
-               warm_start_share: int = WARM_START_SHARE) -> FreshRuns:
+               warm_start_share: int = WARM_START_SHARE,
+               lenders: Mapping[str, Any] | None = None) -> FreshRuns:
     """The tuner's plan and search of `problem` replayed as `runs` fresh runs over `times`,
-    each reading them through its own RunNoise draws (module docstring)."""
+    each reading them through its own RunNoise draws (module docstring); `lenders` as in
+    replay_bucket, which every run is lent alike."""
     plan = make_plan(kernel, problem, spec, ceilings, calibrated)
     default = kernel.default_config(problem, spec)
+    lent = [config for _, config in lent_points(kernel, problem, spec, lenders or {})]
     winners = []
     for run in range(runs):
         result = run_study(kernel, plan, default, FreshRunRunner(times, noise, run), budget,
                            f"fresh run {run} {kernel.name} {problem.static_key()} "
                            f"{problem.num_tokens}", tie_band=tie_band,
-                           warm_start_share=warm_start_share)
+                           warm_start_share=warm_start_share, lent=lent)
         if result.winner is None:
             raise ValueError(f"no point of {kernel.name} {problem.describe()} verified")
         winners.append(result.winner.config)
