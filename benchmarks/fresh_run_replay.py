@@ -22,6 +22,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks.exhaustive import models_of
 from benchmarks.replay_tables import (
@@ -43,18 +44,32 @@ DRIFT = math.log(1 + P95_BETWEEN_RUNS) / (1.96 * math.sqrt(2))
 JITTER = 0.0033 / IQR_PER_SIGMA  # the median IQR / median of one set of rounds, as a sigma
 
 
+def lenders_outside(buckets: Sequence[Bucket], models: Sequence[str]
+                    ) -> list[dict[str, Any]]:
+    """Per bucket, what a fresh run of a model using its problem is lent: the exhaustive bests
+    at that bucket of the kernel's problems no such model uses (a run lends among none of its
+    own problems: tuner/model_run.py)."""
+    used = {model: problems_of([model]) for model in models}
+    bests = exhaustive_bests(buckets)
+    lent = []
+    for b in buckets:
+        own = set().union(*(keys for keys in used.values() if (b.kernel, b.static_key) in keys))
+        lent.append({key: config for key, config in bests[(b.kernel, b.bucket)].items()
+                     if (b.kernel, key) not in own})
+    return lent
+
+
 def replay_runs(buckets: Sequence[Bucket], spec: DeviceSpec, noise: RunNoise, runs: int,
                 tie_band: float, warm_start_share: int = WARM_START_SHARE,
-                lend: bool = False) -> list[tuple[str, FreshRuns]]:
-    """Each bucket's fresh runs; with `lend`, each problem is lent the other problems'
-    exhaustive bests at its bucket, as the winners stored before a run lend theirs."""
+                lenders: Sequence[dict[str, Any]] | None = None
+                ) -> list[tuple[str, FreshRuns]]:
+    """Each bucket's fresh runs, lent `lenders` (one mapping per bucket; None: nothing)."""
     ceilings = Ceilings.from_datasheet(spec)
-    lenders = exhaustive_bests(buckets) if lend else {}
     return [(b.kernel, fresh_runs(*b.kernel_and_problem(), b.times, spec, ceilings, None,
                                   noise, runs, tie_band=tie_band,
                                   warm_start_share=warm_start_share,
-                                  lenders=lenders.get((b.kernel, b.bucket))))
-            for b in buckets]
+                                  lenders=lenders[i] if lenders else None))
+            for i, b in enumerate(buckets)]
 
 
 def summary_lines(replays: Sequence[tuple[str, FreshRuns]]) -> list[str]:
@@ -89,8 +104,9 @@ def main() -> None:
                         help="1/N of the trial budget goes to the roofline's best-ranked "
                              "points (1: all of it, no TPE)")
     parser.add_argument("--lend", action="store_true",
-                        help="lend each problem the other problems' exhaustive bests at its "
-                             "bucket, as stored winners lend theirs to a tuning run")
+                        help="lend each problem the exhaustive bests at its bucket of the "
+                             "problems its models do not use, as stored winners lend theirs "
+                             "to a tuning run")
     args = parser.parse_args()
     for name in ("runs", "warm_start_share"):
         if getattr(args, name) < 1:
@@ -100,7 +116,8 @@ def main() -> None:
         if not 0 <= getattr(args, name) < 100:
             parser.error(f"--{name.replace('_', '-')} must be a percentage from 0 to below 100,"
                          f" got {getattr(args, name)}")
-    wanted = problems_of(models_of(args.models))
+    models = models_of(args.models)
+    wanted = problems_of(models)
     spec = DEVICE_SPECS[args.device]
     rows = [r for r in read_rows(args.exhaustive) if (r["kernel_name"], r["static_key"]) in wanted]
     buckets, partial = complete(buckets_of(rows), spec)
@@ -109,8 +126,9 @@ def main() -> None:
     if not buckets:
         raise SystemExit(f"{args.exhaustive}: no bucket of {args.models} measured in full")
     noise = RunNoise(args.drift_pct / 100, args.jitter_pct / 100)
+    lenders = lenders_outside(buckets, models) if args.lend else None
     replays = replay_runs(buckets, spec, noise, args.runs, args.tie_band / 100,
-                          args.warm_start_share, args.lend)
+                          args.warm_start_share, lenders)
     print("\n".join(summary_lines(replays)))
 
 

@@ -31,9 +31,9 @@ fresh run differs from the last in where its inputs sit (and so in their L2 sets
 channels) as well as in time. Pooled, the fastest's IQR spans the placements the draws
 caught, and so does the band built from it.
 
-The fixed order is the lent points first (the winners other problems of the kernel lend at
-this bucket: device/funnel.py `lent_points`, each run's alike, being read from the winners
-stored before it), then the default, then the cost model's best-ranked (the lowest predicted
+The fixed order is the lent points first (the stored winners of the kernel's problems outside
+the run at this bucket: device/funnel.py `lent_points`, alike in every run, which never
+writes them), then the default, then the cost model's best-ranked (the lowest predicted
 time, to PREDICTION_DIGITS significant digits, as the ceilings a fresh run measures move the
 predictions a little), then canonical JSON. The best-ranked points are the warm start, which
 every run tries whatever its search proposes after it, so where one of them is among the
@@ -45,9 +45,10 @@ noise flips it. Picking again among the stored finalists of four fresh H200 runs
 sit nearest the best: other problems' winners come within 3% of a bucket's best in 84% of the
 H100's preset buckets ("Replayed searches"), the default in 43%, so the order's pick is seldom
 at the band's edge; the warm start tries them in every run. Replayed over those measurements
-(`python3 -m benchmarks.fresh_run_replay ... --lend`), five runs with the other presets' bests
-lent name one winner in 76% of 132 buckets, 0.13% slower than the best at the median, against
-39% and 0.87% without them.
+(`python3 -m benchmarks.fresh_run_replay ... --lend`), five runs of each preset lent the other
+preset's bests name one winner in 76% of 132 buckets, 0.21% slower than the best at the
+median, against 39% and 0.87% without them. A run lends among none of its own problems
+(tuner/model_run.py), so its buckets' searches do not depend on each other's outcome.
 
 Which points are finalists is fixed as far as the search's times allow: the fastest few by
 (median, canonical JSON), so that equal times rank the same way in every run; the default; and

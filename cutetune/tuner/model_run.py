@@ -240,9 +240,12 @@ def plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
     """The summaries of the buckets stored already, and the buckets left to tune. A bucket
     counts as stored when its latest run took the trials asked for, or every candidate."""
     stored_summaries, pending = [], []
-    # What the winners stored before the run lend (never this run's own, which would make one
-    # bucket's search depend on another's outcome), by kernel.
-    stored_winners = [*shipped_winners(fingerprint), *winners_to_serve(db, fingerprint)]
+    # What the stored winners of problems outside the run lend, by kernel: never the run's own
+    # problems', which would make one bucket's search depend on another's outcome, and a
+    # resumed run lend what the interrupted one did not.
+    own = {(unit.kernel.name, unit.problem.static_key()) for unit in units}
+    stored_winners = [w for w in [*shipped_winners(fingerprint), *winners_to_serve(db, fingerprint)]
+                      if (w.kernel_name, w.static_key) not in own]
     lenders: dict[str, dict[int, dict[str, Any]]] = {}
     for unit in units:
         if unit.kernel.name not in lenders:

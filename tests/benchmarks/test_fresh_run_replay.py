@@ -44,9 +44,9 @@ def test_an_xz_csv_of_another_device_replays_like_the_plain_one(tmp_path, monkey
     # trials of 33-39 kept), so the runs try other points than TPE's, and agree without noise.
     assert "| all | 4 | 4 (100%) |" in run(monkeypatch, capsys, str(packed), *args,
                                           "--warm-start-share", "1")
-    # Lent the other problem's exhaustive best (the plain norm's to the fused add's and back),
-    # the runs still agree without noise.
-    assert "| all | 4 | 4 (100%) |" in run(monkeypatch, capsys, str(packed), *args, "--lend")
+    # Both norms are qwen3-8b's own problems, and a run lends among none of its own: lending
+    # changes nothing.
+    assert run(monkeypatch, capsys, str(packed), *args, "--lend") == out
 
 
 def test_a_csv_without_the_models_buckets_is_refused(tmp_path, monkeypatch, capsys):

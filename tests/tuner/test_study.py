@@ -115,15 +115,16 @@ def test_a_run_is_lent_the_winners_stored_and_shipped_before_it(tmp_path, monkey
     stored, shipped = (dataclasses.replace(static, q_heads=h) for h in (24, 64))
     small = qk.QKNormConfig(vector_bits=128, heads_per_warp=2, warps_per_block=1)
     large = qk.QKNormConfig(vector_bits=128, heads_per_warp=4, warps_per_block=8)
-    monkeypatch.setattr(model_run, "winners_to_serve",
-                        lambda db, here: [winner(qk.KERNEL, stored, 8, small)])
+    also_tuned = dataclasses.replace(static, q_heads=40)  # a problem of the run: lends nothing
+    monkeypatch.setattr(model_run, "winners_to_serve", lambda db, here: [
+        winner(qk.KERNEL, stored, 8, small), winner(qk.KERNEL, also_tuned, 8, small)])
     monkeypatch.setattr(model_run, "shipped_winners",
                         lambda here: [winner(qk.KERNEL, shipped, 8, large)])
     db = Database.open(f"sqlite:///{tmp_path / 'results.db'}")
-    _, pending = model_run.plan_run([model_run.Unit(qk.KERNEL, static)], [8, 64], db,
-                                    FINGERPRINT, SPEC, CEILINGS, None,
+    units = [model_run.Unit(qk.KERNEL, p) for p in (static, also_tuned)]
+    _, pending = model_run.plan_run(units, [8, 64], db, FINGERPRINT, SPEC, CEILINGS, None,
                                     model_run.RunOptions(budget=16))
-    assert [b.planned.lent for b in pending] == [(small, large), ()]
+    assert [b.planned.lent for b in pending] == [(small, large), (), (small, large), ()]
 
 
 def test_every_point_failing_names_no_winner():
