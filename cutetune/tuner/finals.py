@@ -2,10 +2,11 @@
 
 The finalists are re-measured side by side in interleaved rounds. Those whose re-measured
 median is within the tie band of the fastest's are tied, and a fixed order picks among them
-(the heuristic default first; the rest below). Without the band, fresh runs on one H200 named
-the same winner in only 6 of 10 buckets, the others flipping between points 0.2-1.5% apart: the
-minimum of noisy times names whichever near-tie read fastest that minute. With it, the winner
-changes only where a point is faster by more than the noise.
+(the points other problems' stored winners lend first, then the heuristic default; below).
+Without the band, fresh runs on one H200 named the same winner in only 6 of 10 buckets, the
+others flipping between points 0.2-1.5% apart: the minimum of noisy times names whichever
+near-tie read fastest that minute. With it, the winner changes only where a point is faster by
+more than the noise.
 
 The band is `max(floor, IQR / median)` of the fastest finalist's re-measurement (floor 3% by
 default, `cutetune tune --tie-band`):
