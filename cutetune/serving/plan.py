@@ -92,12 +92,12 @@ class ServingPlan:
         self._lenders: dict[str, dict[int, dict[str, Any]]] = {}
 
     def entries(self, kernel: KernelDef, problem: Problem,
-                predicted: bool = True) -> tuple[BucketEntry, ...]:
+                at_warmup: bool = True) -> tuple[BucketEntry, ...]:
         """What serves each bucket of BUCKETS for `problem`'s static part; without
-        `predicted`, the heuristic default stands in for borrowed points and the calibrated
+        `at_warmup`, the heuristic default stands in for borrowed points and the calibrated
         model's picks (a miss on the call path: looking beyond its own winners would cost the
         call)."""
-        key = (kernel.name, problem.static_key(), predicted)
+        key = (kernel.name, problem.static_key(), at_warmup)
         if key not in self._planned:
             self._planned[key] = self._plan(kernel, problem.with_tokens(1), key[2])
         return self._planned[key]
@@ -137,7 +137,7 @@ class ServingPlan:
         return configs
 
     def _plan(self, kernel: KernelDef, problem: Problem,
-              predicted: bool) -> tuple[BucketEntry, ...]:
+              at_warmup: bool) -> tuple[BucketEntry, ...]:
         rejected: list[RejectedWinner] = []
         yours = self._current(self.winners, TUNED, kernel, problem, rejected)
         shipped = self._current(self.shipped, SHIPPED, kernel, problem, rejected)
@@ -156,10 +156,10 @@ class ServingPlan:
             if near is not None and kernel.space.first_violation(
                     at_bucket, tuned[near], self.spec) is None:
                 entries.append(BucketEntry(bucket, tuned[near], NEAREST, near))
-            elif predicted and (lent := borrowed_pick(kernel, at_bucket, self.spec,
+            elif at_warmup and (lent := borrowed_pick(kernel, at_bucket, self.spec,
                                                       self._lenders_of(kernel).get(bucket, {}))):
                 entries.append(BucketEntry(bucket, lent[1], BORROWED, None, lent[0]))
-            elif predicted and self._picks is not None:
+            elif at_warmup and self._picks is not None:
                 picks = picks or self._picks.for_problem(kernel, problem)
                 entries.append(BucketEntry(bucket, picks[index], PREDICTED, None))
             else:

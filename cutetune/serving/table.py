@@ -122,7 +122,7 @@ class Dispatcher:
 
     def _table(self, kernel: KernelDef, problem: Problem, warmed_up: bool) -> ProblemTable:
         return ProblemTable(kernel.name, problem.with_tokens(1),
-                            self.plan.entries(kernel, problem, predicted=warmed_up), warmed_up)
+                            self.plan.entries(kernel, problem, at_warmup=warmed_up), warmed_up)
 
     def compiled(self, kernel: KernelDef, problem: Problem, config: Any):
         """The compiled kernel of one point, made ready once per process and dispatcher: loaded

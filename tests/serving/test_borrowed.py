@@ -28,9 +28,9 @@ def qwen3_8b() -> qk.QKNormProblem:
     return problem
 
 
-def served(plan: ServingPlan, problem, predicted: bool = True) -> dict[int, tuple]:
+def served(plan: ServingPlan, problem, at_warmup: bool = True) -> dict[int, tuple]:
     return {e.bucket: (e.source, e.config, e.lender)
-            for e in plan.entries(KERNEL, problem, predicted=predicted)}
+            for e in plan.entries(KERNEL, problem, at_warmup=at_warmup)}
 
 
 def test_the_nearest_problem_in_bytes_lends_its_winner_at_each_bucket(qwen3_8b):
@@ -44,7 +44,7 @@ def test_the_nearest_problem_in_bytes_lends_its_winner_at_each_bucket(qwen3_8b):
     assert entries[64] == (BORROWED, SMALL, more.static_key())
     assert {entries[b][0] for b in BUCKETS if b not in (8, 64)} == {DEFAULT}
     # A miss on the call path reads no other problem's winners.
-    assert {source for source, _, _ in served(plan, qwen3_8b, predicted=False).values()} == {
+    assert {source for source, _, _ in served(plan, qwen3_8b, at_warmup=False).values()} == {
         DEFAULT}
 
 
