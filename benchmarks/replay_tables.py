@@ -145,14 +145,21 @@ def summary_rows(cost_model: str, scope: str, replays: Sequence[tuple[str, Bucke
     return rows
 
 
+def fit_presets(rows: Sequence[dict], spec: DeviceSpec) -> CalibratedModel:
+    """The calibration of `spec`'s GPU fitted on the presets' rows of an exhaustive CSV."""
+    presets = problems_of(PRESET_NAMES)
+    return fit(samples_of(({**r, "bucket": int(r["bucket"]),
+                            "median_us": float(r["median_us"]) if r["status"] == "ok" else None}
+                           for r in rows if (r["kernel_name"], r["static_key"]) in presets),
+                          spec), spec, f"NVIDIA {spec.name}")
+
+
 def tables(exhaustive: Path, spec: DeviceSpec = DEVICE_SPECS["H200"]) -> list[dict]:
     """The summary rows of measurements made on `spec`'s GPU."""
     rows = read_rows(exhaustive)
     presets = problems_of(PRESET_NAMES)
     fitted = [r for r in rows if (r["kernel_name"], r["static_key"]) in presets]
-    calibrated = fit(samples_of(({**r, "bucket": int(r["bucket"]),
-                                  "median_us": float(r["median_us"]) if r["status"] == "ok"
-                                  else None} for r in fitted), spec), spec, f"NVIDIA {spec.name}")
+    calibrated = fit_presets(rows, spec)
     known, known_partial = complete(buckets_of(fitted), spec)
     held_out, held_out_partial = complete(
         buckets_of(r for r in rows if (r["kernel_name"], r["static_key"]) not in presets), spec)
