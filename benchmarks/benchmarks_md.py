@@ -452,7 +452,9 @@ def replay_section(rows: pd.DataFrame, index: pd.DataFrame) -> str:
         "buckets): the winner another problem of the kernel lends at that bucket (its "
         "exhaustive best; a preset problem borrows from the other presets' only), else the "
         "cost model's own pick (the last column). The calibration is fitted on the presets' "
-        "measurements only; figures past a target in bold.", rows, replay_lines)
+        "measurements only, and in the rows 'own problem not fitted' on the other preset "
+        "problems' only, as a problem never tuned is planned; figures past a target in bold.",
+        rows, replay_lines)
 
 
 # Each section is written from its kind's rows of the index; it gets the whole index too (the

@@ -65,13 +65,15 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
                        f"{point.terms.barrier_us:.2f}",
                        f"{point.terms.memory_us:.2f} ({point.terms.bytes_moved / 1e6:.3g} MB, "
                        f"{100 * point.terms.efficiency:.0f}%)",
+                       f"x{point.terms.knob_factor:.2f}",
                        config_to_json(point.config)
                        + ("  (default)" if point.config == default else ""))
                       for rank, point in enumerate(result.kept[:top], 1)]
             click.echo(render_table(
                 ("rank", "predicted us", "launch", "waves (n)", "barrier",
-                 "memory (bytes, efficiency)", "config"), ranked,
-                right={"rank", "predicted us", "launch", "waves (n)", "barrier"}, indent="  "))
+                 "memory (bytes, efficiency)", "knobs", "config"), ranked,
+                right={"rank", "predicted us", "launch", "waves (n)", "barrier", "knobs"},
+                indent="  "))
             click.echo(f"  default: {config_to_json(default)}")
 
 

@@ -12,21 +12,23 @@ kernel's Cost declares:
              law) its resident threads keep in flight (roofline.occupancy)
 
 FLOPs count as the bytes the datasheet would move in the time the fp32 peak computes them, so a
-compute-bound point is priced by the same fitted bandwidth. Importing this module costs nothing
-beyond the roofline: a warmup reads a stored model and predicts with it.
+compute-bound point is priced by the same fitted bandwidth. The sum is then multiplied by the
+point's knob factor (knob_effects.py), where its kernel has them at its bucket. Importing this
+module costs nothing beyond the roofline: a warmup reads a stored model and predicts with it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
+from cutetune.device.knob_effects import KnobEffects, KnobPoint
 from cutetune.device.roofline import Prediction, occupancy
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.cost import Cost
 
 # The model's form: a stored calibration of another form is not read as this one.
-FORM = "waves-v1"
+FORM = "waves-knobs-v1"
 MB = 1e6
 
 
@@ -41,15 +43,19 @@ class Terms:
     bytes_moved: int
     waves: int
     efficiency: float
+    knob_factor: float = 1.0
 
     @property
     def total_us(self) -> float:
-        return self.launch_us + self.waves_us + self.barrier_us + self.memory_us
+        return (self.launch_us + self.waves_us + self.barrier_us + self.memory_us) \
+            * self.knob_factor
 
     def describe(self) -> str:
+        knobs = f", x{self.knob_factor:.2f} for its knobs" if self.knob_factor != 1.0 else ""
         return (f"launch {self.launch_us:.2f} + waves {self.waves_us:.2f} ({self.waves}) + "
                 f"barrier {self.barrier_us:.2f} + memory {self.memory_us:.2f} "
-                f"({self.bytes_moved / MB:.3g} MB at {100 * self.efficiency:.0f}% efficiency)")
+                f"({self.bytes_moved / MB:.3g} MB at {100 * self.efficiency:.0f}% efficiency)"
+                f"{knobs}")
 
 
 def datasheet_terms(cost: Cost, prediction: Prediction, ceilings: Ceilings) -> Terms:
@@ -90,7 +96,8 @@ class CalibratedModel:
     `median_error` the median of |predicted / measured - 1| over them (`datasheet_error` the
     datasheet roofline's), `over_2x` the share more than 2x off either way. `prune_factor`:
     how much slower than the best prediction a point may be predicted and still be measured
-    (the spread of measured / predicted within a bucket, from the fit)."""
+    (the spread of measured / predicted within a bucket, from the fit), for a kernel without
+    knob factors; `knobs`: the knob factors and the prune factor of each kernel that has them."""
 
     gpu_name: str
     launch_us: float
@@ -103,20 +110,27 @@ class CalibratedModel:
     median_error: float
     datasheet_error: float
     over_2x: float
+    knobs: KnobEffects = KnobEffects()
     form: str = FORM
 
     @property
     def bandwidth_gbps(self) -> float:
         return 1e3 / self.us_per_mb if self.us_per_mb else float("inf")
 
-    def terms(self, cost: Cost, spec: DeviceSpec) -> Terms:
+    def terms(self, cost: Cost, spec: DeviceSpec, point: KnobPoint | None = None) -> Terms:
+        """The terms of `cost`, multiplied by the knob factor of `point` (kernel, bucket,
+        config) where given."""
         f = features(cost, spec, self.in_flight_bytes)
         return Terms(f.launches * self.launch_us, f.waves * self.wave_us,
                      f.grid_barriers * self.barrier_us, f.effective_mb * self.us_per_mb,
-                     cost.bytes_moved, f.waves, f.efficiency)
+                     cost.bytes_moved, f.waves, f.efficiency,
+                     self.knobs.factor(*point) if point else 1.0)
 
-    def predict_us(self, cost: Cost, spec: DeviceSpec) -> float:
-        return self.terms(cost, spec).total_us
+    def predict_us(self, cost: Cost, spec: DeviceSpec, point: KnobPoint | None = None) -> float:
+        return self.terms(cost, spec, point).total_us
+
+    def prune_factor_of(self, kernel: str) -> float:
+        return self.knobs.prune_factors.get(kernel, self.prune_factor)
 
     def describe(self) -> str:
         return (f"launch {self.launch_us:.2f} us, wave {self.wave_us:.3f} us, grid barrier "
@@ -124,10 +138,12 @@ class CalibratedModel:
                 f"{self.in_flight_bytes / 1024:.0f} KiB in flight per SM; prune over "
                 f"{self.prune_factor:.2f}x the best; fitted on {self.trials} trials: median "
                 f"error {100 * self.median_error:.1f}% (datasheet "
-                f"{100 * self.datasheet_error:.1f}%), {100 * self.over_2x:.1f}% over 2x off")
+                f"{100 * self.datasheet_error:.1f}%), {100 * self.over_2x:.1f}% over 2x off; "
+                f"{self.knobs.describe()}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return json.dumps({**values, "knobs": self.knobs.to_dict()}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> CalibratedModel:
@@ -139,7 +155,7 @@ class CalibratedModel:
         if set(values) != names:
             raise ValueError(f"a calibration of form {FORM} has the fields {sorted(names)}, "
                              f"got {sorted(values)}")
-        return cls(**values)
+        return cls(**{**values, "knobs": KnobEffects.from_dict(values["knobs"])})
 
 
 def read_stored(text: str | None) -> CalibratedModel | None:

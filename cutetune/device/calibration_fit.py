@@ -1,4 +1,5 @@
-"""Fitting the calibrated cost model (calibrated.py) to one device's verified trials.
+"""Fitting the calibrated cost model (calibrated.py) to one device's verified trials: its terms'
+constants here, then the knob factors over what they leave (knob_fit.py).
 
 The model is linear in its four time constants once the bytes in flight an SM needs is fixed,
 so that one is searched over a grid of powers of two and, at each, the four are the
@@ -11,12 +12,19 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from cutetune.device.calibrated import CalibratedModel, features
+from cutetune.device.knob_fit import (
+    PRUNE_FACTOR_FLOOR,
+    PRUNE_QUANTILE,
+    KnobSample,
+    fit_knob_effects,
+)
 from cutetune.device.roofline import predict
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.cost import Cost
@@ -24,20 +32,24 @@ from cutetune.kernels.cost import Cost
 # Fewer verified trials than this cannot pin four constants and the spread the pruning needs.
 MIN_TRIALS = 40
 IN_FLIGHT_GRID = tuple(2**k for k in range(11, 19))  # 2 KiB to 256 KiB per SM
-# The pruning keeps, in this share of the fitted buckets, the point measured fastest there;
-# and never prunes within PRUNE_FACTOR_FLOOR of the best prediction.
-PRUNE_QUANTILE = 0.95
-PRUNE_FACTOR_FLOOR = 1.1
+
+
+class TunedBucket(NamedTuple):
+    kernel: str
+    problem: str  # its static key
+    tokens: int
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One verified trial: what its point declares, the time measured, and the bucket it was
-    measured in (kernel, problem, bucket), within which its spread is judged."""
+    """One verified trial: what its point declares, the time measured, the bucket it was
+    measured in, within which its spread is judged, and its knobs ("name=value", what the knob
+    factors are fitted to; none: the trial fits the terms alone)."""
 
     cost: Cost
     measured_us: float
-    bucket: Hashable
+    bucket: TunedBucket
+    knobs: tuple[str, ...] = ()
 
 
 class TooFewTrials(ValueError):
@@ -63,6 +75,10 @@ def fit(samples: Sequence[Sample], spec: DeviceSpec, gpu_name: str,
         if best is None or residual < best[0]:
             best = (residual, in_flight, constants, rows @ constants)
     _, in_flight, constants, predicted = best
+    knobs = fit_knob_effects([
+        KnobSample(s.bucket.kernel, s.bucket.problem, s.bucket.tokens, s.knobs, float(p),
+                   s.measured_us)
+        for s, p in zip(samples, predicted, strict=True) if s.knobs and p > 0])
     ceilings = Ceilings.from_datasheet(spec)
     datasheet = np.array([predict(s.cost, spec, ceilings).predicted_us for s in samples])
     ratio = predicted / measured
@@ -73,7 +89,7 @@ def fit(samples: Sequence[Sample], spec: DeviceSpec, gpu_name: str,
         prune_factor=prune_factor(samples, predicted),
         trials=len(samples), median_error=float(np.median(np.abs(ratio - 1))),
         datasheet_error=float(np.median(np.abs(datasheet / measured - 1))),
-        over_2x=float(np.mean((ratio > 2) | (ratio < 0.5))))
+        over_2x=float(np.mean((ratio > 2) | (ratio < 0.5))), knobs=knobs)
 
 
 def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
@@ -99,7 +115,7 @@ def prune_factor(samples: Sequence[Sample], predicted: np.ndarray) -> float:
     """The least factor over the best prediction of a bucket that still keeps the point
     measured fastest there, in PRUNE_QUANTILE of the buckets with more than one trial (never
     below PRUNE_FACTOR_FLOOR; infinite, pruning nothing, without such a bucket)."""
-    by_bucket: dict[Hashable, list[tuple[float, float]]] = {}
+    by_bucket: dict[TunedBucket, list[tuple[float, float]]] = {}
     for sample, prediction in zip(samples, predicted, strict=True):
         by_bucket.setdefault(sample.bucket, []).append((sample.measured_us, float(prediction)))
     # min(points) is the point measured fastest: (measured, predicted) sort by measured.

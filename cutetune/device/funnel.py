@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cutetune.device.calibrated import CalibratedModel, Terms, datasheet_terms
+from cutetune.device.knob_effects import KnobPoint
 from cutetune.device.roofline import Prediction, predict
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.cost import Cost
@@ -40,6 +41,7 @@ class RankedPoint:
 
 @dataclass(frozen=True)
 class Plan:
+    kernel: str
     problem: Problem
     declared: int
     rejected_by: dict[str, int]
@@ -58,7 +60,7 @@ class Plan:
                       f"{PRUNE_FACTOR:g}x and {PRUNE_MARGIN_US:g} us beyond the best")
         else:
             pruned = (f"pruned {len(self.pruned)} by the calibrated model: predicted over "
-                      f"{self.calibrated.prune_factor:.2f}x the best")
+                      f"{self.calibrated.prune_factor_of(self.kernel):.2f}x the best")
         return (f"declared {self.declared} -> valid {self.valid} (rejected {rejected}) -> "
                 f"kept {len(self.kept)} ({pruned})")
 
@@ -70,26 +72,27 @@ def make_plan(kernel: KernelDef, problem: Problem, spec: DeviceSpec, ceilings: C
     spread its fit measured, else by the datasheet roofline and its wide margins."""
     enumeration = kernel.space.enumerate(problem, spec)
     enumeration.raise_if_empty(f"{kernel.name} {problem.describe()}")
-    ranked = sorted((ranked_point(c, kernel.cost(problem, c, spec), spec, ceilings, calibrated)
+    ranked = sorted((ranked_point(c, kernel.cost(problem, c, spec), spec, ceilings, calibrated,
+                                  (kernel.name, problem.num_tokens, c))
                      for c in enumeration.valid),
                     key=lambda p: p.prediction.predicted_us)
     best = ranked[0].prediction.predicted_us
     if calibrated is None:
         limit = max(best * PRUNE_FACTOR, best + PRUNE_MARGIN_US)
     else:
-        limit = best * calibrated.prune_factor
+        limit = best * calibrated.prune_factor_of(kernel.name)
     kept = tuple(p for p in ranked if p.prediction.predicted_us <= limit)
     pruned = tuple(p for p in ranked if p.prediction.predicted_us > limit)
-    return Plan(problem, enumeration.declared, enumeration.rejections_by_constraint(),
+    return Plan(kernel.name, problem, enumeration.declared, enumeration.rejections_by_constraint(),
                 kept, pruned, calibrated)
 
 
 def ranked_point(config: Any, cost: Cost, spec: DeviceSpec, ceilings: Ceilings,
-                 calibrated: CalibratedModel | None) -> RankedPoint:
+                 calibrated: CalibratedModel | None, point: KnobPoint) -> RankedPoint:
     prediction = predict(cost, spec, ceilings)
     if calibrated is None:
         return RankedPoint(config, cost, prediction, datasheet_terms(cost, prediction, ceilings))
-    terms = calibrated.terms(cost, spec)
+    terms = calibrated.terms(cost, spec, point)
     return RankedPoint(config, cost, replace(prediction, predicted_us=terms.total_us), terms)
 
 
@@ -103,11 +106,12 @@ def predicted_best(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
     49% of buckets, the heuristic's in 56%, and this rule's in 56% with a smaller mean gap)."""
     enumeration = kernel.space.enumerate(problem, spec)
     enumeration.raise_if_empty(f"{kernel.name} {problem.describe()}")
-    predicted = {c: calibrated.predict_us(kernel.cost(problem, c, spec), spec)
+    predicted = {c: calibrated.predict_us(kernel.cost(problem, c, spec), spec,
+                                          (kernel.name, problem.num_tokens, c))
                  for c in enumeration.valid}
     best = min(predicted, key=predicted.get)
     # Rounding apart, a tie is within any band.
-    band = predicted[best] * max(calibrated.prune_factor, 1.0) * (1 + 1e-9)
+    band = predicted[best] * max(calibrated.prune_factor_of(kernel.name), 1.0) * (1 + 1e-9)
     return default if predicted.get(default, math.inf) <= band else best
 
 

@@ -312,7 +312,8 @@ def _with_calibrated(trials: pd.DataFrame, problems: tuple[ModelProblem, ...], s
         except (TypeError, ValueError):
             return float("nan")
         problem = entry.problem.with_tokens(int(row.bucket))
-        return calibrated.predict_us(entry.kernel.cost(problem, config, spec), spec)
+        return calibrated.predict_us(entry.kernel.cost(problem, config, spec), spec,
+                                     (entry.kernel.name, problem.num_tokens, config))
 
     return trials.assign(calibrated_us=[predicted(row) for row in trials.itertuples()])
 

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.calibration_fit import MIN_TRIALS, Sample, TooFewTrials, fit
+from cutetune.device.calibration_fit import MIN_TRIALS, Sample, TooFewTrials, TunedBucket, fit
+from cutetune.device.knob_effects import knob_names
 from cutetune.device.specs import DeviceSpec, device_spec_for
 from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.results_db import (
@@ -43,7 +44,8 @@ def samples_of(rows: Iterable[dict], spec: DeviceSpec) -> list[Sample]:
             continue
         samples.append(Sample(point.kernel.cost(point.problem, point.config, spec),
                               row["median_us"],
-                              (row["kernel_name"], row["static_key"], row["bucket"])))
+                              TunedBucket(row["kernel_name"], row["static_key"], row["bucket"]),
+                              knob_names(point.config)))
     return samples
 
 

@@ -43,11 +43,19 @@ def test_work_lists_each_problem_once_and_done_keys_read_back(exhaustive):
 def test_tables_recover_the_known_model_and_score_it(exhaustive, tmp_path, monkeypatch):
     # Exact times: no band is needed, and without one the top pick is the best prediction.
     monkeypatch.setattr("cutetune.device.calibration_fit.PRUNE_FACTOR_FLOOR", 1.0)
+    monkeypatch.setattr("cutetune.device.knob_fit.PRUNE_FACTOR_FLOOR", 1.0)
     rows = {(r["cost_model"], r["scope"], r["kernel"]): r for r in tables(exhaustive)}
+    left_out = "presets, own problem not fitted"
     assert set(rows) == {(m, s, k) for m, s in (("datasheet", "presets"),
                                                 ("calibrated", "presets"),
+                                                ("calibrated", left_out),
                                                 ("calibrated", "held-out"))
                          for k in ("all", "rmsnorm")}
+    # Fitted without its own trials, each problem is still planned by the exact model.
+    assert rows[("calibrated", left_out, "all")]["buckets"] == 3 * 2 * 2
+    assert rows[("calibrated", left_out, "all")]["max_regret_pct"] == pytest.approx(0.0,
+                                                                                   abs=1e-6)
+    assert rows[("calibrated", left_out, "all")]["model_pick_within_3pct_share"] == 1.0
     calibrated = rows[("calibrated", "presets", "all")]
     # Three presets, each with a plain and a fused-add norm, at two buckets.
     assert calibrated["buckets"] == 3 * 2 * 2

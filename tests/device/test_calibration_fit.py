@@ -23,6 +23,7 @@ from cutetune.device.calibration_fit import (
     MIN_TRIALS,
     Sample,
     TooFewTrials,
+    TunedBucket,
     fit,
     nonnegative_least_squares,
     prune_factor,
@@ -59,8 +60,8 @@ def synthetic_costs(count: int, seed: int = 0) -> list[Cost]:
 def samples_from(model: CalibratedModel, costs: list[Cost], noise: float = 0.0,
                  seed: int = 1) -> list[Sample]:
     rng = random.Random(seed)
-    return [Sample(c, model.predict_us(c, H200) * (1 + rng.uniform(-noise, noise)), i % 7)
-            for i, c in enumerate(costs)]
+    return [Sample(c, model.predict_us(c, H200) * (1 + rng.uniform(-noise, noise)),
+                   TunedBucket("rmsnorm", "p", i % 7)) for i, c in enumerate(costs)]
 
 
 def test_the_prediction_is_the_sum_of_its_named_terms():
@@ -134,8 +135,9 @@ def test_nonnegative_least_squares_clamps_what_plain_least_squares_drives_negati
 def test_prune_factor_keeps_each_buckets_fastest_point_in_the_quantile():
     # Bucket a: the fastest measured point is predicted 1.5x the best prediction; bucket b:
     # the best prediction is also the fastest; the 95% quantile of (1.5, 1.0) is 1.475.
-    samples = [Sample(None, 10.0, "a"), Sample(None, 8.0, "a"),
-               Sample(None, 5.0, "b"), Sample(None, 6.0, "b")]
+    a, b = TunedBucket("rmsnorm", "p", 8), TunedBucket("rmsnorm", "p", 64)
+    samples = [Sample(None, 10.0, a), Sample(None, 8.0, a),
+               Sample(None, 5.0, b), Sample(None, 6.0, b)]
     assert prune_factor(samples, np.array([2.0, 3.0, 1.0, 2.0])) == pytest.approx(1.475)
     assert prune_factor(samples[:1], np.array([1.0])) == math.inf
     # Never within 10% of the best: measurement noise alone moves a point that much.

@@ -42,6 +42,22 @@ def test_calibrate_fits_stores_and_both_readers_read_it_back(url):
     db.dispose()
 
 
+def test_calibrate_fits_knob_factors_for_a_kernel_tuned_for_two_problems(url):
+    db = Database.open(url)
+    store_known_trials(db, FINGERPRINT, (1, 4096))
+    store_known_trials(db, FINGERPRINT, (1, 4096), model="qwen3-0.6b")
+    result = CliRunner().invoke(cli, ["--db", url, "calibrate"])
+    assert result.exit_code == 0, result.output
+    assert "knob factors, cross-validated prune: rmsnorm 1.10x" in result.output
+    stored = calibration_to_serve(db, FINGERPRINT)
+    # The trials follow the terms exactly: the knobs' factors are 1 and prune at the floor.
+    assert set(stored.knobs.log_factors["rmsnorm"]) == {1, 4096}
+    assert all(abs(f) < 1e-9 for by_knob in stored.knobs.log_factors["rmsnorm"].values()
+               for f in by_knob.values())
+    assert calibration_to_serve_at(url, FINGERPRINT) == stored
+    db.dispose()
+
+
 def test_too_few_trials_is_one_line_and_stores_nothing(url):
     db = Database.open(url)
     store_known_trials(db, FINGERPRINT, (64,), per_bucket=3)
@@ -88,7 +104,7 @@ def test_plan_ranks_with_a_stored_calibration_and_prints_each_points_terms(url):
     assert "by the calibrated model: predicted over" in out
     assert "the datasheet roofline alone would keep" in out
     assert ["rank", "predicted", "us", "launch", "waves", "(n)", "barrier", "memory", "(bytes,",
-            "efficiency)", "config"] in [line.split() for line in out.splitlines()]
+            "efficiency)", "knobs", "config"] in [line.split() for line in out.splitlines()]
     # The first ranked point's terms add up to its predicted time.
     first = next(line for line in out.splitlines() if line.strip().startswith("1."))
     predicted, launch, waves, _, barrier, memory = first.split()[1:7]
