@@ -8,7 +8,7 @@ store) of the kernel at the bucket, a preset problem the other presets' only. A 
 without a row for every valid point (the measurements span device calls, so each call may stop
 in one) is left out of the replays, and the count is printed.
 
-    python3 -m benchmarks.replay_tables EXHAUSTIVE.csv[.xz] [--device H200]
+    python3 -m benchmarks.replay_tables EXHAUSTIVE.csv[.xz] [MORE.csv[.xz] ...] [--device H200]
         --out benchmarks/results/replay-COMMIT.csv
 
 --device names the GPU the measurements were made on (its datasheet spec plans the searches);
@@ -170,9 +170,12 @@ def replay_left_out(rows: Sequence[dict], buckets: Sequence[Bucket], spec: Devic
     return replays
 
 
-def tables(exhaustive: Path, spec: DeviceSpec = DEVICE_SPECS["H200"]) -> list[dict]:
-    """The summary rows of measurements made on `spec`'s GPU."""
-    rows = read_rows(exhaustive)
+def tables(exhaustive: Path | Sequence[Path], spec: DeviceSpec = DEVICE_SPECS["H200"]
+           ) -> list[dict]:
+    """The summary rows of measurements made on `spec`'s GPU, in one CSV or several (each
+    device call's own, say)."""
+    paths = [exhaustive] if isinstance(exhaustive, Path) else exhaustive
+    rows = [row for path in paths for row in read_rows(path)]
     presets = problems_of(PRESET_NAMES)
     fitted = [r for r in rows if (r["kernel_name"], r["static_key"]) in presets]
     calibrated = fit_presets(rows, spec)
@@ -227,7 +230,7 @@ def markdown_lines(path: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("exhaustive", type=Path)
+    parser.add_argument("exhaustive", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="H200", choices=sorted(DEVICE_SPECS),
                         help="the GPU the measurements were made on")

@@ -100,3 +100,10 @@ def test_a_bucket_measured_in_part_is_left_out_and_counted(exhaustive, tmp_path,
     assert by_scope[("calibrated", "held-out")] == 2 * 2
     assert ("left out, not every valid point measured: 1 preset buckets, 0 held-out buckets"
             in capsys.readouterr().out)
+
+
+def test_tables_read_the_measurements_of_several_calls_as_one(exhaustive, tmp_path):
+    presets = write_known_exhaustive(tmp_path / "presets.csv", MODELS[:3], ["rmsnorm"], (8, 4096))
+    held_out = write_known_exhaustive(tmp_path / "held-out.csv", MODELS[3:], ["rmsnorm"],
+                                      (8, 4096))
+    assert tables([presets, held_out]) == tables(exhaustive)
