@@ -136,8 +136,8 @@ class CalibratedModel:
         return (f"launch {self.launch_us:.2f} us, wave {self.wave_us:.3f} us, grid barrier "
                 f"{self.barrier_us:.2f} us, bandwidth {self.bandwidth_gbps:.0f} GB/s, "
                 f"{self.in_flight_bytes / 1024:.0f} KiB in flight per SM; prune over "
-                f"{self.prune_factor:.2f}x the best (a kernel without knob factors); fitted on {self.trials} trials: median "
-                f"error {100 * self.median_error:.1f}% (datasheet "
+                f"{self.prune_factor:.2f}x the best (a kernel without knob factors); fitted "
+                f"on {self.trials} trials: median error {100 * self.median_error:.1f}% (datasheet "
                 f"{100 * self.datasheet_error:.1f}%), {100 * self.over_2x:.1f}% over 2x off; "
                 f"{self.knobs.describe()}")
 
