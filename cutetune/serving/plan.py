@@ -3,7 +3,8 @@
 Per bucket: the winner tuned there (the user's database first, then the winners shipped with
 the package), else the nearest such bucket's winner where it is a valid point at this bucket,
 else a winner of another problem of the kernel at this bucket (borrowed: of the problems whose
-winner is a valid point here, the one nearest in bytes moved), else the device's calibrated
+winner is a valid point here, the one the calibrated model predicts fastest here, or without a
+calibration the one nearest in bytes moved), else the device's calibrated
 cost model's pick (device/funnel.py `predicted_best`: where `cutetune calibrate` fitted one),
 else the seed heuristic's default. Borrowed and predicted points serve problems planned at
 warmup only: a miss on the call path costs no more than reading its own winners.
@@ -156,8 +157,9 @@ class ServingPlan:
             if near is not None and kernel.space.first_violation(
                     at_bucket, tuned[near], self.spec) is None:
                 entries.append(BucketEntry(bucket, tuned[near], NEAREST, near))
-            elif at_warmup and (lent := borrowed_pick(kernel, at_bucket, self.spec,
-                                                      self._lenders_of(kernel).get(bucket, {}))):
+            elif at_warmup and (lent := borrowed_pick(
+                    kernel, at_bucket, self.spec, self._lenders_of(kernel).get(bucket, {}),
+                    self.calibrated)):
                 entries.append(BucketEntry(bucket, lent[1], BORROWED, None, lent[0]))
             elif at_warmup and self._picks is not None:
                 picks = picks or self._picks.for_problem(kernel, problem)

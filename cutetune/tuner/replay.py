@@ -212,7 +212,7 @@ def replay_bucket(kernel: KernelDef, problem: Problem, times: Mapping[Any, float
         pick = predicted_best(kernel, problem, spec, calibrated, default)
     else:
         pick = plan.kept[0].config
-    lent = borrowed_pick(kernel, problem, spec, lenders or {})
+    lent = borrowed_pick(kernel, problem, spec, lenders or {}, calibrated)
     return BucketReplay(
         valid=len(valid), kept=len(plan.kept), best_us=best,
         best_kept_us=min((ok[c] for c in kept if c in ok), default=float("inf")),

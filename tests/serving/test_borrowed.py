@@ -1,19 +1,23 @@
 """Untuned problems served a winner borrowed from another problem of the kernel at the same
 bucket (serving/plan.py, device/funnel.py `borrowed_pick`): the nearest problem in bytes moved
-whose winner is valid there lends it; planned at warmup only; stale, rejected and invalid
+whose winner is valid there lends it, or with a calibration the one whose point it predicts
+fastest; planned at warmup only; stale, rejected and invalid
 winners lend nothing; the user's winner of a problem over the shipped one."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
+from cutetune.device.knob_effects import KnobEffects
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import qk_norm as qk
 from cutetune.serving.plan import BORROWED, DEFAULT, ServingPlan
 from cutetune.spaces.buckets import BUCKETS
 from cutetune.spaces.models import load_model
+from testkit.known_cost_model import KNOWN
 from testkit.stored_winners import winner
 
 SPEC = DEVICE_SPECS["H200"]
@@ -66,3 +70,16 @@ def test_stale_winners_lend_nothing_and_the_users_winner_lends_over_the_shipped(
     both = ServingPlan(SPEC, [winner(KERNEL, other, 8, SMALL)],
                        shipped=[winner(KERNEL, other, 8, LARGE)])
     assert served(both, qwen3_8b)[8] == (BORROWED, SMALL, other.static_key())
+
+
+def test_a_calibration_borrows_the_lent_point_it_predicts_fastest_here(qwen3_8b):
+    near = dataclasses.replace(qwen3_8b, q_heads=24)
+    far = dataclasses.replace(qwen3_8b, q_heads=64)
+    lenders = [winner(KERNEL, near, 8, SMALL), winner(KERNEL, far, 8, LARGE)]
+    # The terms alone rank SMALL first here: the nearest lender's point stays.
+    plain = ServingPlan(SPEC, lenders, calibrated=KNOWN)
+    assert served(plain, qwen3_8b)[8] == (BORROWED, SMALL, near.static_key())
+    # Knob factors that make four heads per warp ten times faster pick the farther one's.
+    knobs = KnobEffects({KERNEL.name: {8: {"heads_per_warp=4": math.log(0.1)}}}, {})
+    fitted = ServingPlan(SPEC, lenders, calibrated=dataclasses.replace(KNOWN, knobs=knobs))
+    assert served(fitted, qwen3_8b)[8] == (BORROWED, LARGE, far.static_key())
