@@ -33,6 +33,7 @@ from benchmarks.replay_tables import (
     problems_of,
     read_rows,
 )
+from cutetune.device.funnel import Lender
 from cutetune.device.specs import DEVICE_SPECS, Ceilings, DeviceSpec
 from cutetune.tuner.defaults import DEFAULT_TIE_BAND_PERCENT
 from cutetune.tuner.replay import IQR_PER_SIGMA, FreshRuns, RunNoise, fresh_runs
@@ -45,7 +46,7 @@ JITTER = 0.0033 / IQR_PER_SIGMA  # the median IQR / median of one set of rounds,
 
 
 def lenders_outside(buckets: Sequence[Bucket], models: Sequence[str]
-                    ) -> list[dict[str, Any]]:
+                    ) -> list[dict[Lender, Any]]:
     """Per bucket, what a fresh run of a model using its problem is lent: the exhaustive bests
     at that bucket of the kernel's problems no such model uses (a run lends among none of its
     own problems: tuner/model_run.py)."""
@@ -54,14 +55,14 @@ def lenders_outside(buckets: Sequence[Bucket], models: Sequence[str]
     lent = []
     for b in buckets:
         own = set().union(*(keys for keys in used.values() if (b.kernel, b.static_key) in keys))
-        lent.append({key: config for key, config in bests[(b.kernel, b.bucket)].items()
-                     if (b.kernel, key) not in own})
+        lent.append({lender: config for lender, config in bests[b.bucket].items()
+                     if tuple(lender) not in own})
     return lent
 
 
 def replay_runs(buckets: Sequence[Bucket], spec: DeviceSpec, noise: RunNoise, runs: int,
                 tie_band: float, warm_start_share: int = WARM_START_SHARE,
-                lenders: Sequence[dict[str, Any]] | None = None
+                lenders: Sequence[dict[Lender, Any]] | None = None
                 ) -> list[tuple[str, FreshRuns]]:
     """Each bucket's fresh runs, lent `lenders` (one mapping per bucket; None: nothing)."""
     ceilings = Ceilings.from_datasheet(spec)

@@ -33,6 +33,7 @@ import pandas as pd
 
 from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.calibration_fit import fit
+from cutetune.device.funnel import Lender
 from cutetune.device.specs import DEVICE_SPECS, Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef, NotApplicableError, get_kernel, kernel_names
 from cutetune.spaces.models import PRESET_NAMES, load_model
@@ -106,25 +107,25 @@ def complete(buckets: Sequence[Bucket], spec: DeviceSpec) -> tuple[list[Bucket],
     return whole, len(buckets) - len(whole)
 
 
-def exhaustive_bests(buckets: Sequence[Bucket]) -> dict[tuple[str, int], dict[str, Any]]:
-    """Each bucket's fastest point, by (kernel, bucket) and static key: the winners tuning
-    would store, which serving lends to the kernel's other problems at that bucket."""
-    bests: dict[tuple[str, int], dict[str, Any]] = {}
+def exhaustive_bests(buckets: Sequence[Bucket]) -> dict[int, dict[Lender, Any]]:
+    """Each bucket's fastest point, by bucket and lender (kernel, static key): the winners
+    tuning would store, which serving lends to the kernel's other problems at that bucket (and
+    to the kernels that borrow from it)."""
+    bests: dict[int, dict[Lender, Any]] = {}
     for b in buckets:
         measured = {c: us for c, us in b.times.items() if us is not None}
-        bests.setdefault((b.kernel, b.bucket), {})[b.static_key] = min(measured,
-                                                                       key=measured.get)
+        bests.setdefault(b.bucket, {})[Lender(b.kernel, b.static_key)] = min(
+            measured, key=measured.get)
     return bests
 
 
 def replay(buckets: Sequence[Bucket], spec: DeviceSpec, calibrated: CalibratedModel | None,
-           lenders: dict[tuple[str, int], dict[str, Any]]) -> list[tuple[str, BucketReplay]]:
-    """Each bucket replayed; its problem may borrow the `lenders` of its kernel and bucket
-    (its own, by static key, is never lent to it: each preset problem is served as untuned by
-    the others)."""
+           lenders: dict[int, dict[Lender, Any]]) -> list[tuple[str, BucketReplay]]:
+    """Each bucket replayed; its problem may borrow the `lenders` at its bucket (its own is
+    never lent to it: each preset problem is served as untuned by the others)."""
     ceilings = Ceilings.from_datasheet(spec)
     return [(b.kernel, replay_bucket(*b.kernel_and_problem(), b.times, spec, ceilings,
-                                     calibrated, lenders=lenders.get((b.kernel, b.bucket))))
+                                     calibrated, lenders=lenders.get(b.bucket)))
             for b in buckets]
 
 
@@ -157,7 +158,7 @@ def fit_presets(rows: Sequence[dict], spec: DeviceSpec,
 
 
 def replay_left_out(rows: Sequence[dict], buckets: Sequence[Bucket], spec: DeviceSpec,
-                    lenders: dict[tuple[str, int], dict[str, Any]]
+                    lenders: dict[int, dict[Lender, Any]]
                     ) -> list[tuple[str, BucketReplay]]:
     """Each preset problem's buckets replayed with the model fitted on the other presets'
     trials alone, as a problem never tuned is planned: what its knob factors are worth where

@@ -164,7 +164,8 @@ def candidates(kernel: KernelDef, problem: Problem, plan: ServingPlan,
                           f"{bucket_of(problem.num_tokens)} on this device (cutetune tune first)")
     else:
         origin = {NEAREST: f" (winner of bucket {entry.tuned_bucket})",
-                  BORROWED: f" (winner of {entry.lender} at this bucket)",
+                  BORROWED: f" (winner of {entry.lender.describe()} at this bucket)"
+                  if entry.lender else "",
                   SHIPPED: " (shipped with cutetune)"}.get(entry.source, "")
         tuned = Candidate(TUNED_NAME, ours_runner(kernel, problem, entry.config, points),
                           config_to_json(entry.config) + origin)

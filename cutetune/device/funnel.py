@@ -7,14 +7,14 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from cutetune.device.calibrated import CalibratedModel, Terms, datasheet_terms
 from cutetune.device.knob_effects import KnobPoint
 from cutetune.device.roofline import Prediction, predict
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.cost import Cost
-from cutetune.kernels.registry import KernelDef
+from cutetune.kernels.registry import KernelDef, get_kernel
 from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.spaces.problem import Problem
 
@@ -115,59 +115,81 @@ def predicted_best(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
     return default if predicted.get(default, math.inf) <= band else best
 
 
+class Lender(NamedTuple):
+    """Whose winner a point lent at a bucket is: a kernel (the borrowing one, or one it
+    `borrows_from`) and its problem's static key."""
+
+    kernel: str
+    problem: str
+
+    def describe(self) -> str:
+        return f"{self.kernel} {self.problem}"
+
+
 def lenders_by_bucket(kernel: KernelDef, winners: Iterable[Any],
-                      spec: DeviceSpec) -> dict[int, dict[str, Any]]:
-    """The configs of `winners` (results_db Winner records) of `kernel`'s current source, by
-    bucket and static key, a later record over an earlier one of the same bucket and problem;
-    a winner today's space rejects lends nothing (its own problem's plan reports it)."""
-    current = kernel.source_hash()
-    by_bucket: dict[int, dict[str, Any]] = {}
-    for w in winners:
-        if w.kernel_name != kernel.name or w.source_hash != current:
-            continue
-        try:
-            point = stored_point(kernel, w.static_key, w.bucket, w.config_json, spec)
-        except UnusablePoint:
-            continue
-        by_bucket.setdefault(w.bucket, {})[w.static_key] = point.config
+                      spec: DeviceSpec) -> dict[int, dict[Lender, Any]]:
+    """The configs of `winners` (results_db Winner records) of `kernel` and of the kernels it
+    `borrows_from`, each of its own current source, by bucket and lender, a later record over
+    an earlier one of the same bucket and problem; a winner today's space rejects lends
+    nothing (its own problem's plan reports it)."""
+    by_bucket: dict[int, dict[Lender, Any]] = {}
+    for name in (kernel.name, *kernel.borrows_from):
+        lending = kernel if name == kernel.name else get_kernel(name)
+        current = lending.source_hash()
+        for w in winners:
+            if w.kernel_name != name or w.source_hash != current:
+                continue
+            try:
+                point = stored_point(lending, w.static_key, w.bucket, w.config_json, spec)
+            except UnusablePoint:
+                continue
+            by_bucket.setdefault(w.bucket, {})[Lender(name, w.static_key)] = point.config
     return by_bucket
 
 
 def lent_points(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
-                lenders: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """Of `lenders` (static key -> the winner of that problem of `kernel` at `problem`'s
-    bucket), those whose winner is a valid point of `problem`, as (static key, config), the
-    problem nearest it in the bytes its default moves first (then by static key). Nearby
-    problems of one kernel share their best points where the model's terms cannot tell the
-    candidates apart (the replay measures it: "Replayed searches" in BENCHMARKS.md)."""
-    own = problem.static_key()
-    valid = [(key, config) for key, config in lenders.items()
-             if key != own and kernel.space.first_violation(problem, config, spec) is None]
+                lenders: Mapping[Lender, Any]) -> list[tuple[Lender, Any]]:
+    """Of `lenders` (the winners at `problem`'s bucket, by lender), those of `kernel`'s other
+    problems and of the kernels it `borrows_from` whose winner is a valid point of `problem`,
+    as (lender, config): the kernel's own problems first, each group nearest `problem` in the
+    bytes its default moves first (then by lender). Nearby problems of one kernel share their
+    best points where the model's terms cannot tell the candidates apart (the replay measures
+    it: "Replayed searches" in BENCHMARKS.md)."""
+    own = Lender(kernel.name, problem.static_key())
+    kin = (kernel.name, *kernel.borrows_from)
+    valid = [(lender, config) for lender, config in lenders.items()
+             if lender != own and lender.kernel in kin
+             and kernel.space.first_violation(problem, config, spec) is None]
 
-    def moved(p: Problem) -> int:
-        return kernel.cost(p, kernel.default_config(p, spec), spec).bytes_moved
+    def moved(lender: Lender) -> int:
+        lending = kernel if lender.kernel == kernel.name else get_kernel(lender.kernel)
+        p = lending.problem_type.from_static_key(lender.problem, problem.num_tokens)
+        return lending.cost(p, lending.default_config(p, spec), spec).bytes_moved
 
-    here = moved(problem) if valid else 0
-    return sorted(valid, key=lambda lender: (abs(math.log(moved(
-        kernel.problem_type.from_static_key(lender[0], problem.num_tokens)) / here)),
-        lender[0]))
+    here = kernel.cost(problem, kernel.default_config(problem, spec), spec).bytes_moved \
+        if valid else 0
+    return sorted(valid, key=lambda lent: (lent[0].kernel != kernel.name,
+                                           abs(math.log(moved(lent[0]) / here)), lent[0]))
 
 
 def borrowed_pick(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
-                  lenders: Mapping[str, Any], calibrated: CalibratedModel | None = None
-                  ) -> tuple[str, Any] | None:
-    """Of `lent_points`, (static key, config), the one `calibrated` predicts fastest for
+                  lenders: Mapping[Lender, Any], calibrated: CalibratedModel | None = None
+                  ) -> tuple[Lender, Any] | None:
+    """Of `lent_points`, (lender, config): among the kernel's own problems' where any lends,
+    else among the kernels' it borrows from, the one `calibrated` predicts fastest for
     `problem`, the nearest where there is no calibration (or two predictions tie); None where
     none lends. Each lent point is another problem's best; the model's knob factors tell which
     suits this problem (over the H100's held-out buckets, 85% within 3% of the best against
     83% for the nearest: "Replayed searches")."""
     lent = lent_points(kernel, problem, spec, lenders)
+    if lent:
+        lent = [p for p in lent if p[0].kernel == lent[0][0].kernel]
     if not lent or calibrated is None:
         return lent[0] if lent else None
     # min() keeps the first of equal predictions: the nearest.
-    return min(lent, key=lambda lender: calibrated.predict_us(
-        kernel.cost(problem, lender[1], spec), spec, (kernel.name, problem.num_tokens,
-                                                       lender[1])))
+    return min(lent, key=lambda lent_point: calibrated.predict_us(
+        kernel.cost(problem, lent_point[1], spec), spec,
+        (kernel.name, problem.num_tokens, lent_point[1])))
 
 
 def candidates_of(plan: Plan, default: Any, excluded: Collection[Any] = ()) -> set[Any]:

@@ -316,9 +316,10 @@ def gelu_problems_for_model(model: ModelShape, dtype: str) -> list[GeluAndMulPro
 
 
 def _kernel_def(name: str, description: str, problem_type: type[GatedProblem],
-                problems_for_model, peers: tuple[Peer, ...]) -> KernelDef:
+                problems_for_model, peers: tuple[Peer, ...], other: str) -> KernelDef:
     """The two kernels differ in their math (a compile-time field of the problem), their
-    model problems and their peers; everything else is shared."""
+    model problems and their peers; everything else is shared, so each borrows the `other`'s
+    winners (its points are the same loads and stores)."""
     return KernelDef(
         name=name,
         description=description,
@@ -337,6 +338,7 @@ def _kernel_def(name: str, description: str, problem_type: type[GatedProblem],
         source_file=__file__,
         peers=peers,
         bench_inputs=bench_inputs,
+        borrows_from=(other,),
     )
 
 
@@ -344,8 +346,8 @@ SILU_KERNEL = register(_kernel_def(
     "silu_and_mul", "SwiGLU: silu(gate) * up of a fused gate-up row",
     SiluAndMulProblem, silu_problems_for_model,
     (Peer("liger swiglu fused gate-up", _liger_swiglu_fused),
-     Peer("liger swiglu (gate, up)", _liger_swiglu))))
+     Peer("liger swiglu (gate, up)", _liger_swiglu)), "gelu_and_mul"))
 GELU_KERNEL = register(_kernel_def(
     "gelu_and_mul", "GeGLU: gelu(gate) * up of a fused gate-up row (erf or tanh form)",
     GeluAndMulProblem, gelu_problems_for_model,
-    (Peer("liger geglu (gate, up)", _liger_geglu),)))
+    (Peer("liger geglu (gate, up)", _liger_geglu),), "silu_and_mul"))

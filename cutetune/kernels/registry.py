@@ -152,6 +152,9 @@ class KernelDef:
                         views only our kernel takes)
     unfused:            a fused kernel's chain of our own kernels that computes the same,
                         one launch per step, which `cutetune bench` times beside it
+    borrows_from:       kernels of the same space whose winners suit this one's problems
+                        (one memory pattern), lent to its untuned buckets where none of
+                        its own problems lends (device/funnel.py `lent_points`)
     """
 
     name: str
@@ -174,6 +177,7 @@ class KernelDef:
     check: Callable[[Tensors, Mapping[str, Any], Problem], None] | None = None
     bind: Callable[[Problem, Any, Any], Any] | None = None
     unfused: tuple[ChainStep, ...] = ()
+    borrows_from: tuple[str, ...] = ()
 
     def compile(self, problem: Problem, config: Any, options: str = "") -> Any:
         """Compile one point in this process: the callable `launch` takes."""

@@ -2,9 +2,10 @@
 
 Per bucket: the winner tuned there (the user's database first, then the winners shipped with
 the package), else the nearest such bucket's winner where it is a valid point at this bucket,
-else a winner of another problem of the kernel at this bucket (borrowed: of the problems whose
-winner is a valid point here, the one the calibrated model predicts fastest here, or without a
-calibration the one nearest in bytes moved), else the device's calibrated
+else a winner of another problem of the kernel at this bucket, or where none lends of a kernel it
+borrows from (borrowed: of the problems whose winner is a valid point here, the one the
+calibrated model predicts fastest here, or without a calibration the one nearest in bytes
+moved), else the device's calibrated
 cost model's pick (device/funnel.py `predicted_best`: where `cutetune calibrate` fitted one),
 else the seed heuristic's default. Borrowed and predicted points serve problems planned at
 warmup only: a miss on the call path costs no more than reading its own winners.
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import borrowed_pick, lenders_by_bucket
+from cutetune.device.funnel import Lender, borrowed_pick, lenders_by_bucket
 from cutetune.kernels.registry import KernelDef
 from cutetune.kernels.stored import UnusablePoint, stored_point
 from cutetune.serving.predicted import PredictedPicks
@@ -47,7 +48,7 @@ class BucketEntry:
     source: str  # TUNED (the user's database), SHIPPED (the package's), NEAREST, BORROWED,
     # PREDICTED or DEFAULT
     tuned_bucket: int | None
-    lender: str | None = None  # BORROWED: the static key of the problem whose winner serves
+    lender: Lender | None = None  # BORROWED: the kernel and problem whose winner serves
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class ServingPlan:
         # do not change.
         self._planned: dict[tuple[str, str, bool], tuple[BucketEntry, ...]] = {}
         self._rejected: dict[tuple[str, str], tuple[RejectedWinner, ...]] = {}
-        self._lenders: dict[str, dict[int, dict[str, Any]]] = {}
+        self._lenders: dict[str, dict[int, dict[Lender, Any]]] = {}
 
     def entries(self, kernel: KernelDef, problem: Problem,
                 at_warmup: bool = True) -> tuple[BucketEntry, ...]:
@@ -169,13 +170,14 @@ class ServingPlan:
                                            DEFAULT, None))
         return tuple(entries)
 
-    def _lenders_of(self, kernel: KernelDef) -> dict[int, dict[str, Any]]:
-        """The current winners of every problem of `kernel`, by bucket and static key (the
-        user's over the shipped ones)."""
+    def _lenders_of(self, kernel: KernelDef) -> dict[int, dict[Lender, Any]]:
+        """The current winners of every problem of `kernel` and of the kernels it borrows
+        from, by bucket and lender (the user's over the shipped ones)."""
         if kernel.name not in self._lenders:
+            lending = (kernel.name, *kernel.borrows_from)
             self._lenders[kernel.name] = lenders_by_bucket(kernel, [
                 w for winners in (self.shipped, self.winners)
-                for (name, _), stored in winners.items() if name == kernel.name
+                for (name, _), stored in winners.items() if name in lending
                 for w in stored], self.spec)
         return self._lenders[kernel.name]
 

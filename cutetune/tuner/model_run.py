@@ -35,7 +35,7 @@ from optuna.storages import BaseStorage
 from cutetune.build.interrupt import request_stop, safe_points
 from cutetune.build.supervised import ProcessLost
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import candidates_of, lenders_by_bucket
+from cutetune.device.funnel import Lender, candidates_of, lenders_by_bucket
 from cutetune.device.roofline import percent_of_roofline
 from cutetune.device.specs import Ceilings, DeviceSpec, device_spec_for
 from cutetune.kernels.registry import KernelDef
@@ -246,7 +246,7 @@ def plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
     own = {(unit.kernel.name, unit.problem.static_key()) for unit in units}
     stored_winners = [w for w in [*shipped_winners(fingerprint), *winners_to_serve(db, fingerprint)]
                       if (w.kernel_name, w.static_key) not in own]
-    lenders: dict[str, dict[int, dict[str, Any]]] = {}
+    lenders: dict[str, dict[int, dict[Lender, Any]]] = {}
     for unit in units:
         if unit.kernel.name not in lenders:
             lenders[unit.kernel.name] = lenders_by_bucket(unit.kernel, stored_winners, spec)

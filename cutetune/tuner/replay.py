@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import borrowed_pick, lent_points, make_plan, predicted_best
+from cutetune.device.funnel import (
+    Lender,
+    borrowed_pick,
+    lent_points,
+    make_plan,
+    predicted_best,
+)
 from cutetune.device.measure import Measurement
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
@@ -121,7 +127,7 @@ def fresh_runs(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | 
                noise: RunNoise, runs: int, budget: int = DEFAULT_BUDGET,
                tie_band: float = TIE_BAND_FLOOR,
                warm_start_share: int = WARM_START_SHARE,
-               lenders: Mapping[str, Any] | None = None) -> FreshRuns:
+               lenders: Mapping[Lender, Any] | None = None) -> FreshRuns:
     """The tuner's plan and search of `problem` replayed as `runs` fresh runs over `times`,
     each reading them through its own RunNoise draws (module docstring); `lenders` as in
     replay_bucket, which every run is lent alike."""
@@ -191,10 +197,10 @@ def trials_to_band(measured_in_order: Sequence[float | None], best_us: float,
 def replay_bucket(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | None],
                   spec: DeviceSpec, ceilings: Ceilings, calibrated: CalibratedModel | None,
                   budget: int = DEFAULT_BUDGET, seed: int = 0,
-                  lenders: Mapping[str, Any] | None = None) -> BucketReplay:
+                  lenders: Mapping[Lender, Any] | None = None) -> BucketReplay:
     """The tuner's plan and search of `problem` (at its bucket's token count) replayed over
-    `times`, the exhaustive measurements of its valid points; `lenders` are the winners of
-    the kernel's other problems at this bucket (static key -> config) serving may borrow."""
+    `times`, the exhaustive measurements of its valid points; `lenders` are the winners at
+    this bucket (lender -> config) serving may borrow (funnel.lent_points)."""
     plan = make_plan(kernel, problem, spec, ceilings, calibrated)
     valid = [p.config for p in plan.kept + plan.pruned]
     ok = {c: times[c] for c in valid if times.get(c) is not None}

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import Plan, lent_points, make_plan
+from cutetune.device.funnel import Lender, Plan, lent_points, make_plan
 from cutetune.device.roofline import achieved_gbps, percent_of_roofline, predict
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
@@ -55,10 +55,10 @@ def bucket_key(planned: BucketPlan) -> tuple:
 
 def plan_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spec: DeviceSpec,
                 ceilings: Ceilings, calibrated: CalibratedModel | None = None,
-                lenders: Mapping[int, Mapping[str, Any]] | None = None) -> BucketPlan:
+                lenders: Mapping[int, Mapping[Lender, Any]] | None = None) -> BucketPlan:
     """The plan of the bucket that serves `num_tokens`, ranked and pruned by `calibrated`
     (the device's fitted model) where given, else by the datasheet roofline; `lenders` are the
-    kernel's stored winners by bucket and static key (funnel.lenders_by_bucket)."""
+    kernel's stored winners by bucket and lender (funnel.lenders_by_bucket)."""
     problem = static_problem.with_tokens(bucket_of(num_tokens))
     default = kernel.default_config(problem, spec)
     kernel.space.check(problem, default, spec)

@@ -29,3 +29,11 @@ def test_the_cheap_kernel_list_is_what_the_kernel_modules_register():
     registered = [name for name in kernel_names()
                   if Path(get_kernel(name).source_file).resolve().is_relative_to(package)]
     assert list(KERNEL_NAMES) == registered
+
+
+def test_a_kernel_borrows_only_from_registered_kernels_of_its_own_space():
+    for name in kernel_names():
+        kernel = get_kernel(name)
+        for other in kernel.borrows_from:
+            assert other != name and get_kernel(other).space is kernel.space, (name, other)
+    assert get_kernel("gelu_and_mul").borrows_from == ("silu_and_mul",)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from cutetune.device.funnel import Lender
 from cutetune.device.specs import DEVICE_SPECS
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.registry import KernelDef
@@ -266,7 +267,7 @@ def test_another_problems_winner_is_borrowed_and_another_kernels_never(qwen3_8b,
     dispatcher.warmup(kernel, [qwen3_8b])
     entries = entries_by_bucket(dispatcher)
     assert (entries[8].source, entries[8].config, entries[8].lender) == (
-        BORROWED, LARGE, other.static_key())
+        BORROWED, LARGE, Lender(kernel.name, other.static_key()))
     assert {e.source for b, e in entries.items() if b != 8} == {DEFAULT}
     assert "borrowed 8" in dispatcher.report()
 

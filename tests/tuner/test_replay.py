@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from cutetune.device.funnel import make_plan
+from cutetune.device.funnel import Lender, make_plan
 from cutetune.device.measure import Measurement
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.registry import get_kernel
@@ -128,12 +128,13 @@ def test_a_lent_winner_valid_here_is_the_top_pick_and_the_models_pick_stays(plan
     slowest = max((c for c in times if times[c] is not None), key=times.get)
     other = dataclasses.replace(PROBLEM, hidden=2 * PROBLEM.hidden).static_key()
     lent = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN,
-                         lenders={other: slowest, PROBLEM.static_key(): slowest})
+                         lenders={Lender(KERNEL.name, other): slowest,
+                                  Lender(KERNEL.name, PROBLEM.static_key()): slowest})
     assert lent.top_pick_us == times[slowest] > alone.top_pick_us
     assert lent.model_pick_us == alone.model_pick_us == alone.top_pick_us
     # Its own winner is never lent to a problem: alone, it lends nothing.
     own = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN,
-                        lenders={PROBLEM.static_key(): slowest})
+                        lenders={Lender(KERNEL.name, PROBLEM.static_key()): slowest})
     assert own.top_pick_us == alone.top_pick_us
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cutetune.device.funnel import make_plan
+from cutetune.device.funnel import Lender, make_plan
 from cutetune.device.measure import Measurement
 from cutetune.kernels import qk_norm as qk
 from cutetune.results_db import Database, trials_frame, winners
@@ -103,8 +103,9 @@ def test_a_bucket_is_lent_the_other_problems_winners_nearest_first():
     near, far = (dataclasses.replace(static, q_heads=h) for h in (24, 64))
     small = qk.QKNormConfig(vector_bits=128, heads_per_warp=2, warps_per_block=1)
     large = qk.QKNormConfig(vector_bits=128, heads_per_warp=4, warps_per_block=8)
-    lenders = {8: {far.static_key(): large, near.static_key(): small,
-                   static.static_key(): large}}  # its own winner lends it nothing
+    lenders = {8: {Lender(qk.KERNEL.name, far.static_key()): large,
+                   Lender(qk.KERNEL.name, near.static_key()): small,
+                   Lender(qk.KERNEL.name, static.static_key()): large}}  # its own lends nothing
     assert plan_bucket(qk.KERNEL, static, 8, SPEC, CEILINGS, lenders=lenders).lent == (
         small, large)
     assert plan_bucket(qk.KERNEL, static, 64, SPEC, CEILINGS, lenders=lenders).lent == ()
