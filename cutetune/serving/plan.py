@@ -2,13 +2,13 @@
 
 Per bucket: the winner tuned there (the user's database first, then the winners shipped with
 the package), else the nearest such bucket's winner where it is a valid point at this bucket,
-else a winner of another problem of the kernel at this bucket, or where none lends of a kernel it
-borrows from (borrowed: of the problems whose winner is a valid point here, the one the
+else a winner of another problem of the kernel at this bucket, or where none lends of a kernel
+it borrows from (borrowed: of the problems whose winner is a valid point here, the one the
 calibrated model predicts fastest here, or without a calibration the one nearest in bytes
-moved), else the device's calibrated
-cost model's pick (device/funnel.py `predicted_best`: where `cutetune calibrate` fitted one),
-else the seed heuristic's default. Borrowed and predicted points serve problems planned at
-warmup only: a miss on the call path costs no more than reading its own winners.
+moved), else the device's calibrated cost model's pick (device/funnel.py `predicted_best`:
+where `cutetune calibrate` fitted one), else the seed heuristic's default. Borrowed and
+predicted points serve problems planned at warmup only: a miss on the call path costs no more
+than reading its own winners.
 
 Borrowing is the zero-shot rule the measurements favour ("Replayed searches" in BENCHMARKS.md:
 the top pick of an untuned problem, borrowed where another problem lends a valid point).
