@@ -132,18 +132,18 @@ def lenders_by_bucket(kernel: KernelDef, winners: Iterable[Any],
     `borrows_from`, each of its own current source, by bucket and lender, a later record over
     an earlier one of the same bucket and problem; a winner today's space rejects lends
     nothing (its own problem's plan reports it)."""
+    lending = {kernel.name: kernel} | {name: get_kernel(name) for name in kernel.borrows_from}
+    current = {name: k.source_hash() for name, k in lending.items()}
     by_bucket: dict[int, dict[Lender, Any]] = {}
-    for name in (kernel.name, *kernel.borrows_from):
-        lending = kernel if name == kernel.name else get_kernel(name)
-        current = lending.source_hash()
-        for w in winners:
-            if w.kernel_name != name or w.source_hash != current:
-                continue
-            try:
-                point = stored_point(lending, w.static_key, w.bucket, w.config_json, spec)
-            except UnusablePoint:
-                continue
-            by_bucket.setdefault(w.bucket, {})[Lender(name, w.static_key)] = point.config
+    for w in winners:
+        if current.get(w.kernel_name) != w.source_hash:
+            continue
+        try:
+            point = stored_point(lending[w.kernel_name], w.static_key, w.bucket,
+                                 w.config_json, spec)
+        except UnusablePoint:
+            continue
+        by_bucket.setdefault(w.bucket, {})[Lender(w.kernel_name, w.static_key)] = point.config
     return by_bucket
 
 

@@ -174,11 +174,9 @@ class ServingPlan:
         """The current winners of every problem of `kernel` and of the kernels it borrows
         from, by bucket and lender (the user's over the shipped ones)."""
         if kernel.name not in self._lenders:
-            lending = (kernel.name, *kernel.borrows_from)
             self._lenders[kernel.name] = lenders_by_bucket(kernel, [
                 w for winners in (self.shipped, self.winners)
-                for (name, _), stored in winners.items() if name in lending
-                for w in stored], self.spec)
+                for stored in winners.values() for w in stored], self.spec)
         return self._lenders[kernel.name]
 
 
