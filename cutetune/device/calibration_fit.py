@@ -24,6 +24,7 @@ from cutetune.device.knob_fit import (
     PRUNE_QUANTILE,
     KnobSample,
     fit_knob_effects,
+    needed_band,
 )
 from cutetune.device.roofline import predict
 from cutetune.device.specs import Ceilings, DeviceSpec
@@ -112,15 +113,14 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray,
 
 
 def prune_factor(samples: Sequence[Sample], predicted: np.ndarray) -> float:
-    """The least factor over the best prediction of a bucket that still keeps the point
-    measured fastest there, in PRUNE_QUANTILE of the buckets with more than one trial (never
-    below PRUNE_FACTOR_FLOOR; infinite, pruning nothing, without such a bucket)."""
+    """The least factor over the best prediction of a bucket that still keeps a point measured
+    within NEAR_BEST of the fastest there (knob_fit.needed_band), in PRUNE_QUANTILE of the
+    buckets with more than one trial (never below PRUNE_FACTOR_FLOOR; infinite, pruning
+    nothing, without such a bucket)."""
     by_bucket: dict[TunedBucket, list[tuple[float, float]]] = {}
     for sample, prediction in zip(samples, predicted, strict=True):
         by_bucket.setdefault(sample.bucket, []).append((sample.measured_us, float(prediction)))
-    # min(points) is the point measured fastest: (measured, predicted) sort by measured.
-    needed = [min(points)[1] / min(p for _, p in points)
-              for points in by_bucket.values() if len(points) > 1]
+    needed = [needed_band(points) for points in by_bucket.values() if len(points) > 1]
     if not needed:
         return math.inf
     return max(PRUNE_FACTOR_FLOOR, float(np.quantile(needed, PRUNE_QUANTILE)))

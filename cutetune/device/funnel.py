@@ -48,6 +48,7 @@ class Plan:
     kept: tuple[RankedPoint, ...]
     pruned: tuple[RankedPoint, ...]
     calibrated: CalibratedModel | None = None
+    lent_beyond_band: int = 0  # kept points the band alone prunes: other problems' winners
 
     @property
     def valid(self) -> int:
@@ -61,15 +62,21 @@ class Plan:
         else:
             pruned = (f"pruned {len(self.pruned)} by the calibrated model: predicted over "
                       f"{self.calibrated.prune_factor_of(self.kernel):.2f}x the best")
+        lent = (f"; {self.lent_beyond_band} beyond it kept as other problems' winners"
+                if self.lent_beyond_band else "")
         return (f"declared {self.declared} -> valid {self.valid} (rejected {rejected}) -> "
-                f"kept {len(self.kept)} ({pruned})")
+                f"kept {len(self.kept)} ({pruned}{lent})")
 
 
 def make_plan(kernel: KernelDef, problem: Problem, spec: DeviceSpec, ceilings: Ceilings,
-              calibrated: CalibratedModel | None = None) -> Plan:
+              calibrated: CalibratedModel | None = None, lent: Collection[Any] = ()) -> Plan:
     """The valid points ranked by predicted time, split into those worth measuring and those
     pruned: by `calibrated` (the device's fitted model) where given, which prunes by the
-    spread its fit measured, else by the datasheet roofline and its wide margins."""
+    spread its fit measured, else by the datasheet roofline and its wide margins. The `lent`
+    points (lent_points: winners of the kernel's other problems at this bucket) are kept
+    whatever their prediction: a point that won a problem of the kernel is the likeliest
+    winner of a near one, and where the band misses the best point, one of them is often
+    within a percent of it ("Replayed searches" in BENCHMARKS.md)."""
     enumeration = kernel.space.enumerate(problem, spec)
     enumeration.raise_if_empty(f"{kernel.name} {problem.describe()}")
     ranked = sorted((ranked_point(c, kernel.cost(problem, c, spec), spec, ceilings, calibrated,
@@ -81,10 +88,11 @@ def make_plan(kernel: KernelDef, problem: Problem, spec: DeviceSpec, ceilings: C
         limit = max(best * PRUNE_FACTOR, best + PRUNE_MARGIN_US)
     else:
         limit = best * calibrated.prune_factor_of(kernel.name)
-    kept = tuple(p for p in ranked if p.prediction.predicted_us <= limit)
-    pruned = tuple(p for p in ranked if p.prediction.predicted_us > limit)
+    lent = set(lent)
+    kept = tuple(p for p in ranked if p.prediction.predicted_us <= limit or p.config in lent)
+    pruned = tuple(p for p in ranked if p.prediction.predicted_us > limit and p.config not in lent)
     return Plan(kernel.name, problem, enumeration.declared, enumeration.rejections_by_constraint(),
-                kept, pruned, calibrated)
+                kept, pruned, calibrated, sum(p.prediction.predicted_us > limit for p in kept))
 
 
 def ranked_point(config: Any, cost: Cost, spec: DeviceSpec, ceilings: Ceilings,

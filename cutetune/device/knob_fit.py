@@ -5,9 +5,10 @@ The factors are the ridge least-squares fit of log(measured / predicted), centre
 and bucket so that only how the points of one bucket rank is fitted, never its absolute level
 (the terms own that). How far to trust them is measured, not assumed: each of a kernel's
 problems is left out of the fit in turn and its buckets predicted by the rest, as a problem
-never tuned is; the kernel prunes beyond the factor over the best prediction that then kept the
-point measured fastest, in PRUNE_QUANTILE of those buckets. A kernel tuned for one problem only
-cannot be checked so, and keeps no factors: the terms alone rank its points.
+never tuned is; the kernel prunes beyond the factor over the best prediction that then kept a
+point measured within NEAR_BEST of the fastest, in PRUNE_QUANTILE of those buckets. A kernel
+tuned for one problem only cannot be checked so, and keeps no factors: the terms alone rank its
+points.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from cutetune.device.knob_effects import KnobEffects
 # Shrinks each factor towards 1 by this weight against its bucket's squared log residuals: a
 # knob value seen in few points keeps a modest factor.
 RIDGE = 1.0
-# Both pruning models keep, in this share of the fitted buckets, the point measured fastest
-# there; and never prune within PRUNE_FACTOR_FLOOR of the best prediction.
+# Both pruning models keep, in this share of the fitted buckets, a point measured within
+# NEAR_BEST of the fastest there; and never prune within PRUNE_FACTOR_FLOOR of the best
+# prediction. A search that finds a point within 1% of the best has found it: finalists that
+# close are ties to the tuner (finals.py), and 1% is the regret issue 42 allows the pruning.
 PRUNE_QUANTILE = 0.95
 PRUNE_FACTOR_FLOOR = 1.1
+NEAR_BEST = 0.01
 
 
 @dataclass(frozen=True)
@@ -81,11 +85,19 @@ def fit_kernel(samples: Sequence[KnobSample]) -> dict[int, dict[str, float]]:
 
 def needed_factor(samples: Sequence[KnobSample], log_factors: Mapping[str, float]) -> float:
     """Over one tuned bucket's points, the least factor over the best corrected prediction
-    that keeps the point measured fastest."""
-    corrected = [s.predicted_us * math.exp(sum(log_factors.get(k, 0.0) for k in s.knobs))
-                 for s in samples]
-    fastest = min(range(len(samples)), key=lambda i: samples[i].measured_us)
-    return corrected[fastest] / min(corrected)
+    that keeps a point measured within NEAR_BEST of the fastest."""
+    return needed_band([(s.measured_us,
+                         s.predicted_us * math.exp(sum(log_factors.get(k, 0.0) for k in s.knobs)))
+                        for s in samples])
+
+
+def needed_band(points: Sequence[tuple[float, float]]) -> float:
+    """Of one bucket's (measured, predicted) points, the least factor over the best prediction
+    that keeps a point measured within NEAR_BEST of the fastest."""
+    fastest = min(measured for measured, _ in points)
+    return (min(predicted for measured, predicted in points
+                if measured <= fastest * (1 + NEAR_BEST))
+            / min(predicted for _, predicted in points))
 
 
 def fit_knob_effects(samples: Sequence[KnobSample]) -> KnobEffects:

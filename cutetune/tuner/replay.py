@@ -4,8 +4,9 @@ by a lookup of each point's measured time. Comparing cost models, pruning bands 
 then costs CPU seconds over many buckets, not GPU hours.
 
 Per bucket, against the exhaustive best (the fastest verified point of every valid one):
-- pruning: the share of valid points the plan keeps, and its regret (the best kept point, or
-  the default the study always times, over the exhaustive best, less one);
+- pruning: the share of valid points the plan keeps (the points lent to it among them), and
+  its regret (the best kept point, or the default the study always times, over the exhaustive
+  best, less one);
 - search: how many trials the study took before one came within SEARCH_BAND of the exhaustive
   best, as a share of the valid points (an exhaustive search's trials);
 - zero-shot: the gap to the exhaustive best of what serving picks for an untuned problem (a
@@ -35,6 +36,7 @@ from cutetune.device.funnel import (
     make_plan,
     predicted_best,
 )
+from cutetune.device.knob_fit import NEAR_BEST
 from cutetune.device.measure import Measurement
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
@@ -45,7 +47,7 @@ from cutetune.tuner.study import WARM_START_SHARE, TrialFailure, TrialOutcome, r
 
 SEARCH_BAND = 0.02  # "within 2% of the exhaustive best"
 ZERO_SHOT_BAND = 0.03  # "the top pick within 3% of the exhaustive winner"
-REGRET_BAND = 0.01  # "regret at most 1%"
+REGRET_BAND = NEAR_BEST  # "regret at most 1%": what the pruning is cross-validated to keep
 IQR_PER_SIGMA = 1.349  # a normal distribution's interquartile range, in sigmas
 
 
@@ -131,9 +133,9 @@ def fresh_runs(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | 
     """The tuner's plan and search of `problem` replayed as `runs` fresh runs over `times`,
     each reading them through its own RunNoise draws (module docstring); `lenders` as in
     replay_bucket, which every run is lent alike."""
-    plan = make_plan(kernel, problem, spec, ceilings, calibrated)
-    default = kernel.default_config(problem, spec)
     lent = [config for _, config in lent_points(kernel, problem, spec, lenders or {})]
+    plan = make_plan(kernel, problem, spec, ceilings, calibrated, lent)
+    default = kernel.default_config(problem, spec)
     winners = []
     for run in range(runs):
         result = run_study(kernel, plan, default, FreshRunRunner(times, noise, run), budget,
@@ -200,8 +202,10 @@ def replay_bucket(kernel: KernelDef, problem: Problem, times: Mapping[Any, float
                   lenders: Mapping[Lender, Any] | None = None) -> BucketReplay:
     """The tuner's plan and search of `problem` (at its bucket's token count) replayed over
     `times`, the exhaustive measurements of its valid points; `lenders` are the winners at
-    this bucket (lender -> config) serving may borrow (funnel.lent_points)."""
-    plan = make_plan(kernel, problem, spec, ceilings, calibrated)
+    this bucket (lender -> config), which the plan keeps and the study tries first where they
+    are valid points (funnel.lent_points), as the tuner's do, and serving may borrow."""
+    lent = [config for _, config in lent_points(kernel, problem, spec, lenders or {})]
+    plan = make_plan(kernel, problem, spec, ceilings, calibrated, lent)
     valid = [p.config for p in plan.kept + plan.pruned]
     ok = {c: times[c] for c in valid if times.get(c) is not None}
     if not ok:
@@ -211,21 +215,22 @@ def replay_bucket(kernel: KernelDef, problem: Problem, times: Mapping[Any, float
     taken: list[TrialOutcome] = []
     run_study(kernel, plan, default, ReplayRunner(times), budget,
               f"replay {kernel.name} {problem.static_key()} {problem.num_tokens}",
-              seed=seed, on_trial=taken.append)
+              seed=seed, on_trial=taken.append, lent=lent)
     best = min(ok.values())
     kept = {p.config for p in plan.kept} | {default}
     if calibrated is not None:
         pick = predicted_best(kernel, problem, spec, calibrated, default)
     else:
         pick = plan.kept[0].config
-    lent = borrowed_pick(kernel, problem, spec, lenders or {}, calibrated)
+    borrowed = borrowed_pick(kernel, problem, spec, lenders or {}, calibrated)
     return BucketReplay(
         valid=len(valid), kept=len(plan.kept), best_us=best,
         best_kept_us=min((ok[c] for c in kept if c in ok), default=float("inf")),
         trials=len(taken),
         trials_to_band=trials_to_band(
             [t.measurement.median_us if t.ok else None for t in taken], best),
-        top_pick_us=ok.get(pick if lent is None else lent[1]), model_pick_us=ok.get(pick))
+        top_pick_us=ok.get(pick if borrowed is None else borrowed[1]),
+        model_pick_us=ok.get(pick))
 
 
 @dataclass(frozen=True)

@@ -62,9 +62,10 @@ def plan_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spe
     problem = static_problem.with_tokens(bucket_of(num_tokens))
     default = kernel.default_config(problem, spec)
     kernel.space.check(problem, default, spec)
-    lent = lent_points(kernel, problem, spec, (lenders or {}).get(problem.num_tokens, {}))
-    return BucketPlan(kernel, problem, make_plan(kernel, problem, spec, ceilings, calibrated),
-                      default, spec, ceilings, tuple(config for _, config in lent))
+    lent = tuple(config for _, config in
+                 lent_points(kernel, problem, spec, (lenders or {}).get(problem.num_tokens, {})))
+    return BucketPlan(kernel, problem, make_plan(kernel, problem, spec, ceilings, calibrated, lent),
+                      default, spec, ceilings, lent)
 
 
 def study_name(kernel: KernelDef, problem: Problem, fingerprint: DeviceFingerprint) -> str:

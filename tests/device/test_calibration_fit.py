@@ -132,7 +132,7 @@ def test_nonnegative_least_squares_clamps_what_plain_least_squares_drives_negati
     assert residual == pytest.approx(2.0)
 
 
-def test_prune_factor_keeps_each_buckets_fastest_point_in_the_quantile():
+def test_prune_factor_keeps_each_buckets_near_best_point_in_the_quantile():
     # Bucket a: the fastest measured point is predicted 1.5x the best prediction; bucket b:
     # the best prediction is also the fastest; the 95% quantile of (1.5, 1.0) is 1.475.
     a, b = TunedBucket("rmsnorm", "p", 8), TunedBucket("rmsnorm", "p", 64)
@@ -142,6 +142,9 @@ def test_prune_factor_keeps_each_buckets_fastest_point_in_the_quantile():
     assert prune_factor(samples[:1], np.array([1.0])) == math.inf
     # Never within 10% of the best: measurement noise alone moves a point that much.
     assert prune_factor(samples[2:], np.array([1.0, 2.0])) == pytest.approx(1.1)
+    # A point within 1% of the fastest, predicted best, needs no band beyond the floor.
+    near = [Sample(None, 8.05, a), Sample(None, 8.0, a)]
+    assert prune_factor(near, np.array([1.0, 3.0])) == pytest.approx(1.1)
 
 
 def test_a_stored_calibration_reads_back_and_another_form_reads_as_none():

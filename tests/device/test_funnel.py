@@ -104,3 +104,17 @@ def test_impossible_space_names_the_constraints():
     for name, count in enumeration.rejections_by_constraint().items():
         assert f"{name} removed {count}" in message
     assert f"needs_tensor_memory removed {len(enumeration.valid)}" in message
+
+
+def test_a_lent_point_the_band_prunes_is_kept_and_counted():
+    problem = QWEN3_8B.with_tokens(4096)
+    alone = make_plan(KERNEL, problem, H200, CEILINGS)
+    lent = alone.pruned[-1].config  # predicted slowest of all
+    plan = make_plan(KERNEL, problem, H200, CEILINGS, lent=[lent, alone.kept[0].config])
+    assert {p.config for p in plan.kept} == {p.config for p in alone.kept} | {lent}
+    assert lent not in {p.config for p in plan.pruned}
+    assert plan.valid == alone.valid
+    # Only the one beyond the band counts, and the funnel says why it is measured.
+    assert plan.lent_beyond_band == 1 and alone.lent_beyond_band == 0
+    assert plan.funnel().endswith("; 1 beyond it kept as other problems' winners)")
+    assert "other problems' winners" not in alone.funnel()

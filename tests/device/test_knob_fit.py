@@ -15,9 +15,11 @@ from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.funnel import make_plan
 from cutetune.device.knob_effects import KnobEffects, knob_names
 from cutetune.device.knob_fit import (
+    NEAR_BEST,
     PRUNE_FACTOR_FLOOR,
     KnobSample,
     fit_knob_effects,
+    needed_band,
     needed_factor,
 )
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
@@ -72,12 +74,18 @@ def test_a_kernel_tuned_for_one_problem_keeps_no_factors():
     assert effects.factor("alone", 8, None) == 1.0
 
 
-def test_needed_factor_is_the_fastest_points_corrected_prediction_over_the_best():
+def test_needed_factor_is_a_near_best_points_corrected_prediction_over_the_best():
     samples = [KnobSample("k", "p", 8, ("vec=4",), 1.0, 5.0),
                KnobSample("k", "p", 8, ("vec=8",), 2.0, 4.0)]
     assert needed_factor(samples, {}) == pytest.approx(2.0)
     # A factor of 0.5 for vec=8 makes the fastest point also the best prediction.
     assert needed_factor(samples, {"vec=8": math.log(0.5)}) == pytest.approx(1.0)
+    # A point within NEAR_BEST of the fastest is as good a find: the band keeps the first of
+    # them it reaches.
+    near = [KnobSample("k", "p", 8, ("vec=4",), 1.0, 4.0 * (1 + NEAR_BEST)),
+            KnobSample("k", "p", 8, ("vec=8",), 2.0, 4.0)]
+    assert needed_factor(near, {}) == pytest.approx(1.0)
+    assert needed_band([(4.0 * (1 + 2 * NEAR_BEST), 1.0), (4.0, 2.0)]) == pytest.approx(2.0)
 
 
 def test_the_model_multiplies_its_terms_by_the_factor_of_a_named_point():

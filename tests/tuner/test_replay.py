@@ -189,3 +189,17 @@ def test_fresh_runs_name_one_winner_without_noise_and_several_with_it(plan):
                        tie_band=0.0)
     assert not noisy.one_winner and noisy.spread > 0
     assert noisy.winner_us == tuple(times[c] for c in noisy.winners)
+
+
+def test_a_lent_point_is_kept_timed_first_and_ends_the_regret(plan):
+    times = known_times(plan)
+    hidden = plan.pruned[-1].config  # the model prunes it; another problem's winner
+    times[hidden] = min(times.values()) / 2
+    other = dataclasses.replace(PROBLEM, hidden=2 * PROBLEM.hidden).static_key()
+    lent = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN,
+                         lenders={Lender(KERNEL.name, other): hidden})
+    alone = replay_bucket(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN)
+    assert lent.kept == alone.kept + 1
+    assert lent.regret == 0.0 and alone.regret == pytest.approx(1.0)
+    # The study times it right after the default, as the tuner's does.
+    assert lent.trials_to_band == 2
