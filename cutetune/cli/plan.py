@@ -33,9 +33,10 @@ from cutetune.cli.problems import model_problems
 def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, ...], device,
          top: int, datasheet: bool) -> None:
     """Show the funnel and the cost model's ranking, each point's predicted time as its
-    terms; needs no GPU."""
+    terms, keeping what the tuner keeps (the winners the kernel's other problems lend, stored
+    or shipped for a GPU of this model); needs no GPU."""
     from cutetune.cli.table import render_table
-    from cutetune.device.funnel import make_plan
+    from cutetune.device.funnel import lent_points, make_plan
     from cutetune.device.specs import Ceilings
     from cutetune.kernels.registry import get_kernel
     from cutetune.spaces.space import config_to_json
@@ -45,18 +46,21 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
     buckets = token_buckets(tokens)
     ceilings = Ceilings.from_datasheet(device)
     calibrated = None if datasheet else _stored_calibration(obj, device)
+    lenders = _lenders(obj, kdef, device)
     click.echo("cost model: " + ("datasheet roofline" if calibrated is None else
                                  f"calibrated for {calibrated.gpu_name}: "
                                  f"{calibrated.describe()}"))
     for static in statics:
         for bucket in buckets:
             problem = static.with_tokens(bucket)
-            result = make_plan(kdef, problem, device, ceilings, calibrated)
+            lent = {config: lender for lender, config in
+                    lent_points(kdef, problem, device, lenders.get(bucket, {}))}
+            result = make_plan(kdef, problem, device, ceilings, calibrated, lent)
             default = kdef.default_config(problem, device)
             click.echo(f"{problem.describe()} on {device.name}")
             click.echo(f"  {result.funnel()}")
             if calibrated is not None:
-                alone = make_plan(kdef, problem, device, ceilings)
+                alone = make_plan(kdef, problem, device, ceilings, lent=lent)
                 click.echo(f"  the datasheet roofline alone would keep {len(alone.kept)} "
                            f"(prune {len(alone.pruned)})")
             ranked = [(f"{rank}.", f"{point.prediction.predicted_us:.2f}",
@@ -67,7 +71,9 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
                        f"{100 * point.terms.efficiency:.0f}%)",
                        f"x{point.terms.knob_factor:.2f}",
                        config_to_json(point.config)
-                       + ("  (default)" if point.config == default else ""))
+                       + ("  (default)" if point.config == default else "")
+                       + (f"  (lent by {lent[point.config].describe()})"
+                          if point.config in lent else ""))
                       for rank, point in enumerate(result.kept[:top], 1)]
             click.echo(render_table(
                 ("rank", "predicted us", "launch", "waves (n)", "barrier",
@@ -81,7 +87,6 @@ def _stored_calibration(obj: Context, device):
     """The latest calibration stored for a GPU of `device`'s model; None where the database
     holds none (or does not exist)."""
     from cutetune.device.calibrated import read_stored
-    from cutetune.device.specs import device_spec_for
 
     db = obj.open_db(missing_ok=True)
     if db is None:
@@ -92,12 +97,34 @@ def _stored_calibration(obj: Context, device):
         stored = calibrations_with_devices(db)
     db.dispose()
 
-    def of_device(gpu_name: str) -> bool:
-        try:
-            return device_spec_for(gpu_name) == device
-        except ValueError:
-            return False
-
     fitted = [(when, params) for fingerprint, when, params in stored
-              if of_device(fingerprint.gpu_name)]
+              if _of_device(fingerprint.gpu_name, device)]
     return read_stored(max(fitted)[1]) if fitted else None
+
+
+def _lenders(obj: Context, kernel, device):
+    """The winners lent to `kernel`'s problems by bucket and lender (funnel.lenders_by_bucket):
+    the shipped and stored winners measured on a GPU of `device`'s model."""
+    from cutetune.device.funnel import lenders_by_bucket
+    from cutetune.results_db import winners_with_devices
+    from cutetune.results_db.shipped import shipped_with_devices
+
+    measured = shipped_with_devices()
+    db = obj.open_db(missing_ok=True)
+    if db is not None:
+        with obj.reading():
+            measured += winners_with_devices(db)
+        db.dispose()
+
+    return lenders_by_bucket(kernel, [w for fingerprint, w in measured
+                                      if _of_device(fingerprint.gpu_name, device)], device)
+
+
+def _of_device(gpu_name: str, device) -> bool:
+    """Whether a GPU of that name is of `device`'s model (a name no spec knows is not)."""
+    from cutetune.device.specs import device_spec_for
+
+    try:
+        return device_spec_for(gpu_name) == device
+    except ValueError:
+        return False

@@ -107,6 +107,22 @@ def test_plan_rounds_token_counts_up_to_their_bucket(empty_db):
     assert "    2. " in result.output and "    3. " not in result.output
 
 
+def test_plan_keeps_the_winner_another_problem_lends_as_the_tuner_does(stored_db):
+    # stored_db's Qwen3-8B winner at 8 tokens is lent to Qwen3-30B-A3B's problem (other head
+    # counts) at that bucket: the plan keeps it whatever its prediction, and names the lender.
+    qwen3_8b = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0].static_key()
+    result = invoke(stored_db, "plan", "qk_norm", "-m", "qwen3-30b-a3b", "--tokens", "8",
+                    "--top", "90")
+    assert result.exit_code == 0, result.output
+    assert result.output.count(f"(lent by qk_norm {qwen3_8b})") == 1
+    at_4096 = invoke(stored_db, "plan", "qk_norm", "-m", "qwen3-30b-a3b", "--tokens", "4096",
+                     "--top", "90")
+    assert at_4096.output.count(f"(lent by qk_norm {qwen3_8b})") == 1
+    # Its own problem is never lent its own winner.
+    own = invoke(stored_db, "plan", "qk_norm", "-m", "qwen3-8b", "--tokens", "8", "--top", "90")
+    assert f"(lent by qk_norm {qwen3_8b})" not in own.output
+
+
 @pytest.mark.parametrize("as_dir", [False, True], ids=["file", "directory"])
 def test_plan_reads_a_hf_config(empty_db, tmp_path, as_dir):
     model_dir = tmp_path / "my-qwen3"
