@@ -47,7 +47,7 @@ sit nearest the best: other problems' winners come within 3% of a bucket's best 
 H100's preset buckets ("Replayed searches"), the default in 43%, so the order's pick is seldom
 at the band's edge; the warm start tries them in every run. Replayed over those measurements
 (`python3 -m benchmarks.fresh_run_replay ... --lend`), five runs of each preset lent the other
-preset's bests name one winner in 76% of 132 buckets, 0.21% slower than the best at the
+preset's bests name one winner in 77% of 132 buckets, 0.20% slower than the best at the
 median, against 39% and 0.87% without them. A run lends among none of its own problems
 (tuner/model_run.py), so its buckets' searches do not depend on each other's outcome.
 
