@@ -1,6 +1,8 @@
-"""Shared test setup: compile for sm_90a on machines without a GPU, skip GPU tests there, and
-run the every-point sweeps only when asked for."""
+"""Shared test setup: compile for sm_90a on machines without a GPU, skip GPU tests there, give
+the tests that time kernels the GPU to themselves, and run the every-point sweeps only when
+asked for."""
 
+import fcntl
 import os
 
 # CuTeDSL reads the target when it is first imported; set it before any test module imports
@@ -20,6 +22,28 @@ def database_url(request, tmp_path):
         pytest.skip(NO_SERVER)
     with scratch_url(request.param, tmp_path) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def run_directory(tmp_path_factory):
+    """A folder of this pytest run shared by all its xdist workers (pytest keeps the last few
+    runs', then deletes)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(autouse=True)
+def _gpu_shared_or_alone(request):
+    """A test marked `timing` compares times it measures, so it holds an exclusive lock that
+    every other `gpu` test, wherever it sits, holds shared: no other worker's kernels (a tuning
+    run's included) run beside it."""
+    if request.node.get_closest_marker("gpu") is None:
+        yield
+        return
+    alone = request.node.get_closest_marker("timing") is not None
+    with open(request.getfixturevalue("run_directory") / "gpu.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
 
 
 def pytest_collection_modifyitems(config, items):
