@@ -45,8 +45,7 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
     statics = model_problems(kdef, model, dtype)  # a model it refuses is the only output
     buckets = token_buckets(tokens)
     ceilings = Ceilings.from_datasheet(device)
-    calibrated = None if datasheet else _stored_calibration(obj, device)
-    lenders = _lenders(obj, kdef, device)
+    calibrated, lenders = _stored(obj, kdef, device, datasheet)
     click.echo("cost model: " + ("datasheet roofline" if calibrated is None else
                                  f"calibrated for {calibrated.gpu_name}: "
                                  f"{calibrated.describe()}"))
@@ -83,41 +82,29 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
             click.echo(f"  default: {config_to_json(default)}")
 
 
-def _stored_calibration(obj: Context, device):
-    """The latest calibration stored for a GPU of `device`'s model; None where the database
-    holds none (or does not exist)."""
+def _stored(obj: Context, kernel, device, datasheet: bool):
+    """From one read of the database: the latest calibration stored for a GPU of `device`'s
+    model (None with `datasheet`, or where it holds none), and the winners lent to `kernel`'s
+    problems by bucket and lender (funnel.lenders_by_bucket), shipped or stored for such a
+    GPU. A database that does not exist holds neither."""
     from cutetune.device.calibrated import read_stored
-
-    db = obj.open_db(missing_ok=True)
-    if db is None:
-        return None
-    from cutetune.results_db import calibrations_with_devices
-
-    with obj.reading():
-        stored = calibrations_with_devices(db)
-    db.dispose()
-
-    fitted = [(when, params) for fingerprint, when, params in stored
-              if _of_device(fingerprint.gpu_name, device)]
-    return read_stored(max(fitted)[1]) if fitted else None
-
-
-def _lenders(obj: Context, kernel, device):
-    """The winners lent to `kernel`'s problems by bucket and lender (funnel.lenders_by_bucket):
-    the shipped and stored winners measured on a GPU of `device`'s model."""
     from cutetune.device.funnel import lenders_by_bucket
-    from cutetune.results_db import winners_with_devices
     from cutetune.results_db.shipped import shipped_with_devices
 
-    measured = shipped_with_devices()
+    calibrations, measured = [], shipped_with_devices()
     db = obj.open_db(missing_ok=True)
     if db is not None:
+        from cutetune.results_db import calibrations_with_devices, winners_with_devices
+
         with obj.reading():
+            calibrations = [] if datasheet else calibrations_with_devices(db)
             measured += winners_with_devices(db)
         db.dispose()
-
-    return lenders_by_bucket(kernel, [w for fingerprint, w in measured
-                                      if _of_device(fingerprint.gpu_name, device)], device)
+    fitted = [(when, params) for fingerprint, when, params in calibrations
+              if _of_device(fingerprint.gpu_name, device)]
+    return (read_stored(max(fitted)[1]) if fitted else None,
+            lenders_by_bucket(kernel, [w for fingerprint, w in measured
+                                       if _of_device(fingerprint.gpu_name, device)], device))
 
 
 def _of_device(gpu_name: str, device) -> bool:

@@ -180,6 +180,13 @@ def lent_points(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
                                            abs(math.log(moved(lent[0]) / here)), lent[0]))
 
 
+def lent_configs(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
+                 lenders: Mapping[Lender, Any]) -> tuple[Any, ...]:
+    """The configs of `lent_points`, in its order: what a plan keeps whatever the model
+    predicts (make_plan) and a study tries first."""
+    return tuple(config for _, config in lent_points(kernel, problem, spec, lenders))
+
+
 def borrowed_pick(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
                   lenders: Mapping[Lender, Any], calibrated: CalibratedModel | None = None
                   ) -> tuple[Lender, Any] | None:

@@ -32,7 +32,7 @@ from cutetune.device.calibrated import CalibratedModel
 from cutetune.device.funnel import (
     Lender,
     borrowed_pick,
-    lent_points,
+    lent_configs,
     make_plan,
     predicted_best,
 )
@@ -133,7 +133,7 @@ def fresh_runs(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | 
     """The tuner's plan and search of `problem` replayed as `runs` fresh runs over `times`,
     each reading them through its own RunNoise draws (module docstring); `lenders` as in
     replay_bucket, which every run is lent alike."""
-    lent = [config for _, config in lent_points(kernel, problem, spec, lenders or {})]
+    lent = lent_configs(kernel, problem, spec, lenders or {})
     plan = make_plan(kernel, problem, spec, ceilings, calibrated, lent)
     default = kernel.default_config(problem, spec)
     winners = []
@@ -204,7 +204,7 @@ def replay_bucket(kernel: KernelDef, problem: Problem, times: Mapping[Any, float
     `times`, the exhaustive measurements of its valid points; `lenders` are the winners at
     this bucket (lender -> config), which the plan keeps and the study tries first where they
     are valid points (funnel.lent_points), as the tuner's do, and serving may borrow."""
-    lent = [config for _, config in lent_points(kernel, problem, spec, lenders or {})]
+    lent = lent_configs(kernel, problem, spec, lenders or {})
     plan = make_plan(kernel, problem, spec, ceilings, calibrated, lent)
     valid = [p.config for p in plan.kept + plan.pruned]
     ok = {c: times[c] for c in valid if times.get(c) is not None}

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 
 from cutetune.device.calibrated import CalibratedModel
-from cutetune.device.funnel import Lender, Plan, lent_points, make_plan
+from cutetune.device.funnel import Lender, Plan, lent_configs, make_plan
 from cutetune.device.roofline import achieved_gbps, percent_of_roofline, predict
 from cutetune.device.specs import Ceilings, DeviceSpec
 from cutetune.kernels.registry import KernelDef
@@ -62,8 +62,7 @@ def plan_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spe
     problem = static_problem.with_tokens(bucket_of(num_tokens))
     default = kernel.default_config(problem, spec)
     kernel.space.check(problem, default, spec)
-    lent = tuple(config for _, config in
-                 lent_points(kernel, problem, spec, (lenders or {}).get(problem.num_tokens, {})))
+    lent = lent_configs(kernel, problem, spec, (lenders or {}).get(problem.num_tokens, {}))
     return BucketPlan(kernel, problem, make_plan(kernel, problem, spec, ceilings, calibrated, lent),
                       default, spec, ceilings, lent)
 
