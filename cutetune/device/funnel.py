@@ -193,9 +193,9 @@ def borrowed_pick(kernel: KernelDef, problem: Problem, spec: DeviceSpec,
     """Of `lent_points`, (lender, config): among the kernel's own problems' where any lends,
     else among the kernels' it borrows from, the one `calibrated` predicts fastest for
     `problem`, the nearest where there is no calibration (or two predictions tie); None where
-    none lends. Each lent point is another problem's best; the model's knob factors tell which
-    suits this problem (over the H100's held-out buckets, 85% within 3% of the best against
-    83% for the nearest: "Replayed searches")."""
+    none lends. Each lent point is another problem's best; the model's knob factors are what
+    can tell which suits this problem (how often it is within 3% of the best: "Replayed
+    searches" in BENCHMARKS.md)."""
     lent = lent_points(kernel, problem, spec, lenders)
     if lent:
         lent = [p for p in lent if p[0].kernel == lent[0][0].kernel]
