@@ -93,14 +93,6 @@ def _e2m1x2_hardware(low: Float32, high: Float32, *, loc=None, ip=None) -> Int32
         "=r,f,f", loc=loc, ip=ip))
 
 
-@dsl_user_op
-def _fma(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
-    """a * b + c rounded once, to nearest even (fma.rn.f32)."""
-    return Float32(llvm.inline_asm(
-        T.f32(), [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c)],
-        "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", loc=loc, ip=ip))
-
-
 def _e2m1_magnitude(value: Float32) -> Int32:
     """The e2m1 code of |value| (no NaN), nearest even and saturating as the hardware's
     conversion, in the low 3 bits of the result (the bits above are 2^23's pattern). Below 2
@@ -115,7 +107,7 @@ def _e2m1_magnitude(value: Float32) -> Int32:
     exponent = cutlass.max(_bits(magnitude) & INFINITY_BITS, Int32(ONE_BITS))
     inverse_step = _float(INFINITY_BITS - exponent)
     origin = _float(CODE_ORIGIN_BITS + (exponent >> (FLOAT_MANTISSA_BITS - 1)))
-    return _bits(_fma(magnitude, inverse_step, origin))
+    return _bits(cute.math.fma(magnitude, inverse_step, origin))
 
 
 def _e2m1x2_software(low: Float32, high: Float32) -> Int32:
