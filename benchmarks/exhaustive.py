@@ -15,7 +15,7 @@ points a call that died was timing are measured one at a time by the next, and t
 takes its process down (a sticky CUDA error) is written as failed by the call after. Compiles
 run ahead of the GPU in CPU processes (one per core, less one) into an artifact cache under
 --state; a problem shared by several models is measured once (the first model names it). About
-37,000 points for the nine presets at six buckets, of 6,300 distinct compiles (a point compiles
+37,000 points for the ten presets at six buckets, of 6,300 distinct compiles (a point compiles
 once for every bucket).
 
 `python3 -m benchmarks.replay_tables` computes the replay, pruning and zero-shot tables from the
