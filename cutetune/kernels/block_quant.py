@@ -33,8 +33,8 @@ Scales: row_major (tokens, hidden / block) or swizzled, the 128 x 4 tiles Blackw
 
 Hardware: on sm_100a e2m1 comes from cvt.rn.satfinite.e2m1x2.f32; sm_90a has no e2m1
 conversion, so the kernel rounds each element with one fma, its step and offset taken from the
-exponent (bit-exact, tests/gpu checks it on the H200). e4m3 is cvt.rn.satfinite.e4m3x2.f32 on
-both. 256-bit global loads exist on sm_100 only.
+exponent (bit-exact: tests/gpu checks it on the GPU, and every fp32 pattern was checked on the
+CPU). e4m3 is cvt.rn.satfinite.e4m3x2.f32 on both. 256-bit global loads exist on sm_100 only.
 
 Work split: activation's. A row is hidden / VEC vectors, numbered row-major over the rows; a
 block takes THREADS * VECTORS_PER_THREAD consecutive numbers, thread `tid` the numbers tid,
@@ -95,7 +95,7 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 WIDE_ACCESS_CC = 10
 MIN_BITS_PER_THREAD = 128
 # FP32 operations per element: the absolute value and max, the scaling multiply, the
-# conversion (counted as one; sm_90a's rounding of e2m1 is about six instructions).
+# conversion (counted as one, though sm_90a rounds e2m1 in software: docs/performance-notes.md).
 FLOPS_PER_ELEMENT = 3
 
 
