@@ -6,7 +6,7 @@ and the largest gap between two runs' winners by stored times.
 
     python3 -m benchmarks.fresh_run_replay EXHAUSTIVE.csv[.xz] [--runs 5] [--device H200]
         [--models M,M|presets|held-out] [--drift-pct 0.96] [--jitter-pct 0.25] [--tie-band 3]
-        [--warm-start-share 4] [--lend]
+        [--warm-start-share 4] [--lend] [--incumbent]
 
 The default noise is what fresh H200 runs measured (tuner/finals.py): the ratio of the same two
 finalists moved by 2.7% at p95 between runs, which two points' independent lognormal drifts of
@@ -62,14 +62,16 @@ def lenders_outside(buckets: Sequence[Bucket], models: Sequence[str]
 
 def replay_runs(buckets: Sequence[Bucket], spec: DeviceSpec, noise: RunNoise, runs: int,
                 tie_band: float, warm_start_share: int = WARM_START_SHARE,
-                lenders: Sequence[dict[Lender, Any]] | None = None
-                ) -> list[tuple[str, FreshRuns]]:
-    """Each bucket's fresh runs, lent `lenders` (one mapping per bucket; None: nothing)."""
+                lenders: Sequence[dict[Lender, Any]] | None = None,
+                shipped_first: bool = False) -> list[tuple[str, FreshRuns]]:
+    """Each bucket's fresh runs, lent `lenders` (one mapping per bucket; None: nothing), and
+    with `shipped_first` offered the winner of one more run as their incumbent."""
     ceilings = Ceilings.from_datasheet(spec)
     return [(b.kernel, fresh_runs(*b.kernel_and_problem(), b.times, spec, ceilings, None,
                                   noise, runs, tie_band=tie_band,
                                   warm_start_share=warm_start_share,
-                                  lenders=lenders[i] if lenders else None))
+                                  lenders=lenders[i] if lenders else None,
+                                  shipped_first=shipped_first))
             for i, b in enumerate(buckets)]
 
 
@@ -108,6 +110,10 @@ def main() -> None:
                         help="lend each problem the exhaustive bests at its bucket of the "
                              "problems its models do not use, as stored winners lend theirs "
                              "to a tuning run")
+    parser.add_argument("--incumbent", action="store_true",
+                        help="offer each bucket's runs the winner of one more replayed run as "
+                             "their incumbent, as a problem's shipped winner is to a tuning run "
+                             "on a GPU of the model it was tuned on")
     args = parser.parse_args()
     for name in ("runs", "warm_start_share"):
         if getattr(args, name) < 1:
@@ -129,7 +135,7 @@ def main() -> None:
     noise = RunNoise(args.drift_pct / 100, args.jitter_pct / 100)
     lenders = lenders_outside(buckets, models) if args.lend else None
     replays = replay_runs(buckets, spec, noise, args.runs, args.tie_band / 100,
-                          args.warm_start_share, lenders)
+                          args.warm_start_share, lenders, args.incumbent)
     print("\n".join(summary_lines(replays)))
 
 

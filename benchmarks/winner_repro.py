@@ -3,7 +3,9 @@
 
 Step 1, on the GPU, one fresh run after another, resumable: each run is `cutetune tune --model M
 --tokens 1,8,64,512,4096,32768` (every kernel M uses) into its own empty database, which holds
-its Optuna studies too; the runs share one artifact cache, which only saves compiling. After a
+its Optuna studies too, so all a run starts from is the package's winners shipped for this GPU
+(each problem's own the incumbent, the others lent: tuner/finals.py), as any run's; the runs
+share one artifact cache, which only saves compiling. After a
 run, its buckets are written to OUT/M-runK.csv: each bucket's winner and tie band, its
 finalists as re-measured side by side (the study's finals), and every verified trial's search
 time. A run cut short (the call's time limit) continues where it stopped when the same command

@@ -34,9 +34,10 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
          top: int, datasheet: bool) -> None:
     """Show the funnel and the cost model's ranking, each point's predicted time as its
     terms, keeping what the tuner keeps (the winners the kernel's other problems lend, stored
-    or shipped for a GPU of this model); needs no GPU."""
+    or shipped for a GPU of this model, and the problem's own shipped winner, the incumbent);
+    needs no GPU."""
     from cutetune.cli.table import render_table
-    from cutetune.device.funnel import lent_points, make_plan
+    from cutetune.device.funnel import Lender, lent_points, make_plan
     from cutetune.device.specs import Ceilings
     from cutetune.kernels.registry import get_kernel
     from cutetune.spaces.space import config_to_json
@@ -45,15 +46,18 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
     statics = model_problems(kdef, model, dtype)  # a model it refuses is the only output
     buckets = token_buckets(tokens)
     ceilings = Ceilings.from_datasheet(device)
-    calibrated, lenders = _stored(obj, kdef, device, datasheet)
+    calibrated, lenders, incumbents = _stored(obj, kdef, device, datasheet)
     click.echo("cost model: " + ("datasheet roofline" if calibrated is None else
                                  f"calibrated for {calibrated.gpu_name}: "
                                  f"{calibrated.describe()}"))
     for static in statics:
         for bucket in buckets:
             problem = static.with_tokens(bucket)
-            lent = {config: lender for lender, config in
+            lent = {config: f"lent by {lender.describe()}" for lender, config in
                     lent_points(kdef, problem, device, lenders.get(bucket, {}))}
+            incumbent = incumbents.get(bucket, {}).get(Lender(kdef.name, static.static_key()))
+            if incumbent is not None:
+                lent[incumbent] = "the incumbent: its winner shipped for this GPU"
             result = make_plan(kdef, problem, device, ceilings, calibrated, lent)
             default = kdef.default_config(problem, device)
             click.echo(f"{problem.describe()} on {device.name}")
@@ -71,7 +75,7 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
                        f"x{point.terms.knob_factor:.2f}",
                        config_to_json(point.config)
                        + ("  (default)" if point.config == default else "")
-                       + (f"  (lent by {lent[point.config].describe()})"
+                       + (f"  ({lent[point.config]})"
                           if point.config in lent else ""))
                       for rank, point in enumerate(result.kept[:top], 1)]
             click.echo(render_table(
@@ -84,14 +88,16 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
 
 def _stored(obj: Context, kernel, device, datasheet: bool):
     """From one read of the database: the latest calibration stored for a GPU of `device`'s
-    model (None with `datasheet`, or where it holds none), and the winners lent to `kernel`'s
+    model (None with `datasheet`, or where it holds none), the winners lent to `kernel`'s
     problems by bucket and lender (funnel.lenders_by_bucket), shipped or stored for such a
-    GPU. A database that does not exist holds neither."""
+    GPU, and the shipped ones alone, the incumbents. A database that does not exist holds
+    neither calibration nor stored winner."""
     from cutetune.device.calibrated import read_stored
     from cutetune.device.funnel import lenders_by_bucket
     from cutetune.results_db.shipped import shipped_with_devices
 
-    calibrations, measured = [], shipped_with_devices()
+    calibrations, shipped = [], shipped_with_devices()
+    measured = list(shipped)
     db = obj.open_db(missing_ok=True)
     if db is not None:
         from cutetune.results_db import calibrations_with_devices, winners_with_devices
@@ -102,9 +108,13 @@ def _stored(obj: Context, kernel, device, datasheet: bool):
         db.dispose()
     fitted = [(when, params) for fingerprint, when, params in calibrations
               if _of_device(fingerprint.gpu_name, device)]
+
+    def of_device(pairs):
+        return [w for fingerprint, w in pairs if _of_device(fingerprint.gpu_name, device)]
+
     return (read_stored(max(fitted)[1]) if fitted else None,
-            lenders_by_bucket(kernel, [w for fingerprint, w in measured
-                                       if _of_device(fingerprint.gpu_name, device)], device))
+            lenders_by_bucket(kernel, of_device(measured), device),
+            lenders_by_bucket(kernel, of_device(shipped), device))
 
 
 def _of_device(gpu_name: str, device) -> bool:

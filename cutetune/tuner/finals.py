@@ -32,27 +32,34 @@ fresh run differs from the last in where its inputs sit (and so in their L2 sets
 channels) as well as in time. Pooled, the fastest's IQR spans the placements the draws
 caught, and so does the band built from it.
 
-The fixed order is the lent points first (the stored winners of the kernel's problems outside
-the run at this bucket: device/funnel.py `lent_points`, alike in every run, which never
-writes them), then the default, then the cost model's best-ranked (the lowest predicted
-time, to PREDICTION_DIGITS significant digits, as the ceilings a fresh run measures move the
-predictions a little), then canonical JSON. The best-ranked points are the warm start, which
-every run tries whatever its search proposes after it, so where one of them is among the
-near-ties, every run has timed the one the order picks; and the order leans toward the faster
-points, so the point it picks tends to sit well inside the band rather than at its edge, where
-noise flips it. Picking again among the stored finalists of four fresh H200 runs of two presets
-(72 buckets, their finalists admitted by canonical JSON alone), this order named one winner in
-49 buckets at a 2% band, and canonical JSON alone in 46. The lent points lead because they
-sit nearest the best: other problems' winners come within 3% of a bucket's best in 84% of the
-H100's preset buckets ("Replayed searches"), the default in 43%, so the order's pick is seldom
-at the band's edge; the warm start tries them in every run. Replayed over those measurements
-(`python3 -m benchmarks.fresh_run_replay ... --lend`), five runs of each preset lent the other
-preset's bests name one winner in 77% of 132 buckets, 0.20% slower than the best at the
-median, against 39% and 0.87% without them. A run lends among none of its own problems
-(tuner/model_run.py), so its buckets' searches do not depend on each other's outcome.
+The fixed order is the incumbent first: the shipped winner of this very problem and bucket for
+a GPU of this model, of the kernel's current source (tuner/model_run.py), what the dispatcher
+serves here without the run. A run replaces it only with a point faster by more than the band,
+so runs on GPUs of one model name the point shipped for them unless they measure better. Then
+the lent points (the stored winners of the kernel's problems outside the run at this bucket:
+device/funnel.py `lent_points`, alike in every run, which never writes them), then the default,
+then the cost model's best-ranked (the lowest predicted time, to PREDICTION_DIGITS significant
+digits, as the ceilings a fresh run measures move the predictions a little), then canonical
+JSON. The best-ranked points are the warm start, which every run tries whatever its search
+proposes after it, so where one of them is among the near-ties, every run has timed the one the
+order picks; and the order leans toward the faster points, so the point it picks tends to sit
+well inside the band rather than at its edge, where noise flips it. Picking again among the
+stored finalists of four fresh H200 runs of two presets (72 buckets, their finalists admitted by
+canonical JSON alone), this order named one winner in 49 buckets at a 2% band, and canonical
+JSON alone in 46. The lent points lead the rest because they sit nearest the best: other
+problems' winners come within 3% of a bucket's best in 84% of the H100's preset buckets
+("Replayed searches"), the default in 43%, so the order's pick is seldom at the band's edge;
+the warm start tries them in every run. Replayed over those measurements (`python3 -m
+benchmarks.fresh_run_replay ... --lend`), five runs of each preset lent the other preset's bests
+name one winner in 77% of 132 buckets, 0.20% slower than the best at the median, against 39%
+and 0.87% without them; offered as well the winner of one more replayed run as the incumbent
+(`--incumbent`, as a shipped winner is), in 83%, 0.13% slower. A run lends among none of its own
+problems (tuner/model_run.py), so its buckets' searches do not depend on each other's outcome;
+the incumbent is package data, the same for every run.
 
 Which points are finalists is fixed as far as the search's times allow: the fastest few by
-(median, canonical JSON), so that equal times rank the same way in every run; the default; and
+(median, canonical JSON), so that equal times rank the same way in every run; the default and
+the incumbent; and
 the points the fixed order prefers among those within twice the band of the fastest by their
 search-time medians (taken at different moments of the search, so further apart than the same
 points side by side), so that the point the order would pick is re-measured in every run that
@@ -83,17 +90,20 @@ PREDICTION_DIGITS = 3  # significant digits of the predicted time the fixed orde
 
 @dataclass(frozen=True)
 class Finals:
-    """The finalists as re-measured (in the order they were timed), the band, the winner and
-    the default (re-measured beside it; None where it did not verify)."""
+    """The finalists as re-measured (in the order they were timed), the band, the winner, the
+    default (re-measured beside it; None where it did not verify) and the incumbent offered
+    (None where none was)."""
 
     finalists: tuple[TrialOutcome, ...]
     tie_band: float
     winner: TrialOutcome
     default: TrialOutcome | None
+    incumbent: Any = None
 
     def attr(self) -> dict[str, Any]:
         """What a study keeps of its finals (JSON): why the winner won."""
         return {"tie_band": self.tie_band, "winner": config_to_json(self.winner.config),
+                "incumbent": None if self.incumbent is None else config_to_json(self.incumbent),
                 "finalists": [{"config": config_to_json(t.config),
                                "median_us": t.measurement.median_us,
                                "iqr_us": t.measurement.iqr_us,
@@ -107,11 +117,11 @@ def tie_band(fastest: Measurement, floor: float = TIE_BAND_FLOOR) -> float:
     return max(floor, fastest.iqr_us / fastest.median_us)
 
 
-def preference(config: Any, default: Any, predicted_us: float,
-               lent: Collection[Any] = ()) -> tuple[bool, bool, float, str]:
-    """The fixed order among tied points (module docstring): the lent points first, then the
-    default, then the lowest predicted time, then canonical JSON."""
-    return (config not in lent, config != default,
+def preference(config: Any, default: Any, predicted_us: float, lent: Collection[Any] = (),
+               incumbent: Any = None) -> tuple[bool, bool, bool, float, str]:
+    """The fixed order among tied points (module docstring): the incumbent first, then the lent
+    points, then the default, then the lowest predicted time, then canonical JSON."""
+    return (config != incumbent, config not in lent, config != default,
             float(f"{predicted_us:.{PREDICTION_DIGITS}g}"), config_to_json(config))
 
 
@@ -122,7 +132,7 @@ def by_speed(outcomes: Sequence[TrialOutcome]) -> list[TrialOutcome]:
 
 
 def finalists(ok: Sequence[TrialOutcome], default: Any, floor: float = TIE_BAND_FLOOR,
-              lent: Collection[Any] = ()) -> list[TrialOutcome]:
+              lent: Collection[Any] = (), incumbent: Any = None) -> list[TrialOutcome]:
     """The points to re-measure, fastest first (module docstring), from the verified ones."""
     ranked = by_speed(ok)
     if not ranked:
@@ -130,21 +140,23 @@ def finalists(ok: Sequence[TrialOutcome], default: Any, floor: float = TIE_BAND_
     fastest = ranked[0].measurement
     window = fastest.median_us * (1 + ADMISSION * tie_band(fastest, floor))
     near = sorted((t for t in ranked if t.measurement.median_us <= window),
-                  key=lambda t: preference(t.config, default, t.predicted_us, lent))
-    chosen = ranked[:FASTEST] + near[:PREFERRED] + [t for t in ranked if t.config == default]
+                  key=lambda t: preference(t.config, default, t.predicted_us, lent, incumbent))
+    chosen = ranked[:FASTEST] + near[:PREFERRED] + [t for t in ranked
+                                                    if t.config in (default, incumbent)]
     return list({t.config: t for t in chosen}.values())
 
 
 def pick(remeasured: Sequence[TrialOutcome], default: Any, floor: float = TIE_BAND_FLOOR,
-         lent: Collection[Any] = ()) -> Finals:
+         lent: Collection[Any] = (), incumbent: Any = None) -> Finals:
     """The winner among `remeasured` finalists (at least one): the preferred of those tied
     with the fastest. Each keeps its own measurement, so the winner's is its own times."""
     fastest = by_speed(remeasured)[0].measurement
     band = tie_band(fastest, floor)
     tied = [t for t in remeasured if t.measurement.median_us <= fastest.median_us * (1 + band)]
-    winner = min(tied, key=lambda t: preference(t.config, default, t.predicted_us, lent))
+    winner = min(tied, key=lambda t: preference(t.config, default, t.predicted_us, lent,
+                                                incumbent))
     return Finals(tuple(remeasured), band, winner,
-                  next((t for t in remeasured if t.config == default), None))
+                  next((t for t in remeasured if t.config == default), None), incumbent)
 
 
 def remeasured(finals: Sequence[TrialOutcome],

@@ -242,14 +242,19 @@ def plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
     stored_summaries, pending = [], []
     # What the stored winners of problems outside the run lend, by kernel: never the run's own
     # problems', which would make one bucket's search depend on another's outcome, and a
-    # resumed run lend what the interrupted one did not.
+    # resumed run lend what the interrupted one did not. The run's own problems' shipped
+    # winners, package data alike in every run, are their incumbents (finals.py).
     own = {(unit.kernel.name, unit.problem.static_key()) for unit in units}
-    stored_winners = [w for w in [*shipped_winners(fingerprint), *winners_to_serve(db, fingerprint)]
+    shipped = shipped_winners(fingerprint)
+    stored_winners = [w for w in [*shipped, *winners_to_serve(db, fingerprint)]
                       if (w.kernel_name, w.static_key) not in own]
+    shipped_own = [w for w in shipped if (w.kernel_name, w.static_key) in own]
     lenders: dict[str, dict[int, dict[Lender, Any]]] = {}
+    incumbents: dict[str, dict[int, dict[Lender, Any]]] = {}
     for unit in units:
         if unit.kernel.name not in lenders:
             lenders[unit.kernel.name] = lenders_by_bucket(unit.kernel, stored_winners, spec)
+            incumbents[unit.kernel.name] = lenders_by_bucket(unit.kernel, shipped_own, spec)
         source, static_key = unit.kernel.source_hash(), unit.problem.static_key()
         if options.retry_failed:
             clear_quarantine(db, fingerprint, unit.kernel.name, source, static_key)
@@ -257,7 +262,7 @@ def plan_run(units: Sequence[Unit], buckets: Sequence[int], db: Database,
         quarantined = frozenset(_quarantined(db, fingerprint, unit))
         for bucket in buckets:
             planned = plan_bucket(unit.kernel, unit.problem, bucket, spec, ceilings, calibrated,
-                                  lenders[unit.kernel.name])
+                                  lenders[unit.kernel.name], incumbents[unit.kernel.name])
             trials = min(options.budget,
                          len(candidates_of(planned.plan, planned.default, quarantined)))
             run = stored.get(planned.bucket)
@@ -276,7 +281,8 @@ def compile_order(pending: Sequence[PendingBucket], budget: int
     for warm_start_only in (True, False):
         for index, bucket in enumerate(pending):
             plan, default = bucket.planned.plan, bucket.planned.default
-            order = (candidate_order(plan, default, budget, lent=bucket.planned.lent)
+            order = (candidate_order(plan, default, budget, lent=bucket.planned.lent,
+                                     incumbent=bucket.planned.incumbent)
                      if warm_start_only
                      else ranked_candidates(plan, default))
             yield index, warm_start_only, [c for c in order if c not in bucket.quarantined]

@@ -129,22 +129,29 @@ def fresh_runs(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | 
                noise: RunNoise, runs: int, budget: int = DEFAULT_BUDGET,
                tie_band: float = TIE_BAND_FLOOR,
                warm_start_share: int = WARM_START_SHARE,
-               lenders: Mapping[Lender, Any] | None = None) -> FreshRuns:
+               lenders: Mapping[Lender, Any] | None = None,
+               shipped_first: bool = False) -> FreshRuns:
     """The tuner's plan and search of `problem` replayed as `runs` fresh runs over `times`,
     each reading them through its own RunNoise draws (module docstring); `lenders` as in
-    replay_bucket, which every run is lent alike."""
+    replay_bucket, which every run is lent alike. With `shipped_first`, one more run (with
+    draws of its own) tunes the bucket before them, and its winner is their incumbent, as a
+    problem's shipped winner is to fresh runs on a GPU of the model it was tuned on."""
     lent = lent_configs(kernel, problem, spec, lenders or {})
-    plan = make_plan(kernel, problem, spec, ceilings, calibrated, lent)
     default = kernel.default_config(problem, spec)
-    winners = []
-    for run in range(runs):
+
+    def winner_of(run: int, incumbent: Any) -> Any:
+        kept_whatever = lent if incumbent is None else (incumbent, *lent)
+        plan = make_plan(kernel, problem, spec, ceilings, calibrated, kept_whatever)
         result = run_study(kernel, plan, default, FreshRunRunner(times, noise, run), budget,
                            f"fresh run {run} {kernel.name} {problem.static_key()} "
                            f"{problem.num_tokens}", tie_band=tie_band,
-                           warm_start_share=warm_start_share, lent=lent)
+                           warm_start_share=warm_start_share, lent=lent, incumbent=incumbent)
         if result.winner is None:
             raise ValueError(f"no point of {kernel.name} {problem.describe()} verified")
-        winners.append(result.winner.config)
+        return result.winner.config
+
+    incumbent = winner_of(runs, None) if shipped_first else None
+    winners = [winner_of(run, incumbent) for run in range(runs)]
     best = min(us for us in times.values() if us is not None)
     return FreshRuns(tuple(winners), tuple(times[c] for c in winners), best)
 

@@ -1,12 +1,13 @@
 """The search: one Optuna study per (kernel, static problem, token bucket, device, kernel source).
 
 The roofline's survivors are the candidates. The study is warm-started with the seed heuristic's
-default and the best-ranked points; it is exhaustive when the candidates fit the trial budget
-and TPE otherwise. Each trial asks the injected TrialRunner to compile, verify and time one
-point; a point that fails becomes a failed trial with its reason and the search goes on.
-Finalists (the fastest few, the default and the near-fastest the fixed order prefers) are
-re-measured in interleaved rounds, and the winner is named by a tie band and a fixed order
-(finals.py), so that the same GPU names the same winner.
+default, the incumbent and the lent points (finals.py) and the best-ranked points; it is
+exhaustive when the candidates fit the trial budget and TPE otherwise. Each trial asks the
+injected TrialRunner to compile, verify and time one point; a point that fails becomes a failed
+trial with its reason and the search goes on. Finalists (the fastest few, the default, the
+incumbent and the near-fastest the fixed order prefers) are re-measured in interleaved rounds,
+and the winner is named by a tie band and a fixed order (finals.py), so that the same GPU names
+the same winner.
 
 A study in persistent storage survives its process. Each finished trial carries its outcome in
 a user attribute, so a study started again continues where the last process stopped: finished
@@ -110,16 +111,16 @@ def ranked_candidates(plan: Plan, default: Any) -> list[Any]:
 
 def candidate_order(plan: Plan, default: Any, budget: int,
                     warm_start_share: int = WARM_START_SHARE,
-                    lent: Sequence[Any] = ()) -> list[Any]:
-    """The points to enqueue, in order: the default first, then the `lent` ones the roofline
-    kept (finals.py), then the best-ranked ones (one `warm_start_share`-th of the budget; 1
-    gives the whole budget to them, no TPE); all of them when the candidates fit the
-    budget."""
+                    lent: Sequence[Any] = (), incumbent: Any = None) -> list[Any]:
+    """The points to enqueue, in order: the default first, then the `incumbent` and the `lent`
+    ones the roofline kept (finals.py), then the best-ranked ones (one `warm_start_share`-th of
+    the budget; 1 gives the whole budget to them, no TPE); all of them when the candidates fit
+    the budget."""
     ranked = ranked_candidates(plan, default)
     if len(ranked) <= budget:
         return ranked
     kept = {p.config for p in plan.kept}
-    head = [c for c in lent if c in kept] + [
+    head = [c for c in (incumbent, *lent) if c in kept] + [
         p.config for p in plan.kept[: max(1, budget // warm_start_share)]]
     return list(dict.fromkeys([default] + head))[:budget]
 
@@ -129,12 +130,14 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
               on_trial: Callable[[TrialOutcome], None] | None = None,
               excluded: Collection[Any] = (), retry_failed: bool = False,
               tie_band: float = TIE_BAND_FLOOR,
-              warm_start_share: int = WARM_START_SHARE, lent: Sequence[Any] = ()) -> StudyResult:
+              warm_start_share: int = WARM_START_SHARE, lent: Sequence[Any] = (),
+              incumbent: Any = None) -> StudyResult:
     """Search `plan`'s candidates (less `excluded`) within `budget` trials, continuing the
     study of that name where one is stored. `retry_failed` tries again the points of a stored
     study that took their process down; `tie_band` is the least band within which finalists
-    are tied (finals.py); `warm_start_share` and `lent` (the winners other problems of the
-    kernel lend at this bucket) as in candidate_order; the finals prefer the lent points."""
+    are tied (finals.py); `warm_start_share`, `lent` (the winners other problems of the kernel
+    lend at this bucket) and `incumbent` (the problem's shipped winner at this bucket) as in
+    candidate_order; the finals prefer the incumbent, then the lent points."""
     if budget < 1:
         raise ValueError(f"the trial budget must be at least 1, got {budget}")
     if warm_start_share < 1:
@@ -145,8 +148,8 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
     predicted = {p.config: p.prediction.predicted_us for p in plan.kept + plan.pruned}
     candidates = candidates_of(plan, default, excluded)
     ranked = [c for c in ranked_candidates(plan, default) if c in candidates]
-    warm_start = [c for c in candidate_order(plan, default, budget, warm_start_share, lent)
-                  if c in candidates]
+    warm_start = [c for c in candidate_order(plan, default, budget, warm_start_share, lent,
+                                             incumbent) if c in candidates]
     exhaustive = len(warm_start) == len(candidates)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -203,7 +206,7 @@ def run_study(kernel: KernelDef, plan: Plan, default: Any, runner: TrialRunner, 
             on_trial(outcome)
 
     trials = tuple(sorted(outcomes.values(), key=lambda t: t.number))
-    picked = _pick_winner(trials, runner, default, tie_band, frozenset(lent))
+    picked = _pick_winner(trials, runner, default, tie_band, frozenset(lent), incumbent)
     if picked is None:
         return StudyResult(plan.problem, study_name, exhaustive, trials, None,
                            outcomes.get(default), resumed, started, datetime.now(UTC))
@@ -243,15 +246,17 @@ def _stored_outcomes(study: optuna.Study, kernel: KernelDef) -> dict[Any, TrialO
 
 
 def _pick_winner(trials: Sequence[TrialOutcome], runner: TrialRunner, default: Any,
-                 tie_band: float, lent: frozenset = frozenset()) -> Finals | None:
+                 tie_band: float, lent: frozenset = frozenset(),
+                 incumbent: Any = None) -> Finals | None:
     """The finalists re-measured side by side, and the winner among them (finals.py); None
     where no point verified. The default is always among them: timed in the same rounds, a
     tuned point cannot lose to it by the drift between two moments of a search."""
-    chosen = finals.finalists([t for t in trials if t.ok], default, tie_band, lent)
+    chosen = finals.finalists([t for t in trials if t.ok], default, tie_band, lent, incumbent)
     if not chosen:
         return None
     if len(chosen) == 1:
         (only,) = chosen
-        return Finals(tuple(chosen), finals.tie_band(only.measurement, tie_band), only, None)
+        return Finals(tuple(chosen), finals.tie_band(only.measurement, tie_band), only, None,
+                      incumbent)
     measured = runner.remeasure([t.config for t in chosen])
-    return finals.pick(finals.remeasured(chosen, measured), default, tie_band, lent)
+    return finals.pick(finals.remeasured(chosen, measured), default, tie_band, lent, incumbent)

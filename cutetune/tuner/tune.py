@@ -31,8 +31,9 @@ from cutetune.tuner.study import StudyResult, TrialOutcome, TrialRunner, run_stu
 @dataclass(frozen=True)
 class BucketPlan:
     """What tuning one bucket starts from: the problem at the bucket's own token count (the
-    size the dispatcher serves it for), the cost model's plan, the heuristic default, and the
-    points other problems' winners lend it, nearest first (study.py, finals.py)."""
+    size the dispatcher serves it for), the cost model's plan, the heuristic default, the
+    points other problems' winners lend it, nearest first, and the incumbent, the problem's
+    own shipped winner at the bucket (None where none is shipped; study.py, finals.py)."""
 
     kernel: KernelDef
     problem: Problem
@@ -41,6 +42,7 @@ class BucketPlan:
     spec: DeviceSpec
     ceilings: Ceilings
     lent: tuple[Any, ...] = ()
+    incumbent: Any = None
 
     @property
     def bucket(self) -> int:
@@ -55,16 +57,22 @@ def bucket_key(planned: BucketPlan) -> tuple:
 
 def plan_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spec: DeviceSpec,
                 ceilings: Ceilings, calibrated: CalibratedModel | None = None,
-                lenders: Mapping[int, Mapping[Lender, Any]] | None = None) -> BucketPlan:
+                lenders: Mapping[int, Mapping[Lender, Any]] | None = None,
+                incumbents: Mapping[int, Mapping[Lender, Any]] | None = None) -> BucketPlan:
     """The plan of the bucket that serves `num_tokens`, ranked and pruned by `calibrated`
     (the device's fitted model) where given, else by the datasheet roofline; `lenders` are the
-    kernel's stored winners by bucket and lender (funnel.lenders_by_bucket)."""
+    kernel's stored winners by bucket and lender (funnel.lenders_by_bucket), `incumbents` its
+    shipped ones alike, of which the problem's own is the incumbent; the plan keeps both."""
     problem = static_problem.with_tokens(bucket_of(num_tokens))
     default = kernel.default_config(problem, spec)
     kernel.space.check(problem, default, spec)
     lent = lent_configs(kernel, problem, spec, (lenders or {}).get(problem.num_tokens, {}))
-    return BucketPlan(kernel, problem, make_plan(kernel, problem, spec, ceilings, calibrated, lent),
-                      default, spec, ceilings, lent)
+    incumbent = (incumbents or {}).get(problem.num_tokens, {}).get(
+        Lender(kernel.name, problem.static_key()))
+    kept_whatever = lent if incumbent is None else (incumbent, *lent)
+    return BucketPlan(kernel, problem,
+                      make_plan(kernel, problem, spec, ceilings, calibrated, kept_whatever),
+                      default, spec, ceilings, lent, incumbent)
 
 
 def study_name(kernel: KernelDef, problem: Problem, fingerprint: DeviceFingerprint) -> str:
@@ -124,7 +132,8 @@ def tune_bucket(planned: BucketPlan, runner: TrialRunner, db: Database,
         optuna.delete_study(study_name=name, storage=storage)
     result = run_study(kernel, planned.plan, planned.default, runner, budget, name,
                        storage=storage, seed=seed, on_trial=on_trial, excluded=excluded,
-                       retry_failed=retry_failed, tie_band=tie_band, lent=planned.lent)
+                       retry_failed=retry_failed, tie_band=tie_band, lent=planned.lent,
+                       incumbent=planned.incumbent)
     # The winner's trial is stored with its own interleaved re-measurement (not the fastest
     # finalist's, where the tie band named another): the numbers the winner row carries.
     winner = result.winner.number if result.winner is not None else None

@@ -18,11 +18,13 @@ def run(monkeypatch, capsys, *args: str) -> str:
     return capsys.readouterr().out
 
 
-def test_runs_without_noise_name_one_winner_in_every_bucket(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("flags", [(), ("--incumbent",), ("--lend", "--incumbent")])
+def test_runs_without_noise_name_one_winner_in_every_bucket(tmp_path, monkeypatch, capsys,
+                                                            flags):
     path = write_known_exhaustive(tmp_path / "exhaustive.csv", ("qwen3-8b",), ["rmsnorm"],
                                   (8, 4096), leave_out_last=True)
     out = run(monkeypatch, capsys, str(path), "--runs", "2", "--models", "qwen3-8b",
-              "--drift-pct", "0", "--jitter-pct", "0")
+              "--drift-pct", "0", "--jitter-pct", "0", *flags)
     # qwen3-8b's two norms (plain and with the add) at two buckets, the last one measured in
     # part and left out.
     assert "left out, not every valid point measured: 1 buckets" in out

@@ -20,6 +20,7 @@ import torch
 from click.testing import CliRunner
 
 from cutetune.cli.main import cli
+from cutetune.device.funnel import make_plan
 from cutetune.kernels import qk_norm as qk
 from cutetune.kernels.registry import NotApplicableError, get_kernel, kernel_names
 from cutetune.results_db import (
@@ -31,9 +32,11 @@ from cutetune.results_db import (
     winners_with_devices,
 )
 from cutetune.spaces.models import load_model
+from cutetune.spaces.space import config_to_json
 from cutetune.tuner.tune import plan_bucket, tune_bucket
 from testkit.fake_qk_runner import CEILINGS, FINGERPRINT, SPEC, FakeRunner
 from testkit.malformed_configs import BAD_MODEL_PATHS, BASE_OF_FIELD, MALFORMED
+from testkit.stored_winners import winner
 
 STORED_BUCKETS = (8, 4096)
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(),
@@ -121,6 +124,27 @@ def test_plan_keeps_the_winner_another_problem_lends_as_the_tuner_does(stored_db
     # Its own problem is never lent its own winner.
     own = invoke(stored_db, "plan", "qk_norm", "-m", "qwen3-8b", "--tokens", "8", "--top", "90")
     assert f"(lent by qk_norm {qwen3_8b})" not in own.output
+
+
+def test_plan_keeps_and_names_the_problems_shipped_winner_as_the_incumbent(empty_db,
+                                                                           monkeypatch):
+    from cutetune.results_db import shipped
+
+    static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
+    plan = make_plan(qk.KERNEL, static.with_tokens(8), SPEC, CEILINGS)
+    last = plan.kept[-1].config  # the roofline ranks it last of the points it keeps
+    monkeypatch.setattr(shipped, "shipped_with_devices", lambda: [
+        (FINGERPRINT, winner(qk.KERNEL, static, 8, last))])
+    result = invoke(empty_db, "plan", "qk_norm", "-m", "qwen3-8b", "--tokens", "8,64",
+                    "--top", "90")
+    assert result.exit_code == 0, result.output
+    marked = [line for line in result.output.splitlines() if "(the incumbent" in line]
+    assert len(marked) == 1 and config_to_json(last) in marked[0]  # at its bucket only
+    # Another model's problem is lent it instead.
+    other = invoke(empty_db, "plan", "qk_norm", "-m", "qwen3-30b-a3b", "--tokens", "8",
+                   "--top", "90")
+    assert "(the incumbent" not in other.output
+    assert f"(lent by qk_norm {static.static_key()})" in other.output
 
 
 @pytest.mark.parametrize("as_dir", [False, True], ids=["file", "directory"])

@@ -110,6 +110,26 @@ def test_a_lent_point_wins_its_ties_before_the_default():
         DEFAULT, DEFAULT, PREDICTED[DEFAULT], {lent})
 
 
+def test_the_incumbent_wins_its_ties_before_the_lent_points_and_is_always_remeasured():
+    incumbent, lent = POINTS[3], POINTS[2]
+    # All within the band of the fastest side by side: the incumbent, last of them in the
+    # order without it, is named in every noise order.
+    base = {POINTS[0]: 10.0, lent: 10.1, DEFAULT: 10.1, incumbent: 10.15}
+    assert winners_over(base, [POINTS[0], lent, incumbent], (0.0, 0.05, 0.1), lent=[lent],
+                        incumbent=incumbent) == {incumbent}
+    # 7% behind by its search time (outside the near-fastest window) but 2% side by side: a
+    # finalist all the same, and named.
+    base = {POINTS[0]: 10.0, DEFAULT: 12.0, incumbent: 10.7}
+    runner = NoisyRunner(base, {incumbent: -0.5})
+    result = run_study(qk.KERNEL, PLAN, DEFAULT, runner, budget=500, study_name="t",
+                       incumbent=incumbent)
+    assert result.winner.config == incumbent
+    # Faster by more than the band, another point replaces it.
+    base = {POINTS[0]: 10.0, DEFAULT: 12.0, incumbent: 10.5}
+    assert winners_over(base, [POINTS[0], incumbent], (0.0, 0.02),
+                        incumbent=incumbent) == {POINTS[0]}
+
+
 def test_the_band_widens_with_the_fastest_finalists_spread():
     def outcome(config, median_us, iqr_us):
         return TrialOutcome(0, config, Measurement(median_us, iqr_us, 25), None,
@@ -171,6 +191,7 @@ def test_the_record_keeps_the_winners_own_times_and_the_study_its_finals(tmp_pat
     study = optuna.load_study(study_name=result.study_name, storage=db.url)
     finals = study.user_attrs[FINALS_ATTR]
     assert finals["winner"] == config_to_json(DEFAULT)
+    assert finals["incumbent"] is None  # none shipped for this problem
     assert finals["tie_band"] == pytest.approx(TIE_BAND_FLOOR)
     by_config = {f["config"]: f["median_us"] for f in finals["finalists"]}
     assert by_config[config_to_json(POINTS[0])] == pytest.approx(9.98)

@@ -14,6 +14,7 @@ from cutetune.device.measure import Measurement
 from cutetune.device.specs import DEVICE_SPECS, Ceilings
 from cutetune.kernels.registry import get_kernel
 from cutetune.spaces.models import load_model
+from cutetune.tuner import replay
 from cutetune.tuner.replay import (
     BucketReplay,
     FreshRunRunner,
@@ -24,7 +25,7 @@ from cutetune.tuner.replay import (
     summarize,
     trials_to_band,
 )
-from cutetune.tuner.study import TrialFailure
+from cutetune.tuner.study import TrialFailure, run_study
 from testkit.known_cost_model import KNOWN
 
 SPEC = DEVICE_SPECS["H200"]
@@ -189,6 +190,27 @@ def test_fresh_runs_name_one_winner_without_noise_and_several_with_it(plan):
                        tie_band=0.0)
     assert not noisy.one_winner and noisy.spread > 0
     assert noisy.winner_us == tuple(times[c] for c in noisy.winners)
+
+
+def test_shipped_first_offers_one_more_runs_winner_to_every_run_as_its_incumbent(
+        plan, monkeypatch):
+    times = known_times(plan)
+    studies = []
+
+    def recorded(kernel, plan, default, runner, *args, **kwargs):
+        result = run_study(kernel, plan, default, runner, *args, **kwargs)
+        studies.append((runner.run, kwargs["incumbent"], result.winner.config,
+                        {p.config for p in plan.kept}))
+        return result
+
+    monkeypatch.setattr(replay, "run_study", recorded)
+    runs = fresh_runs(KERNEL, PROBLEM, times, SPEC, CEILINGS, KNOWN, RunNoise(0.05, 0.0), 3,
+                      shipped_first=True)
+    (shipping, *fresh) = studies
+    assert shipping[:2] == (3, None)  # a run of its own draws, offered none
+    assert [s[:2] for s in fresh] == [(run, shipping[2]) for run in range(3)]
+    assert all(shipping[2] in kept for *_, kept in fresh)
+    assert runs.winners == tuple(s[2] for s in fresh)
 
 
 def test_a_lent_point_is_kept_timed_first_and_ends_the_regret(plan):

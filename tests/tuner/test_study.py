@@ -128,6 +128,44 @@ def test_a_run_is_lent_the_winners_stored_and_shipped_before_it(tmp_path, monkey
     assert [b.planned.lent for b in pending] == [(small, large), (), (small, large), ()]
 
 
+def test_a_problems_own_shipped_winner_is_its_incumbent_and_lends_nothing(tmp_path,
+                                                                         monkeypatch):
+    static = qk.problems_for_model(load_model("qwen3-8b"), "bfloat16")[0]
+    small = qk.QKNormConfig(vector_bits=128, heads_per_warp=2, warps_per_block=1)
+    large = qk.QKNormConfig(vector_bits=128, heads_per_warp=4, warps_per_block=8)
+    # The database's winner of the problem is the last run's outcome: neither lent nor kept.
+    monkeypatch.setattr(model_run, "winners_to_serve",
+                        lambda db, here: [winner(qk.KERNEL, static, 8, small)])
+    monkeypatch.setattr(model_run, "shipped_winners",
+                        lambda here: [winner(qk.KERNEL, static, 8, large)])
+    db = Database.open(f"sqlite:///{tmp_path / 'results.db'}")
+    _, pending = model_run.plan_run([model_run.Unit(qk.KERNEL, static)], [8, 64], db,
+                                    FINGERPRINT, SPEC, CEILINGS, None,
+                                    model_run.RunOptions(budget=16))
+    assert [(b.planned.incumbent, b.planned.lent) for b in pending] == [(large, ()), (None, ())]
+    assert large in {p.config for p in pending[0].planned.plan.kept}
+
+
+def test_the_incumbent_is_tried_after_the_default_and_wins_its_ties():
+    problem, plan = _plan(4096)
+    default = qk.default_config(problem, SPEC)
+    kept = [p.config for p in plan.kept if p.config != default]
+    incumbent, lent = kept[-1], [kept[-2]]  # the roofline's last-ranked: in no head
+    assert candidate_order(plan, default, 10, lent=lent, incumbent=incumbent)[:3] == [
+        default, incumbent, *lent]
+
+    class AllTied(FakeRunner):
+        def measure(self, config):
+            return Measurement(10.0, 0.0, 1)
+
+        def remeasure(self, configs):
+            return [Measurement(10.0, 0.0, 3) for _ in configs]
+
+    result = run_study(qk.KERNEL, plan, default, AllTied(), budget=10, study_name="t",
+                       lent=lent, incumbent=incumbent)
+    assert result.winner.config == incumbent
+
+
 def test_every_point_failing_names_no_winner():
     problem, plan = _plan(8)
 
