@@ -59,11 +59,10 @@ the incumbent is package data, the same for every run.
 
 Which points are finalists is fixed as far as the search's times allow: the fastest few by
 (median, canonical JSON), so that equal times rank the same way in every run; the default and
-the incumbent; and
-the points the fixed order prefers among those within twice the band of the fastest by their
-search-time medians (taken at different moments of the search, so further apart than the same
-points side by side), so that the point the order would pick is re-measured in every run that
-timed it near the top.
+the incumbent; and the points the fixed order prefers among those within twice the band of the
+fastest by their search-time medians (taken at different moments of the search, so further
+apart than the same points side by side), so that the point the order would pick is
+re-measured in every run that timed it near the top.
 """
 
 from __future__ import annotations

@@ -140,8 +140,8 @@ def fresh_runs(kernel: KernelDef, problem: Problem, times: Mapping[Any, float | 
     default = kernel.default_config(problem, spec)
 
     def winner_of(run: int, incumbent: Any) -> Any:
-        kept_whatever = lent if incumbent is None else (incumbent, *lent)
-        plan = make_plan(kernel, problem, spec, ceilings, calibrated, kept_whatever)
+        always_kept = lent if incumbent is None else (incumbent, *lent)
+        plan = make_plan(kernel, problem, spec, ceilings, calibrated, always_kept)
         result = run_study(kernel, plan, default, FreshRunRunner(times, noise, run), budget,
                            f"fresh run {run} {kernel.name} {problem.static_key()} "
                            f"{problem.num_tokens}", tie_band=tie_band,

@@ -249,8 +249,9 @@ def _pick_winner(trials: Sequence[TrialOutcome], runner: TrialRunner, default: A
                  tie_band: float, lent: frozenset = frozenset(),
                  incumbent: Any = None) -> Finals | None:
     """The finalists re-measured side by side, and the winner among them (finals.py); None
-    where no point verified. The default is always among them: timed in the same rounds, a
-    tuned point cannot lose to it by the drift between two moments of a search."""
+    where no point verified. The default and the incumbent are always among them: timed in the
+    same rounds, a tuned point cannot win or lose against them by the drift between two moments
+    of a search."""
     chosen = finals.finalists([t for t in trials if t.ok], default, tie_band, lent, incumbent)
     if not chosen:
         return None

@@ -69,9 +69,9 @@ def plan_bucket(kernel: KernelDef, static_problem: Problem, num_tokens: int, spe
     lent = lent_configs(kernel, problem, spec, (lenders or {}).get(problem.num_tokens, {}))
     incumbent = (incumbents or {}).get(problem.num_tokens, {}).get(
         Lender(kernel.name, problem.static_key()))
-    kept_whatever = lent if incumbent is None else (incumbent, *lent)
+    always_kept = lent if incumbent is None else (incumbent, *lent)
     return BucketPlan(kernel, problem,
-                      make_plan(kernel, problem, spec, ceilings, calibrated, kept_whatever),
+                      make_plan(kernel, problem, spec, ceilings, calibrated, always_kept),
                       default, spec, ceilings, lent, incumbent)
 
 
