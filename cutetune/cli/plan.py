@@ -53,17 +53,18 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
     for static in statics:
         for bucket in buckets:
             problem = static.with_tokens(bucket)
-            lent = {config: f"lent by {lender.describe()}" for lender, config in
-                    lent_points(kdef, problem, device, lenders.get(bucket, {}))}
+            # The points kept whatever their prediction, each with why.
+            always_kept = {config: f"lent by {lender.describe()}" for lender, config in
+                           lent_points(kdef, problem, device, lenders.get(bucket, {}))}
             incumbent = incumbents.get(bucket, {}).get(Lender(kdef.name, static.static_key()))
             if incumbent is not None:
-                lent[incumbent] = "the incumbent: its winner shipped for this GPU"
-            result = make_plan(kdef, problem, device, ceilings, calibrated, lent)
+                always_kept[incumbent] = "the incumbent: its winner shipped for this GPU"
+            result = make_plan(kdef, problem, device, ceilings, calibrated, always_kept)
             default = kdef.default_config(problem, device)
             click.echo(f"{problem.describe()} on {device.name}")
             click.echo(f"  {result.funnel()}")
             if calibrated is not None:
-                alone = make_plan(kdef, problem, device, ceilings, lent=lent)
+                alone = make_plan(kdef, problem, device, ceilings, lent=always_kept)
                 click.echo(f"  the datasheet roofline alone would keep {len(alone.kept)} "
                            f"(prune {len(alone.pruned)})")
             ranked = [(f"{rank}.", f"{point.prediction.predicted_us:.2f}",
@@ -75,8 +76,8 @@ def plan(obj: Context, kernel: str, model: str, dtype: str, tokens: tuple[int, .
                        f"x{point.terms.knob_factor:.2f}",
                        config_to_json(point.config)
                        + ("  (default)" if point.config == default else "")
-                       + (f"  ({lent[point.config]})"
-                          if point.config in lent else ""))
+                       + (f"  ({always_kept[point.config]})"
+                          if point.config in always_kept else ""))
                       for rank, point in enumerate(result.kept[:top], 1)]
             click.echo(render_table(
                 ("rank", "predicted us", "launch", "waves (n)", "barrier",
